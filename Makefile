@@ -4,6 +4,11 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.specbatch-installed
+# checkov (tests/test_infra.py) pins old boto3/botocore, networkx and packaging, which would
+# break s3fs and vLLM in $(VENV); it gets its own virtualenv, inside $(VENV) so git ignores it.
+CHECKOV_VERSION := 3.3.30
+CHECKOV_VENV := $(VENV)/checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-$(CHECKOV_VERSION)
 
 .PHONY: demo test install
 
@@ -19,5 +24,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/specbatch demo
 
-test: $(STAMP)
-	$(BIN)/python -m pytest
+$(CHECKOV_STAMP): | $(STAMP)
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install -q "checkov==$(CHECKOV_VERSION)"
+	touch $(CHECKOV_STAMP)
+
+test: $(STAMP) $(CHECKOV_STAMP)
+	CHECKOV=$(CHECKOV_VENV)/bin/checkov $(BIN)/python -m pytest

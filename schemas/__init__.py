@@ -1,0 +1,203 @@
+"""The data contracts of specbatch: every table and document the pipeline reads or writes.
+
+Each contract is defined once, as a pydantic model. The Arrow schema of a table is derived
+from its model (`arrow_schema`), and the JSON Schema exported for other languages lives in
+`schemas/json/` (`python -m schemas.export` rewrites it; a test checks it matches).
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any, Literal, Optional
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Contract(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------- input: prompts/*.parquet
+
+
+class Message(Contract):
+    role: str
+    content: str
+
+
+class PromptRow(Contract):
+    """One input row. Exactly one of `prompt` / `messages`; `messages` is rendered with the
+    target tokenizer's chat template. Sampling overrides replace the job's defaults."""
+
+    id: str = Field(description="Unique within a job.")
+    prompt: Optional[str] = None
+    messages: Optional[list[Message]] = None
+    max_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    seed: Optional[int] = None
+    metadata: Any = Field(default=None, description="Passed through to outputs untouched.")
+
+
+PROMPT_TEXT_COLUMNS = ("prompt", "messages")
+SAMPLING_OVERRIDE_COLUMNS = ("max_tokens", "temperature", "top_p", "seed")
+
+
+# ---------------------------------------------------------------- outputs/, errors/, stats/
+
+
+class OutputRow(Contract):
+    """One row per successfully generated input id."""
+
+    id: str
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    generated_tokens: int
+    draft_tokens: int = Field(description="Draft tokens proposed for this request.")
+    accepted_tokens: int = Field(description="Draft tokens the target accepted.")
+    num_drafts: int = Field(description="Verify steps that carried drafts.")
+    mean_acceptance_length: float = Field(description="1 + accepted / drafts (1.0 without speculation).")
+    model: str
+    drafter: Optional[str] = None
+    batch_id: str
+    metadata: Any = None
+
+
+ErrorStage = Literal["input", "validate", "generate"]
+
+
+class ErrorRow(Contract):
+    """One row per input id that produced no output, with the reason."""
+
+    id: str
+    source: str = Field(description="The input file the row came from.")
+    stage: ErrorStage
+    error_kind: str
+    field: Optional[str] = Field(default=None, description="The input column at fault, if any.")
+    message: str
+    batch_id: str
+
+
+class BatchStats(Contract):
+    """One row per batch, exact even when batches overlap inside one engine: summed from
+    vLLM's per-request speculative-decoding metrics of this batch's requests only."""
+
+    batch_id: str
+    sources: list[str]
+    actor_id: str
+    node_id: str
+    rows: int
+    output_rows: int
+    error_rows: int
+    prompt_tokens: int
+    generated_tokens: int
+    started_at: float = Field(description="Unix time the batch entered the engine.")
+    wall_seconds: float = Field(description="From the batch entering the actor to its commit.")
+    engine_seconds: float = Field(description="From the first request submitted to the last finished.")
+    tokens_per_second: float = Field(description="generated_tokens / engine_seconds.")
+    speculative: bool
+    num_speculative_tokens: int
+    num_drafts: int
+    draft_tokens: int
+    accepted_tokens: int
+    acceptance_rate: Optional[float] = Field(description="accepted / draft tokens; null without drafts.")
+    mean_acceptance_length: Optional[float] = Field(description="1 + accepted / drafts; null without drafts.")
+    accepted_per_position: list[int] = Field(description="Drafts whose position i (0-based) was accepted.")
+
+
+# ---------------------------------------------------------------- _job.json
+
+
+class Versions(Contract):
+    specbatch: str
+    vllm: Optional[str]
+    ray: str
+    torch: Optional[str]
+    python: str
+
+
+class ModelFingerprint(Contract):
+    path: str
+    config_sha256: str
+    architectures: list[str]
+
+
+class JobTotals(Contract):
+    input_rows: int = 0
+    output_rows: int = 0
+    error_rows: int = 0
+    batches: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    num_drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    acceptance_rate: Optional[float] = None
+    mean_acceptance_length: Optional[float] = None
+    wall_seconds: float = 0.0
+    tokens_per_second: float = 0.0
+
+
+JobStatus = Literal["running", "succeeded", "failed"]
+
+
+class JobManifest(Contract):
+    job_id: str
+    status: JobStatus
+    started_at: str
+    ended_at: Optional[str] = None
+    error: Optional[str] = None
+    config: dict[str, Any] = Field(description="The job config, secrets redacted.")
+    versions: Versions
+    model: ModelFingerprint
+    drafter: Optional[ModelFingerprint] = None
+    accelerator: str = Field(description="What the replicas ran on, e.g. 'cpu' or 'nvidia-a100'.")
+    input_files: list[str]
+    totals: JobTotals
+
+
+TABLES: dict[str, type[Contract]] = {
+    "prompt_row": PromptRow,
+    "output_row": OutputRow,
+    "error_row": ErrorRow,
+    "batch_stats": BatchStats,
+}
+DOCUMENTS: dict[str, type[Contract]] = {"job_manifest": JobManifest}
+
+
+# ---------------------------------------------------------------- Arrow schemas from the models
+
+
+def _arrow_type(annotation: Any) -> pa.DataType | None:
+    """The Arrow type of a field annotation; None for `Any` (the column keeps its input type)."""
+    origin = typing.get_origin(annotation)
+    if annotation is Any:
+        return None
+    if origin in (typing.Union, types.UnionType):
+        (inner,) = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _arrow_type(inner)
+    if origin is Literal:
+        return pa.string()
+    if origin is list:
+        return pa.list_(_arrow_type(typing.get_args(annotation)[0]))
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return pa.struct([pa.field(n, _arrow_type(f.annotation)) for n, f in annotation.model_fields.items()])
+    return {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}[annotation]
+
+
+def arrow_schema(model: type[BaseModel], **any_columns: pa.DataType) -> pa.Schema:
+    """Arrow schema of a table contract. Fields typed `Any` (metadata) take their type from
+    `any_columns`, or are left out when not given."""
+    fields = []
+    for name, info in model.model_fields.items():
+        arrow_type = _arrow_type(info.annotation)
+        if arrow_type is None:
+            if name not in any_columns:
+                continue
+            arrow_type = any_columns[name]
+        nullable = not info.is_required() or type(None) in typing.get_args(info.annotation)
+        fields.append(pa.field(name, arrow_type, nullable=nullable))
+    return pa.schema(fields)

@@ -1,0 +1,23 @@
+"""What `ray job submit` runs:
+
+    ray job submit --working-dir . --runtime-env jobs/runtime_env.yaml -- \
+        python jobs/entrypoint.py --config CONFIG_URI [--output-uri URI] [--job-id ID]
+
+RAY_ADDRESS, set by the job submission, makes the runner join that cluster.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the working dir, when not pip-installed
+
+from pipeline.cli import run_from_config  # noqa: E402
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--output-uri")
+    parser.add_argument("--job-id")
+    args = parser.parse_args()
+    sys.exit(run_from_config(args.config, args.output_uri, args.job_id))

@@ -1,0 +1,56 @@
+"""specbatch command line: demo, run, tiny-models."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="specbatch", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="run the job on the embedded default (local Ray, tiny models, CPU vLLM)")
+    demo.add_argument("--workdir", default="runs/demo", help="where prompts, config and outputs go")
+    demo.add_argument("--rows", type=int, default=256)
+
+    run = sub.add_parser("run", help="run a job from a YAML config (local path or URI)")
+    run.add_argument("config")
+    run.add_argument("--output-uri", help="override output_uri (e.g. a dated prefix)")
+    run.add_argument("--job-id")
+
+    tiny = sub.add_parser("tiny-models", help="the project's tiny model kit")
+    tiny.add_argument("action", choices=["build"])
+    tiny.add_argument("rest", nargs=argparse.REMAINDER)
+
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        from pipeline.demo import run_demo
+
+        return run_demo(args.workdir, rows=args.rows)
+    if args.command == "run":
+        return run_from_config(args.config, args.output_uri, args.job_id)
+    if args.command == "tiny-models":
+        from pipeline.tinykit.build import main as build_main
+
+        return build_main(args.rest)
+    return 2
+
+
+def run_from_config(config_uri: str, output_uri: str | None = None, job_id: str | None = None) -> int:
+    from pipeline.config import ConfigError, load_config
+    from pipeline.inputs import InputError
+    from pipeline.runner import run_job
+
+    try:
+        config = load_config(config_uri, {"output_uri": output_uri} if output_uri else None)
+        manifest = run_job(config, job_id=job_id)
+    except (ConfigError, InputError, FileNotFoundError) as exc:
+        print(f"specbatch: {exc}", file=sys.stderr)
+        return 2
+    print(f"specbatch: job {manifest.job_id} {manifest.status}: {manifest.totals.model_dump_json()}")
+    return 0 if manifest.status == "succeeded" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

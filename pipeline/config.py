@@ -1,0 +1,141 @@
+"""Job configuration: a YAML file validated by pydantic on load.
+
+Unknown keys are errors and every message names the field. Credentials are not part of the
+configuration: they come from the environment or the cloud identity (see storage.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StorageConfig(Section):
+    endpoint_url: Optional[str] = Field(None, description="S3-compatible endpoint, e.g. http://127.0.0.1:9000.")
+    region: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _no_credentials_in_url(self):
+        if self.endpoint_url and "@" in self.endpoint_url.split("//", 1)[-1].split("/", 1)[0]:
+            raise ValueError("storage.endpoint_url must not carry credentials; use the environment")
+        return self
+
+
+class ModelConfig(Section):
+    path: str = Field(description="Local path (or path on the cluster's shared disk) of the target model.")
+    tokenizer: Optional[str] = Field(None, description="Defaults to the model path.")
+
+
+class SpeculativeConfig(Section):
+    enabled: bool = True
+    method: Literal["eagle3"] = "eagle3"
+    drafter: Optional[str] = Field(None, description="Path of the EAGLE-3 / EAGLE-3.1 drafter.")
+    num_speculative_tokens: int = Field(3, ge=1, le=16)
+
+    @model_validator(mode="after")
+    def _drafter_when_enabled(self):
+        if self.enabled and not self.drafter:
+            raise ValueError("speculative.drafter is required when speculative.enabled is true")
+        return self
+
+
+class EngineConfig(Section):
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    max_model_len: int = Field(2048, ge=16)
+    max_num_seqs: int = Field(256, ge=1)
+    max_num_batched_tokens: Optional[int] = Field(None, ge=16)
+    tensor_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.90, gt=0, le=1)
+    enforce_eager: bool = False
+    seed: int = 0
+    cpu_kv_cache_gib: int = Field(1, ge=1, description="KV cache on vLLM's CPU build (VLLM_CPU_KVCACHE_SPACE).")
+    extra_args: dict[str, Any] = Field(default_factory=dict, description="Passed to vLLM's engine args as is.")
+
+
+class SamplingConfig(Section):
+    """Default sampling parameters; rows may override max_tokens, temperature, top_p, seed."""
+
+    max_tokens: int = Field(256, ge=1)
+    temperature: float = Field(0.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    seed: Optional[int] = None
+    stop: list[str] = Field(default_factory=list)
+    ignore_eos: bool = False
+
+
+class ResourcesConfig(Section):
+    replicas: int = Field(1, ge=1, description="Engine actors; one vLLM engine each.")
+    gpus_per_replica: float = Field(0, ge=0, description="0 on the CPU build; tensor_parallel_size on GPUs.")
+    cpus_per_replica: float = Field(1, gt=0)
+    accelerator: str = Field("cpu", description="What a replica runs on, for cost reports, e.g. nvidia-a100-80gb.")
+    batch_size: int = Field(64, ge=1, description="Rows per batch (one stats row and one commit per batch).")
+    batches_in_flight: int = Field(4, ge=1, description="Batches overlapping inside one engine.")
+    preprocess_concurrency: int = Field(1, ge=1, description="CPU actors that validate and tokenize.")
+
+
+class JobConfig(Section):
+    job_name: str = Field("specbatch", pattern=r"^[A-Za-z0-9_.-]+$")
+    input_uri: str = Field(description="A Parquet file, a folder or a glob; s3:// or any fsspec scheme.")
+    output_uri: str
+    model: ModelConfig
+    speculative: SpeculativeConfig
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+
+    @model_validator(mode="after")
+    def _gpus_match_tensor_parallel(self):
+        gpus, tp = self.resources.gpus_per_replica, self.engine.tensor_parallel_size
+        if gpus and gpus < tp:
+            raise ValueError(
+                f"resources.gpus_per_replica ({gpus}) is smaller than engine.tensor_parallel_size ({tp})"
+            )
+        return self
+
+    def redacted(self) -> dict[str, Any]:
+        """The config as recorded in manifests: no credentials can be in it (validated above),
+        and query strings of URIs, where signed tokens hide, are dropped."""
+        data = self.model_dump(mode="json")
+        for key in ("input_uri", "output_uri"):
+            data[key] = data[key].split("?", 1)[0]
+        return data
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def parse_config(data: dict[str, Any], source: str = "<config>") -> JobConfig:
+    try:
+        return JobConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = [f"{source}: invalid job config"]
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            lines.append(f"  {field}: {err['msg']}")
+        raise ConfigError("\n".join(lines)) from None
+
+
+def load_config(uri: str, overrides: Optional[dict[str, Any]] = None) -> JobConfig:
+    """Load a YAML job config from a local path or any fsspec URI; `overrides` are applied
+    on top at the top level (e.g. {"output_uri": ...} for a dated output prefix)."""
+    import fsspec
+
+    if Path(uri).exists():
+        text = Path(uri).read_text()
+    else:
+        with fsspec.open(uri, "r") as f:
+            text = f.read()
+    data = yaml.safe_load(text) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{uri}: a job config is a YAML mapping, got {type(data).__name__}")
+    data.update(overrides or {})
+    return parse_config(data, source=uri)

@@ -1,0 +1,47 @@
+"""vLLM engine arguments from a job config: one definition, used by the engine actors, the
+benchmarks and calibration, so that every measurement runs the job's own engine settings."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pipeline.config import JobConfig
+
+
+def engine_kwargs(config: JobConfig, *, speculative: bool | None = None, num_speculative_tokens: int | None = None) -> dict[str, Any]:
+    """Keyword arguments for `vllm.LLM(...)` / `AsyncEngineArgs(...)`. `speculative` and
+    `num_speculative_tokens` override the config (calibration, side-by-side checks)."""
+    engine, spec = config.engine, config.speculative
+    kwargs: dict[str, Any] = dict(
+        model=config.model.path,
+        tokenizer=config.model.tokenizer or config.model.path,
+        dtype=engine.dtype,
+        max_model_len=engine.max_model_len,
+        max_num_seqs=engine.max_num_seqs,
+        tensor_parallel_size=engine.tensor_parallel_size,
+        gpu_memory_utilization=engine.gpu_memory_utilization,
+        enforce_eager=engine.enforce_eager,
+        seed=engine.seed,
+        disable_log_stats=False,
+    )
+    if engine.max_num_batched_tokens:
+        kwargs["max_num_batched_tokens"] = engine.max_num_batched_tokens
+    use_spec = spec.enabled if speculative is None else speculative
+    if use_spec:
+        # Per-request acceptance counts: exact per-batch stats even when batches overlap.
+        kwargs["per_request_spec_decode_metrics"] = "summary"
+        kwargs["speculative_config"] = {
+            "method": spec.method,
+            "model": spec.drafter,
+            "num_speculative_tokens": num_speculative_tokens or spec.num_speculative_tokens,
+        }
+    kwargs.update(engine.extra_args)
+    return kwargs
+
+
+def prepare_process_env(config: JobConfig) -> None:
+    """Environment a vLLM process needs before its engine starts (no hub, CPU KV cache size)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.engine.cpu_kv_cache_gib))

@@ -1,0 +1,148 @@
+"""The engine actor: one vLLM engine (with its EAGLE-3 drafter) for the actor's whole life.
+
+Ray Data calls it with batches of prepared rows. The actor is async: several batches are in
+flight at once and their requests overlap inside the engine, so the engine does not drain
+between batches. Each batch is committed to the output location (outputs, errors and one
+stats row) off the event loop, and the stats row is returned to the driver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from pipeline.config import JobConfig
+from pipeline.engine import engine_kwargs, prepare_process_env
+from pipeline.outputs import OutputLocation, batch_id_for
+from pipeline.stats import Acceptance
+from pipeline.storage import Storage
+from schemas import BatchStats, ErrorRow, OutputRow, arrow_schema
+
+
+class Generator:
+    def __init__(self, config: dict[str, Any], model_id: str, drafter_id: str | None):
+        import ray
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.config = JobConfig.model_validate(config)
+        prepare_process_env(self.config)
+        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(self.config)))
+        self.location = OutputLocation(Storage.from_config(self.config.storage), self.config.output_uri)
+        self.model_id, self.drafter_id = model_id, drafter_id
+        context = ray.get_runtime_context()
+        self.actor_id, self.node_id = context.get_actor_id() or "driver", context.get_node_id()
+
+    async def _generate(self, request_id: str, row: dict[str, Any]):
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        sampling = self.config.sampling
+        params = SamplingParams(
+            max_tokens=row["max_tokens"],
+            temperature=row["temperature"],
+            top_p=row["top_p"],
+            seed=row["seed"],
+            stop=sampling.stop or None,
+            ignore_eos=sampling.ignore_eos,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+        final = None
+        async for output in self.engine.generate(TokensPrompt(prompt_token_ids=row["prompt_token_ids"]), params, request_id):
+            final = output
+        return final
+
+    async def __call__(self, batch: pa.Table) -> pa.Table:
+        received = time.time()
+        rows = batch.drop_columns(["metadata"]).to_pylist()
+        batch_id = batch_id_for(r["id"] for r in rows)
+        todo = [i for i, r in enumerate(rows) if r["error_kind"] is None]
+
+        started = time.time()
+        results = await asyncio.gather(
+            *(self._generate(f"{batch_id}-{i}", rows[i]) for i in todo), return_exceptions=True
+        )
+        engine_seconds = time.time() - started
+
+        outputs, output_index, errors = [], [], []
+        total = Acceptance()
+        prompt_tokens = generated_tokens = 0
+        for i, row in enumerate(rows):
+            if row["error_kind"] is not None:
+                errors.append(self._error(row, batch_id, "validate", row["error_kind"], row["error_field"], row["error_message"]))
+        for i, result in zip(todo, results):
+            row = rows[i]
+            if isinstance(result, BaseException) or result is None:
+                errors.append(self._error(row, batch_id, "generate", type(result).__name__, None, str(result)))
+                continue
+            completion = result.outputs[0]
+            acceptance = Acceptance.from_request(completion.spec_decode_metrics)
+            total = total + acceptance
+            prompt_tokens += len(result.prompt_token_ids or row["prompt_token_ids"])
+            generated_tokens += len(completion.token_ids)
+            outputs.append(
+                OutputRow(
+                    id=row["id"],
+                    text=completion.text,
+                    finish_reason=completion.finish_reason or "unknown",
+                    prompt_tokens=len(result.prompt_token_ids or row["prompt_token_ids"]),
+                    generated_tokens=len(completion.token_ids),
+                    draft_tokens=acceptance.draft_tokens,
+                    accepted_tokens=acceptance.accepted_tokens,
+                    num_drafts=acceptance.num_drafts,
+                    mean_acceptance_length=acceptance.mean_acceptance_length or 1.0,
+                    model=self.model_id,
+                    drafter=self.drafter_id,
+                    batch_id=batch_id,
+                ).model_dump(exclude={"metadata"})
+            )
+            output_index.append(i)
+
+        spec = self.config.speculative
+        stats = BatchStats(
+            batch_id=batch_id,
+            sources=sorted({r["source"] for r in rows}),
+            actor_id=self.actor_id,
+            node_id=self.node_id,
+            rows=len(rows),
+            output_rows=len(outputs),
+            error_rows=len(errors),
+            prompt_tokens=prompt_tokens,
+            generated_tokens=generated_tokens,
+            started_at=started,
+            wall_seconds=0.0,
+            engine_seconds=engine_seconds,
+            tokens_per_second=generated_tokens / engine_seconds if engine_seconds > 0 else 0.0,
+            speculative=spec.enabled,
+            num_speculative_tokens=spec.num_speculative_tokens if spec.enabled else 0,
+            num_drafts=total.num_drafts,
+            draft_tokens=total.draft_tokens,
+            accepted_tokens=total.accepted_tokens,
+            acceptance_rate=total.acceptance_rate,
+            mean_acceptance_length=total.mean_acceptance_length,
+            accepted_per_position=total.accepted_per_position,
+        )
+        metadata = batch.column("metadata")
+        output_table = pa.Table.from_pylist(outputs, schema=arrow_schema(OutputRow)).append_column(
+            "metadata", metadata.take(pa.array(output_index, type=pa.int64()))
+        )
+        error_table = pa.Table.from_pylist(errors, schema=arrow_schema(ErrorRow))
+
+        def commit() -> pa.Table:
+            stats.wall_seconds = time.time() - received
+            stats_table = pa.Table.from_pylist([stats.model_dump()], schema=arrow_schema(BatchStats))
+            self.location.commit(batch_id, {"outputs": output_table, "errors": error_table, "stats": stats_table})
+            return stats_table
+
+        # Off the event loop: the other batches in flight keep the engine busy meanwhile.
+        return await asyncio.to_thread(commit)
+
+    @staticmethod
+    def _error(row: dict, batch_id: str, stage: str, kind: str, field: str | None, message: str) -> dict:
+        return ErrorRow(
+            id=row["id"], source=row["source"], stage=stage, error_kind=kind, field=field, message=message, batch_id=batch_id
+        ).model_dump()

@@ -1,0 +1,50 @@
+"""Acceptance statistics from vLLM's per-request speculative-decoding metrics.
+
+vLLM reports, per finished request, a histogram over verify steps of how many draft tokens
+were accepted (index j = j tokens accepted). Acceptance is a prefix, so draft position i
+(0-based) was accepted in every step that accepted more than i tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class Acceptance:
+    num_drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_request(cls, metrics) -> "Acceptance":
+        """From `CompletionOutput.spec_decode_metrics` (None without speculation)."""
+        if metrics is None:
+            return cls()
+        histogram = list(metrics.histogram)
+        return cls(
+            num_drafts=sum(histogram),
+            draft_tokens=metrics.num_draft_tokens,
+            accepted_tokens=sum(j * n for j, n in enumerate(histogram)),
+            accepted_per_position=[sum(histogram[i + 1 :]) for i in range(len(histogram) - 1)],
+        )
+
+    def __add__(self, other: "Acceptance") -> "Acceptance":
+        width = max(len(self.accepted_per_position), len(other.accepted_per_position))
+        pad = lambda v: v + [0] * (width - len(v))  # noqa: E731
+        return Acceptance(
+            self.num_drafts + other.num_drafts,
+            self.draft_tokens + other.draft_tokens,
+            self.accepted_tokens + other.accepted_tokens,
+            [a + b for a, b in zip(pad(self.accepted_per_position), pad(other.accepted_per_position))],
+        )
+
+    @property
+    def acceptance_rate(self) -> Optional[float]:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def mean_acceptance_length(self) -> Optional[float]:
+        return 1.0 + self.accepted_tokens / self.num_drafts if self.num_drafts else None

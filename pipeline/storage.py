@@ -1,0 +1,112 @@
+"""Object storage behind one abstraction: fsspec, for every URI the job reads or writes.
+
+Credentials are never passed here: s3fs/botocore find them in the environment
+(AWS_ACCESS_KEY_ID, AWS_PROFILE, ...) or the cloud identity (IRSA, instance profile).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+from fsspec.core import url_to_fs
+
+from pipeline.config import StorageConfig
+
+
+@dataclass(frozen=True)
+class Storage:
+    """A picklable handle: actors rebuild their file systems from it."""
+
+    endpoint_url: Optional[str] = None
+    region: Optional[str] = None
+
+    @classmethod
+    def from_config(cls, config: StorageConfig) -> "Storage":
+        return cls(endpoint_url=config.endpoint_url, region=config.region)
+
+    def _options(self, uri: str) -> dict[str, Any]:
+        if not uri.startswith(("s3://", "s3a://")):
+            return {}
+        client_kwargs = {}
+        if self.endpoint_url:
+            client_kwargs["endpoint_url"] = self.endpoint_url
+        if self.region:
+            client_kwargs["region_name"] = self.region
+        # Listings must not be served from a cache: a resumed job must see every commit.
+        return {"client_kwargs": client_kwargs, "use_listings_cache": False, "skip_instance_cache": True}
+
+    def fs(self, uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
+        return url_to_fs(uri, **self._options(uri))
+
+    def arrow_fs(self, uri: str):
+        """The same file system wrapped for pyarrow / Ray Data."""
+        from pyarrow.fs import FSSpecHandler, PyFileSystem
+
+        fs, _ = self.fs(uri)
+        return PyFileSystem(FSSpecHandler(fs))
+
+    def join(self, base: str, *parts: str) -> str:
+        return posixpath.join(base.rstrip("/"), *parts)
+
+    def exists(self, uri: str) -> bool:
+        fs, path = self.fs(uri)
+        return fs.exists(path)
+
+    def write_bytes(self, uri: str, data: bytes) -> None:
+        fs, path = self.fs(uri)
+        parent = posixpath.dirname(path)
+        if parent:
+            fs.makedirs(parent, exist_ok=True)
+        with fs.open(path, "wb") as f:
+            f.write(data)
+
+    def read_bytes(self, uri: str) -> bytes:
+        fs, path = self.fs(uri)
+        with fs.open(path, "rb") as f:
+            return f.read()
+
+    def write_json(self, uri: str, doc: Any) -> None:
+        self.write_bytes(uri, (json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n").encode())
+
+    def read_json(self, uri: str) -> Any:
+        return json.loads(self.read_bytes(uri))
+
+    def write_parquet(self, uri: str, table: pa.Table) -> None:
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, compression="zstd")
+        self.write_bytes(uri, sink.getvalue().to_pybytes())
+
+    def list_files(self, uri: str, suffix: str = "") -> list[str]:
+        """Full URIs of the files directly or recursively under a folder, sorted; [] if absent."""
+        fs, path = self.fs(uri)
+        if not fs.exists(path):
+            return []
+        found = fs.find(path)
+        return sorted(self._unstrip(uri, p) for p in found if p.endswith(suffix))
+
+    def expand_input(self, uri: str) -> list[str]:
+        """A Parquet file, a folder of them (recursively) or a glob -> sorted file URIs."""
+        fs, path = self.fs(uri)
+        if any(ch in path for ch in "*?["):
+            paths = [p for p in fs.glob(path) if fs.isfile(p)]
+        elif fs.isdir(path):
+            paths = [p for p in fs.find(path) if p.endswith(".parquet")]
+        elif fs.exists(path):
+            paths = [path]
+        else:
+            paths = []
+        return sorted(self._unstrip(uri, p) for p in paths)
+
+    @staticmethod
+    def _unstrip(original_uri: str, path: str) -> str:
+        """fsspec returns protocol-less paths; give them back their scheme."""
+        if "://" in original_uri and not original_uri.startswith("file://"):
+            scheme = original_uri.split("://", 1)[0]
+            return f"{scheme}://{path}"
+        return path

@@ -1,0 +1,101 @@
+"""Shared, session-scoped fixtures: real Ray, real moto S3 server on loopback, tiny models.
+
+Engines are the expensive part (about 20-40 s each on CPU): tests that need generation share
+the job runs below instead of starting their own.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+# Dummy credentials for moto's S3 server, from the environment like real ones; set before Ray
+# starts so that its workers inherit them. No real endpoint is ever contacted.
+os.environ.update(
+    AWS_ACCESS_KEY_ID="testing",
+    AWS_SECRET_ACCESS_KEY="testing",
+    AWS_DEFAULT_REGION="us-east-1",
+    HF_HUB_OFFLINE="1",
+    TRANSFORMERS_OFFLINE="1",
+    VLLM_CPU_KVCACHE_SPACE="1",
+    TOKENIZERS_PARALLELISM="false",
+    RAY_DATA_DISABLE_PROGRESS_BARS="1",
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """moto's S3 server on 127.0.0.1, with a bucket `specbatch`."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="specbatch")
+    yield endpoint
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING")
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def random_kit(tmp_path_factory) -> dict[str, str]:
+    """Random weights: the drafter accepts nothing (acceptance 0)."""
+    from pipeline.tinykit.random_kit import build_random_kit
+
+    return build_random_kit(str(tmp_path_factory.mktemp("random-kit")))
+
+
+@pytest.fixture(scope="session")
+def zero_kit(tmp_path_factory) -> dict[str, str]:
+    """lm_head of target and drafter zeroed: both always pick token 0, acceptance exactly 1."""
+    from pipeline.tinykit.random_kit import build_random_kit
+
+    return build_random_kit(str(tmp_path_factory.mktemp("zero-kit")), zero_lm_head=True)
+
+
+def write_prompts(path: Path | str, columns: dict, filesystem=None) -> None:
+    table = pa.table(columns)
+    if filesystem is None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, str(path), filesystem=filesystem)
+
+
+def job_config(input_uri: str, output_uri: str, kit: dict, **overrides) -> dict:
+    """A job config on the tiny models in eager fp32 (what the tests run)."""
+    config = {
+        "job_name": "test",
+        "input_uri": input_uri,
+        "output_uri": output_uri,
+        "model": {"path": kit["target"]},
+        "speculative": {"enabled": True, "drafter": kit["drafter"], "num_speculative_tokens": 3},
+        "engine": {"dtype": "float32", "max_model_len": 256, "max_num_seqs": 32, "enforce_eager": True},
+        "sampling": {"max_tokens": 16, "temperature": 0.0},
+        "resources": {"replicas": 1, "batch_size": 16, "batches_in_flight": 2},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict):
+            config[key] = {**config.get(key, {}), **value}
+        else:
+            config[key] = value
+    return config

@@ -1,0 +1,175 @@
+"""The batch job end to end on real components: moto S3 on loopback, a real local Ray, vLLM's
+CPU build with tiny local models. Each job run starts one engine; runs are module-scoped and
+shared by the tests that read them."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+import s3fs
+
+from pipeline.config import parse_config
+from pipeline.outputs import OutputLocation
+from pipeline.runner import run_job
+from pipeline.storage import Storage
+from tests.conftest import job_config, write_prompts
+
+GOOD_PROMPTS = [f"def function_{i}(x):\n    return" for i in range(12)]
+GOOD_CHATS = [[{"role": "user", "content": f"import os{i}"}] for i in range(6)]
+
+# id -> (error_kind, field) expected for each bad row
+BAD_ROWS = {
+    "bad-empty": ("empty_prompt", "prompt"),
+    "bad-null": ("empty_prompt", "prompt"),
+    "bad-long": ("prompt_too_long", "prompt"),
+    "bad-max-tokens": ("invalid_sampling", "max_tokens"),
+    "bad-temperature": ("invalid_sampling", "temperature"),
+    "bad-top-p": ("invalid_sampling", "top_p"),
+    "bad-chat-empty": ("malformed_messages", "messages"),
+    "bad-chat-no-content": ("malformed_messages", "messages"),
+}
+
+
+def mixed_input(write) -> list[str]:
+    """Two shards: plain prompts and chat messages, each with good and bad rows."""
+    prompt_ids = [f"p-{i}" for i in range(len(GOOD_PROMPTS))] + [
+        "bad-empty", "bad-null", "bad-long", "bad-max-tokens", "bad-temperature", "bad-top-p"
+    ]
+    n_good = len(GOOD_PROMPTS)
+    write(
+        "prompts-000.parquet",
+        {
+            "id": prompt_ids,
+            "prompt": GOOD_PROMPTS + ["   ", None, "x = 1\n" * 400, "ok", "ok", "ok"],
+            "max_tokens": [None] * n_good + [None, None, None, 0, None, None],
+            "temperature": [None] * n_good + [None, None, None, None, -1.0, None],
+            "top_p": [None] * n_good + [None, None, None, None, None, 2.0],
+            "metadata": [{"n": str(i)} for i in range(len(prompt_ids))],
+        },
+    )
+    chat_ids = [f"c-{i}" for i in range(len(GOOD_CHATS))] + ["bad-chat-empty", "bad-chat-no-content"]
+    write(
+        "prompts-001.parquet",
+        {
+            "id": chat_ids,
+            "messages": GOOD_CHATS + [[], [{"role": "user", "content": None}]],
+            "metadata": [{"n": str(100 + i)} for i in range(len(chat_ids))],
+        },
+    )
+    return prompt_ids + chat_ids
+
+
+@pytest.fixture(scope="module")
+def s3_run(s3_endpoint, ray_local, random_kit):
+    """Spec on with a random drafter, reading and writing s3:// on moto."""
+    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_endpoint})
+    ids = mixed_input(lambda name, cols: write_prompts(f"specbatch/mixed/{name}", cols, filesystem=fs))
+    config = parse_config(
+        job_config("s3://specbatch/mixed/", "s3://specbatch/out-mixed/", random_kit, storage={"endpoint_url": s3_endpoint})
+    )
+    manifest = run_job(config, progress=False)
+    return ids, manifest, OutputLocation(Storage.from_config(config.storage), config.output_uri)
+
+
+@pytest.fixture(scope="module")
+def local_run_no_spec(tmp_path_factory, ray_local, random_kit):
+    """The same input from a local folder, speculation off."""
+    root = tmp_path_factory.mktemp("no-spec")
+    mixed_input(lambda name, cols: write_prompts(root / "in" / name, cols))
+    config = parse_config(
+        job_config(str(root / "in"), str(root / "out"), random_kit, speculative={"enabled": False})
+    )
+    manifest = run_job(config, progress=False)
+    return manifest, OutputLocation(Storage(), config.output_uri)
+
+
+def test_every_input_id_lands_exactly_once(s3_run):
+    ids, manifest, location = s3_run
+    outputs, errors = location.read_table("outputs"), location.read_table("errors")
+    landed = outputs.column("id").to_pylist() + errors.column("id").to_pylist()
+    assert Counter(landed) == Counter(ids), "every id exactly once across outputs/ and errors/"
+    assert set(errors.column("id").to_pylist()) == set(BAD_ROWS)
+    assert manifest.status == "succeeded"
+    assert manifest.totals.output_rows == outputs.num_rows == len(ids) - len(BAD_ROWS)
+    assert manifest.totals.error_rows == len(BAD_ROWS)
+
+
+def test_bad_rows_carry_file_field_and_reason(s3_run):
+    _, _, location = s3_run
+    for row in location.read_table("errors").to_pylist():
+        kind, field = BAD_ROWS[row["id"]]
+        assert (row["error_kind"], row["field"], row["stage"]) == (kind, field, "validate"), row
+        shard = "prompts-001" if row["id"].startswith("bad-chat") else "prompts-000"
+        assert row["source"] == f"s3://specbatch/mixed/{shard}.parquet"
+        assert row["message"]
+
+
+def test_outputs_follow_contract_and_pass_metadata_through(s3_run):
+    _, manifest, location = s3_run
+    outputs = location.read_table("outputs")
+    rows = {r["id"]: r for r in outputs.to_pylist()}
+    assert rows["p-3"]["metadata"] == {"n": "3"} and rows["c-1"]["metadata"] == {"n": "101"}
+    for row in rows.values():
+        assert row["generated_tokens"] == 16 and row["finish_reason"] == "length"
+        assert row["prompt_tokens"] > 0 and row["text"]
+        assert row["model"].startswith("target@") and row["drafter"].startswith("drafter@")
+    # chat rows are rendered with the template, so they are longer than their content
+    assert rows["c-0"]["prompt_tokens"] > 4
+
+
+def test_stats_rows_add_up_to_outputs(s3_run):
+    ids, manifest, location = s3_run
+    stats, outputs = location.read_table("stats"), location.read_table("outputs")
+    assert sum(stats.column("rows").to_pylist()) == len(ids)
+    assert sum(stats.column("output_rows").to_pylist()) == outputs.num_rows
+    assert sum(stats.column("generated_tokens").to_pylist()) == sum(outputs.column("generated_tokens").to_pylist())
+    assert sum(stats.column("draft_tokens").to_pylist()) == sum(outputs.column("draft_tokens").to_pylist())
+    for row in stats.to_pylist():
+        assert row["sources"] and row["actor_id"] and row["node_id"]
+        assert row["engine_seconds"] > 0 and row["tokens_per_second"] > 0
+
+
+def test_random_drafter_accepts_nothing(s3_run):
+    _, manifest, location = s3_run
+    for row in location.read_table("stats").to_pylist():
+        if row["output_rows"]:
+            assert row["draft_tokens"] > 0
+            assert row["acceptance_rate"] == 0.0 and row["mean_acceptance_length"] == 1.0
+            assert row["accepted_per_position"] == [0, 0, 0]
+    assert manifest.totals.acceptance_rate == 0.0
+
+
+def test_manifest_records_versions_fingerprints_and_no_secrets(s3_run):
+    _, manifest, location = s3_run
+    doc = location.read_manifest()
+    assert doc["status"] == "succeeded" and doc["ended_at"]
+    assert doc["versions"]["vllm"] and doc["versions"]["ray"] and doc["versions"]["torch"]
+    assert len(doc["model"]["config_sha256"]) == 64 and doc["drafter"]["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert doc["totals"]["input_rows"] == len(s3_run[0])
+    assert "testing" not in json.dumps(doc)  # the secret key from the environment
+
+
+def test_speculation_is_lossless(s3_run, local_run_no_spec):
+    _, spec_manifest, spec_location = s3_run
+    plain_manifest, plain_location = local_run_no_spec
+    spec = {r["id"]: r["text"] for r in spec_location.read_table("outputs").to_pylist()}
+    plain = {r["id"]: r["text"] for r in plain_location.read_table("outputs").to_pylist()}
+    assert spec.keys() == plain.keys() and len(spec) == len(GOOD_PROMPTS) + len(GOOD_CHATS)
+    assert spec == plain
+    stats = plain_location.read_table("stats").to_pylist()
+    assert all(r["draft_tokens"] == 0 and r["acceptance_rate"] is None for r in stats)
+
+
+def test_zeroed_lm_heads_accept_everything(tmp_path, ray_local, zero_kit):
+    """Target and drafter both always pick token 0: acceptance 1.0, mean length k+1."""
+    write_prompts(tmp_path / "in" / "p.parquet", {"id": [f"z{i}" for i in range(20)], "prompt": GOOD_PROMPTS + GOOD_PROMPTS[:8]})
+    config = parse_config(job_config(str(tmp_path / "in"), str(tmp_path / "out"), zero_kit, sampling={"max_tokens": 13}))
+    run_job(config, progress=False)
+    stats = OutputLocation(Storage(), config.output_uri).read_table("stats").to_pylist()
+    assert sum(r["output_rows"] for r in stats) == 20
+    for row in stats:
+        assert row["acceptance_rate"] == 1.0
+        assert row["mean_acceptance_length"] == 4.0
+        assert row["accepted_per_position"] == [row["num_drafts"]] * 3
