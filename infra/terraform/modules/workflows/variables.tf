@@ -1,0 +1,193 @@
+variable "namespace" {
+  description = "Namespace of the specbatch RayJobs, their service accounts and the scheduled workflows."
+  type        = string
+  default     = "specbatch"
+
+  validation {
+    condition     = can(regex("^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", var.namespace)) && var.namespace != "default"
+    error_message = "namespace must be a DNS-1123 label and not 'default'."
+  }
+}
+
+variable "create_namespace" {
+  description = "Create the namespace (false when it already exists)."
+  type        = bool
+  default     = true
+}
+
+variable "image" {
+  description = "Worker image (infra/docker/Dockerfile), preferably pinned by digest: REGISTRY/specbatch@sha256:..."
+  type        = string
+
+  validation {
+    condition     = can(regex("^[^\\s]+(:[A-Za-z0-9_.-]+|@sha256:[a-f0-9]{64})$", var.image)) && !endswith(var.image, ":latest")
+    error_message = "image must carry an explicit tag (not latest) or a sha256 digest."
+  }
+}
+
+variable "ray_version" {
+  description = "Ray version inside the image (the RayCluster's rayVersion)."
+  type        = string
+  default     = "2.60.0"
+}
+
+variable "service_account" {
+  description = "Name of the Kubernetes service account of the Ray pods (must match the IRSA role's trust policy)."
+  type        = string
+  default     = "specbatch-ray"
+}
+
+variable "ray_role_arn" {
+  description = "ARN of the IAM role the Ray pods assume through IRSA (identity module)."
+  type        = string
+}
+
+variable "aws_region" {
+  description = "AWS region of the bucket; set as AWS_REGION in the Ray pods."
+  type        = string
+}
+
+variable "bucket_name" {
+  description = "Bucket that holds prompts/ and outputs/."
+  type        = string
+}
+
+variable "outputs_prefix" {
+  description = "Key prefix under which each workflow writes DATASET/YYYY-MM-DD/. Ends with '/'."
+  type        = string
+  default     = "outputs/"
+
+  validation {
+    condition     = endswith(var.outputs_prefix, "/") && !strcontains(var.outputs_prefix, "*")
+    error_message = "outputs_prefix must end with '/' and contain no wildcard."
+  }
+}
+
+variable "head_node_selector" {
+  description = "Node selector of Ray head pods and scheduler pods (the CPU node group)."
+  type        = map(string)
+  default     = {}
+}
+
+variable "gpu_node_selector" {
+  description = "Node selector of Ray GPU worker pods (the GPU node pool)."
+  type        = map(string)
+  default     = {}
+}
+
+variable "head_cpu" {
+  description = "CPU of a generation run's Ray head pod (runs the driver; no Ray tasks)."
+  type        = string
+  default     = "4"
+}
+
+variable "head_memory" {
+  description = "Memory of a generation run's Ray head pod."
+  type        = string
+  default     = "16Gi"
+}
+
+variable "extra_volumes" {
+  description = "Extra pod volumes of the Ray pods, e.g. a read-only PVC with model weights (the job config's model.path points there)."
+  type        = list(any)
+  default     = []
+}
+
+variable "extra_volume_mounts" {
+  description = "Mounts of extra_volumes in the Ray containers, e.g. [{ name = \"models\", mountPath = \"/models\", readOnly = true }]."
+  type        = list(any)
+  default     = []
+}
+
+variable "scheduler_image" {
+  description = "Image of the scheduler pods that create the RayJobs: needs sh, sed and kubectl. Pin by tag or digest."
+  type        = string
+  default     = "docker.io/alpine/k8s:1.33.4"
+
+  validation {
+    condition     = !endswith(var.scheduler_image, ":latest") && can(regex("(:[A-Za-z0-9_.-]+|@sha256:[a-f0-9]{64})$", var.scheduler_image))
+    error_message = "scheduler_image must carry an explicit tag (not latest) or a sha256 digest."
+  }
+}
+
+variable "workflows" {
+  description = <<-EOT
+    Scheduled dataset-generation workflows, by name (a lower-case DNS label of at most 20 characters).
+    Each run writes s3://BUCKET/OUTPUTS_PREFIX/<dataset>/<YYYY-MM-DD>/ and then a cost report under it.
+      schedule            cron expression (UTC), e.g. "0 2 * * *"
+      dataset             dataset name, the first path element under outputs_prefix
+      job_config_yaml     the job config (YAML), mounted at /etc/specbatch/job.yaml; its output_uri is replaced by the dated prefix
+      job_config_uri      where the job reads its config; defaults to the mounted file (an s3:// URI must be under a prefix the role can read)
+      replicas            engine replicas (resources.replicas of the job config)
+      gpus_per_replica    GPUs per replica (resources.gpus_per_replica = engine.tensor_parallel_size)
+      gpus_per_worker     GPUs per Ray worker pod (at most one node's GPUs; a multiple of gpus_per_replica)
+      worker_cpu/memory   CPU and memory of a Ray worker pod; shm_size its /dev/shm
+      concurrency_policy  Forbid (default: a run never overlaps the previous one) or Replace
+      timeout_hours       deadline of one generation RayJob
+      suspend             pause the schedule
+      env                 extra environment variables of the Ray job (runtime_env env_vars); no credentials
+  EOT
+  type = map(object({
+    schedule           = string
+    dataset            = string
+    job_config_yaml    = optional(string, "")
+    job_config_uri     = optional(string, "/etc/specbatch/job.yaml")
+    replicas           = optional(number, 1)
+    gpus_per_replica   = optional(number, 1)
+    gpus_per_worker    = optional(number, 1)
+    worker_cpu         = optional(string, "8")
+    worker_memory      = optional(string, "48Gi")
+    shm_size           = optional(string, "16Gi")
+    concurrency_policy = optional(string, "Forbid")
+    timeout_hours      = optional(number, 24)
+    suspend            = optional(bool, false)
+    env                = optional(map(string), {})
+  }))
+  default = {}
+
+  validation {
+    condition     = alltrue([for name, w in var.workflows : can(regex("^[a-z]([-a-z0-9]{0,18}[a-z0-9])?$", name))])
+    error_message = "Workflow names must be lower-case DNS labels of at most 20 characters, starting with a letter."
+  }
+
+  validation {
+    condition     = alltrue([for w in var.workflows : length(split(" ", trimspace(w.schedule))) == 5 || startswith(w.schedule, "@")])
+    error_message = "schedule must be a five-field cron expression or a macro such as @daily."
+  }
+
+  validation {
+    condition     = alltrue([for w in var.workflows : can(regex("^[A-Za-z0-9_.-]+$", w.dataset))])
+    error_message = "dataset must be a single path element: letters, digits, '_', '.', '-'."
+  }
+
+  validation {
+    condition = alltrue([for w in var.workflows :
+      w.replicas >= 1 && w.gpus_per_replica >= 1 && w.gpus_per_worker >= w.gpus_per_replica &&
+      floor(w.gpus_per_replica) == w.gpus_per_replica && w.gpus_per_worker % w.gpus_per_replica == 0
+    ])
+    error_message = "Each workflow needs replicas >= 1 and whole gpus_per_replica >= 1 dividing gpus_per_worker (a replica's GPUs are on one pod)."
+  }
+
+  validation {
+    condition     = alltrue([for w in var.workflows : contains(["Forbid", "Replace"], w.concurrency_policy)])
+    error_message = "concurrency_policy must be Forbid or Replace (Allow would let runs of one dataset and date overlap)."
+  }
+
+  validation {
+    condition     = alltrue([for w in var.workflows : w.job_config_yaml != "" || w.job_config_uri != "/etc/specbatch/job.yaml"])
+    error_message = "Each workflow needs job_config_yaml, or a job_config_uri other than the mounted default."
+  }
+
+  validation {
+    condition = alltrue([for w in var.workflows : alltrue([for k in keys(w.env) :
+      !can(regex("(?i)(SECRET|PASSWORD|TOKEN|ACCESS_KEY)", k))
+    ])])
+    error_message = "env must not carry credentials: the Ray pods get theirs from IRSA."
+  }
+}
+
+variable "labels" {
+  description = "Labels added to every Kubernetes object."
+  type        = map(string)
+  default     = {}
+}
