@@ -81,7 +81,7 @@ def _ray_init() -> None:
         # to the engine and preprocess actors; on a 2-core machine the graph could not be
         # scheduled with one logical CPU per core. The engine's own threads are outside
         # Ray's accounting anyway.
-        ray.init(num_cpus=max(4, os.cpu_count() or 1), logging_level=logging.WARNING)
+        ray.init(num_cpus=max(4, os.cpu_count() or 1), logging_level=logging.WARNING, _node_ip_address="127.0.0.1")
 
 
 def build_dataset(config: JobConfig, inputs: InputReport, model: str, drafter: Optional[str]):

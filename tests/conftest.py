@@ -25,6 +25,7 @@ os.environ.update(
     VLLM_CPU_KVCACHE_SPACE="1",
     TOKENIZERS_PARALLELISM="false",
     RAY_DATA_DISABLE_PROGRESS_BARS="1",
+    VLLM_HOST_IP="127.0.0.1",
 )
 
 
@@ -53,7 +54,7 @@ def s3_endpoint():
 def ray_local():
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING")
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING", _node_ip_address="127.0.0.1")
     yield ray
     ray.shutdown()
 

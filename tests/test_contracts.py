@@ -1,0 +1,131 @@
+"""Config validation, job-level input checks, schema exports and acceptance arithmetic:
+no engine needed."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.config import ConfigError, load_config, parse_config
+from pipeline.inputs import InputError, inspect_inputs
+from pipeline.stats import Acceptance
+from pipeline.storage import Storage
+from schemas import BatchStats, OutputRow, arrow_schema
+from schemas.export import JSON_DIR, json_schemas
+from tests.conftest import job_config
+
+KIT = {"target": "/models/t", "drafter": "/models/d"}
+
+
+def test_exported_json_schemas_match_the_code():
+    exported = {p.name: p.read_text() for p in JSON_DIR.glob("*.schema.json")}
+    assert exported == json_schemas(), "run `python -m schemas.export`"
+
+
+def test_arrow_schema_is_derived_from_the_model():
+    schema = arrow_schema(BatchStats)
+    assert schema.field("accepted_per_position").type == pa.list_(pa.int64())
+    assert schema.field("acceptance_rate").nullable and not schema.field("rows").nullable
+    assert "metadata" not in arrow_schema(OutputRow).names
+    assert arrow_schema(OutputRow, metadata=pa.string()).field("metadata").type == pa.string()
+
+
+def test_config_unknown_key_is_an_error_naming_the_field():
+    data = job_config("in", "out", KIT, engine={"max_model_len": 128, "max_modle_len": 1})
+    with pytest.raises(ConfigError, match=r"engine\.max_modle_len"):
+        parse_config(data)
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match=r"speculative\.num_speculative_tokens"):
+        parse_config(job_config("in", "out", KIT, speculative={"num_speculative_tokens": 0}))
+    with pytest.raises(ConfigError, match=r"drafter is required"):
+        parse_config(job_config("in", "out", KIT, speculative={"drafter": None}))
+    with pytest.raises(ConfigError, match=r"gpus_per_replica"):
+        parse_config(job_config("in", "out", KIT, engine={"tensor_parallel_size": 2}, resources={"gpus_per_replica": 1}))
+
+
+def test_config_refuses_credentials(tmp_path):
+    with pytest.raises(ConfigError, match=r"storage\.aws_secret_access_key"):
+        parse_config(job_config("in", "out", KIT, storage={"aws_secret_access_key": "x"}))
+    with pytest.raises(ConfigError, match="must not carry credentials"):
+        parse_config(job_config("in", "out", KIT, storage={"endpoint_url": "http://key:secret@127.0.0.1:9000"}))
+
+
+def test_config_loads_yaml_with_overrides(tmp_path):
+    import yaml
+
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job_config("in", "out", KIT)))
+    config = load_config(str(path), {"output_uri": "s3://b/outputs/2026-11-29/"})
+    assert config.output_uri == "s3://b/outputs/2026-11-29/" and config.engine.max_model_len == 256
+
+
+def _write(path, columns):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(columns), path)
+
+
+def test_input_that_matches_nothing(tmp_path):
+    with pytest.raises(InputError, match="matches no Parquet file"):
+        inspect_inputs(str(tmp_path / "nothing" / "*.parquet"), Storage())
+
+
+def test_corrupt_parquet_names_the_file(tmp_path):
+    _write(tmp_path / "in" / "a.parquet", {"id": ["a"], "prompt": ["x"]})
+    (tmp_path / "in" / "b.parquet").write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(InputError, match=r"b\.parquet: not a readable Parquet file"):
+        inspect_inputs(str(tmp_path / "in"), Storage())
+
+
+@pytest.mark.parametrize(
+    "columns, expected",
+    [
+        ({"prompt": ["x"]}, r"missing column 'id'"),
+        ({"id": ["a"], "prompt": ["x"], "messages": [[{"role": "user", "content": "x"}]]}, r"has both of the columns"),
+        ({"id": ["a"], "text": ["x"]}, r"has neither of the columns"),
+        ({"id": [1], "prompt": ["x"]}, r"column 'id' has type int64, expected string"),
+        ({"id": ["a"], "prompt": [3]}, r"column 'prompt' has type int64"),
+        ({"id": ["a"], "prompt": ["x"], "max_tokens": ["ten"]}, r"column 'max_tokens' has type string"),
+        ({"id": ["a"], "messages": [["hi"]]}, r"column 'messages' has type list<element: string>"),
+        ({"id": ["a", None], "prompt": ["x", "y"]}, r"column 'id' is null or empty at rows \[1\]"),
+    ],
+)
+def test_job_level_refusals_name_file_and_column(tmp_path, columns, expected):
+    _write(tmp_path / "in" / "shard.parquet", columns)
+    with pytest.raises(InputError, match=r"shard\.parquet: " + expected if "rows" not in expected else expected) as err:
+        inspect_inputs(str(tmp_path / "in"), Storage())
+    assert "shard.parquet" in str(err.value)
+
+
+def test_duplicate_ids_across_files_name_ids_and_files(tmp_path):
+    _write(tmp_path / "in" / "a.parquet", {"id": ["x1", "x2", "x3"], "prompt": ["a", "b", "c"]})
+    _write(tmp_path / "in" / "b.parquet", {"id": ["x4", "x2"], "prompt": ["d", "e"]})
+    with pytest.raises(InputError, match=r"duplicate ids: 1 ids, e\.g\. 'x2' in .*a\.parquet, .*b\.parquet"):
+        inspect_inputs(str(tmp_path / "in"), Storage())
+
+
+def test_good_input_report(tmp_path):
+    _write(tmp_path / "in" / "a.parquet", {"id": ["x1", "x2"], "prompt": ["a", "b"]})
+    _write(tmp_path / "in" / "b.parquet", {"id": ["y1"], "messages": [[{"role": "user", "content": "c"}]]})
+    report = inspect_inputs(str(tmp_path / "in" / "*.parquet"), Storage())
+    assert report.rows == 3 and len(report.files) == 2
+    assert sorted(report.text_columns.values()) == ["messages", "prompt"]
+
+
+class _Metrics:
+    def __init__(self, histogram, num_draft_tokens):
+        self.histogram, self.num_draft_tokens = histogram, num_draft_tokens
+
+
+def test_acceptance_from_per_request_histogram():
+    # 10 verify steps at k=3: 2 accepted nothing, 3 accepted 1, 1 accepted 2, 4 accepted all 3.
+    a = Acceptance.from_request(_Metrics([2, 3, 1, 4], 30))
+    assert (a.num_drafts, a.draft_tokens, a.accepted_tokens) == (10, 30, 3 + 2 + 12)
+    assert a.accepted_per_position == [8, 5, 4]
+    assert a.acceptance_rate == pytest.approx(17 / 30) and a.mean_acceptance_length == pytest.approx(2.7)
+    total = a + Acceptance.from_request(_Metrics([1, 0, 0, 1], 6)) + Acceptance.from_request(None)
+    assert (total.num_drafts, total.draft_tokens, total.accepted_tokens) == (12, 36, 20)
+    assert total.accepted_per_position == [9, 6, 5]
+    assert Acceptance().acceptance_rate is None and Acceptance().mean_acceptance_length is None
