@@ -1,9 +1,17 @@
-"""specbatch command line: demo, run, tiny-models."""
+"""specbatch command line: demo, run, report, calibrate, check-drafter, tiny-models."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+
+# Commands whose modules own their argument parsing (`specbatch NAME --help`).
+DELEGATED = {
+    "report": ("pipeline.report", "cost per million tokens from jobs' _job.json and stats/"),
+    "calibrate": ("pipeline.calibrate", "measure speculation depths on the job's own prompts"),
+    "check-drafter": ("pipeline.drafter_check", "refuse a drafter that does not belong to its target"),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +31,14 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("action", choices=["build"])
     tiny.add_argument("rest", nargs=argparse.REMAINDER)
 
+    for name, (_, help_text) in DELEGATED.items():
+        sub.add_parser(name, help=help_text)
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in DELEGATED:
+        import importlib
+
+        return importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "demo":
         from pipeline.demo import run_demo

@@ -38,6 +38,10 @@ class SpeculativeConfig(Section):
     method: Literal["eagle3"] = "eagle3"
     drafter: Optional[str] = Field(None, description="Path of the EAGLE-3 / EAGLE-3.1 drafter.")
     num_speculative_tokens: int = Field(3, ge=1, le=16)
+    checks_as_warnings: list[str] = Field(
+        default_factory=list,
+        description="Drafter compatibility checks (pipeline/drafter_check.py) downgraded to warnings; for experts.",
+    )
 
     @model_validator(mode="after")
     def _drafter_when_enabled(self):
