@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("config")
     run.add_argument("--output-uri", help="override output_uri (e.g. a dated prefix)")
     run.add_argument("--job-id")
+    run.add_argument("--restart", action="store_true", help="wipe the output location and start over")
 
     tiny = sub.add_parser("tiny-models", help="the project's tiny model kit")
     tiny.add_argument("action", choices=["build"])
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_demo(args.workdir, rows=args.rows)
     if args.command == "run":
-        return run_from_config(args.config, args.output_uri, args.job_id)
+        return run_from_config(args.config, args.output_uri, args.job_id, args.restart)
     if args.command == "tiny-models":
         from pipeline.tinykit.build import main as build_main
 
@@ -53,15 +54,16 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def run_from_config(config_uri: str, output_uri: str | None = None, job_id: str | None = None) -> int:
+def run_from_config(config_uri: str, output_uri: str | None = None, job_id: str | None = None, restart: bool = False) -> int:
     from pipeline.config import ConfigError, load_config
+    from pipeline.drafter_check import DrafterMismatch
     from pipeline.inputs import InputError
-    from pipeline.runner import run_job
+    from pipeline.runner import ResultsChanged, run_job
 
     try:
         config = load_config(config_uri, {"output_uri": output_uri} if output_uri else None)
-        manifest = run_job(config, job_id=job_id)
-    except (ConfigError, InputError, FileNotFoundError) as exc:
+        manifest = run_job(config, job_id=job_id, restart=restart)
+    except (ConfigError, InputError, DrafterMismatch, ResultsChanged, FileNotFoundError) as exc:
         print(f"specbatch: {exc}", file=sys.stderr)
         return 2
     print(f"specbatch: job {manifest.job_id} {manifest.status}: {manifest.totals.model_dump_json()}")

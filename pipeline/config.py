@@ -20,6 +20,7 @@ class Section(BaseModel):
 class StorageConfig(Section):
     endpoint_url: Optional[str] = Field(None, description="S3-compatible endpoint, e.g. http://127.0.0.1:9000.")
     region: Optional[str] = None
+    retry_seconds: float = Field(120.0, ge=0, description="How long transient storage errors are retried.")
 
     @model_validator(mode="after")
     def _no_credentials_in_url(self):
@@ -42,6 +43,13 @@ class SpeculativeConfig(Section):
         default_factory=list,
         description="Drafter compatibility checks (pipeline/drafter_check.py) downgraded to warnings; for experts.",
     )
+
+    @model_validator(mode="after")
+    def _known_checks(self):
+        from pipeline.drafter_check import validate_check_names
+
+        validate_check_names(self.checks_as_warnings)
+        return self
 
     @model_validator(mode="after")
     def _drafter_when_enabled(self):
@@ -84,16 +92,28 @@ class ResourcesConfig(Section):
     preprocess_concurrency: int = Field(1, ge=1, description="CPU actors that validate and tokenize.")
 
 
+class RetriesConfig(Section):
+    max_actor_restarts: int = Field(4, ge=0, description="Engine actor restarts (crash, preempted node).")
+    max_batch_retries: int = Field(4, ge=0, description="Retries of a batch whose actor died.")
+    isolate_after_attempts: int = Field(
+        2, ge=1, description="A batch that took its actor down this often runs row by row; a row that crashes again goes to errors/."
+    )
+
+
 class JobConfig(Section):
     job_name: str = Field("specbatch", pattern=r"^[A-Za-z0-9_.-]+$")
     input_uri: str = Field(description="A Parquet file, a folder or a glob; s3:// or any fsspec scheme.")
     output_uri: str
+    output_rows_per_file: int = Field(
+        50_000, ge=1, description="Committed batches are merged into files of about this many rows at the end of a run."
+    )
     model: ModelConfig
     speculative: SpeculativeConfig
     engine: EngineConfig = Field(default_factory=EngineConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
+    retries: RetriesConfig = Field(default_factory=RetriesConfig)
 
     @model_validator(mode="after")
     def _gpus_match_tensor_parallel(self):

@@ -9,6 +9,7 @@ stats row) off the event loop, and the stats row is returned to the driver.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any
 
@@ -20,6 +21,15 @@ from pipeline.outputs import OutputLocation, batch_id_for
 from pipeline.stats import Acceptance
 from pipeline.storage import Storage
 from schemas import BatchStats, ErrorRow, OutputRow, arrow_schema
+
+
+# Fault injection for the resilience tests: ids whose request kills the actor's process, the
+# way a poisoned row that crashes the engine would. Empty unless the variable is set.
+CHAOS_CRASH_IDS = frozenset(filter(None, os.environ.get("SPECBATCH_CHAOS_CRASH_IDS", "").split(",")))
+
+
+class EngineCrash(RuntimeError):
+    pass
 
 
 class Generator:
@@ -51,21 +61,45 @@ class Generator:
             ignore_eos=sampling.ignore_eos,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
+        if row["id"] in CHAOS_CRASH_IDS:
+            os._exit(70)  # fault injection for tests: this row takes the engine's process down
         final = None
         async for output in self.engine.generate(TokensPrompt(prompt_token_ids=row["prompt_token_ids"]), params, request_id):
             final = output
         return final
 
+    async def _generate_isolated(self, batch_id: str, rows: list[dict], todo: list[int]) -> list:
+        """Row by row, each start recorded first: a row that was started and never finished
+        took the engine down with it, and goes to errors/ instead of crashing it again."""
+        results = []
+        for i in todo:
+            marker = f"row-{i}"
+            if await asyncio.to_thread(self.location.start_attempt, batch_id, marker):
+                results.append(EngineCrash(f"the engine died while generating this row (batch {batch_id})"))
+                continue
+            try:
+                results.append(await self._generate(f"{batch_id}-{i}", rows[i]))
+            except Exception as exc:
+                results.append(exc)
+            await asyncio.to_thread(self.location.finish_attempt, batch_id, marker)
+        return results
+
     async def __call__(self, batch: pa.Table) -> pa.Table:
         received = time.time()
         rows = batch.drop_columns(["metadata"]).to_pylist()
+        if not rows:
+            return pa.Table.from_pylist([], schema=arrow_schema(BatchStats))
         batch_id = batch_id_for(r["id"] for r in rows)
         todo = [i for i, r in enumerate(rows) if r["error_kind"] is None]
 
+        crashes_before = await asyncio.to_thread(self.location.start_attempt, batch_id)
         started = time.time()
-        results = await asyncio.gather(
-            *(self._generate(f"{batch_id}-{i}", rows[i]) for i in todo), return_exceptions=True
-        )
+        if crashes_before >= self.config.retries.isolate_after_attempts:
+            results = await self._generate_isolated(batch_id, rows, todo)
+        else:
+            results = await asyncio.gather(
+                *(self._generate(f"{batch_id}-{i}", rows[i]) for i in todo), return_exceptions=True
+            )
         engine_seconds = time.time() - started
 
         outputs, output_index, errors = [], [], []
@@ -78,6 +112,9 @@ class Generator:
             row = rows[i]
             if isinstance(result, BaseException) or result is None:
                 errors.append(self._error(row, batch_id, "generate", type(result).__name__, None, str(result)))
+                continue
+            if not result.finished:
+                errors.append(self._error(row, batch_id, "generate", "Unfinished", None, "the engine returned no final output"))
                 continue
             completion = result.outputs[0]
             acceptance = Acceptance.from_request(completion.spec_decode_metrics)
@@ -136,6 +173,7 @@ class Generator:
             stats.wall_seconds = time.time() - received
             stats_table = pa.Table.from_pylist([stats.model_dump()], schema=arrow_schema(BatchStats))
             self.location.commit(batch_id, {"outputs": output_table, "errors": error_table, "stats": stats_table})
+            self.location.finish_attempt(batch_id)
             return stats_table
 
         # Off the event loop: the other batches in flight keep the engine busy meanwhile.

@@ -31,7 +31,7 @@ class InputReport:
     rows_per_file: dict[str, int]
     text_columns: dict[str, str] = field(default_factory=dict)  # file -> "prompt" | "messages"
     metadata_type: pa.DataType | None = None
-    problems: list[str] = field(default_factory=list)
+    id_digests: np.ndarray = field(default_factory=lambda: np.array([], dtype="S16"))  # sorted
 
 
 def _is_string(t: pa.DataType) -> bool:
@@ -72,7 +72,7 @@ def inspect_inputs(input_uri: str, storage: Storage) -> InputReport:
     rows_per_file: dict[str, int] = {}
     text_columns: dict[str, str] = {}
     metadata_types: dict[str, pa.DataType] = {}
-    id_hashes: list[np.ndarray] = []  # 8 bytes per id: memory stays small for millions of ids
+    id_hashes: list[np.ndarray] = []
 
     for uri in files:
         fs, path = storage.fs(uri)
@@ -94,12 +94,12 @@ def inspect_inputs(input_uri: str, storage: Storage) -> InputReport:
                     bad = [row + i for i, v in enumerate(ids) if v is None or not v.strip()]
                     if bad:
                         problems.append(f"{uri}: column 'id' is null or empty at rows {bad[:5]}")
-                    id_hashes.append(_hash_ids([v for v in ids if v is not None]))
+                    id_hashes.append(id_digests([v for v in ids if v is not None]))
                     row += len(ids)
         except (OSError, pa.ArrowException) as exc:
             problems.append(f"{uri}: not a readable Parquet file ({type(exc).__name__}: {exc})")
 
-    hashes = np.sort(np.concatenate(id_hashes)) if id_hashes else np.array([], dtype=np.uint64)
+    hashes = np.sort(np.concatenate(id_hashes)) if id_hashes else np.array([], dtype="S16")
     repeated = set(hashes[1:][hashes[1:] == hashes[:-1]].tolist())
     if repeated:
         problems.append("column 'id' has duplicate ids: " + _name_duplicates(files, storage, repeated))
@@ -110,17 +110,16 @@ def inspect_inputs(input_uri: str, storage: Storage) -> InputReport:
     if problems:
         raise InputError(f"input {input_uri!r} refused:\n  " + "\n  ".join(problems))
     metadata_type = next((t for t in metadata_types.values() if not pa.types.is_null(t)), None)
-    return InputReport(files, sum(rows_per_file.values()), rows_per_file, text_columns, metadata_type)
+    return InputReport(files, sum(rows_per_file.values()), rows_per_file, text_columns, metadata_type, hashes)
 
 
-def _hash_ids(ids: list[str]) -> np.ndarray:
-    return np.array(
-        [int.from_bytes(hashlib.blake2b(v.encode(), digest_size=8).digest(), "little") for v in ids],
-        dtype=np.uint64,
-    )
+def id_digests(ids) -> np.ndarray:
+    """16-byte digests of ids: how sets of millions of ids are held (16 bytes each) and
+    compared (sorted arrays, np.isin) across input checks, resume and the preprocess filter."""
+    return np.array([hashlib.blake2b(v.encode(), digest_size=16).digest() for v in ids], dtype="S16")
 
 
-def _name_duplicates(files: list[str], storage: Storage, repeated: set[int]) -> str:
+def _name_duplicates(files: list[str], storage: Storage, repeated: set[bytes]) -> str:
     """Second pass, only when there are duplicates: which ids, in which files."""
     where: dict[str, list[str]] = {}
     for uri in files:
@@ -128,7 +127,7 @@ def _name_duplicates(files: list[str], storage: Storage, repeated: set[int]) -> 
         with fs.open(path, "rb") as f:
             for batch in pq.ParquetFile(f).iter_batches(columns=["id"], batch_size=65536):
                 ids = [v for v in batch.column(0).to_pylist() if v is not None]
-                for value, h in zip(ids, _hash_ids(ids).tolist()):
+                for value, h in zip(ids, id_digests(ids).tolist()):
                     if h in repeated:
                         where.setdefault(value, []).append(uri)
     listed = [f"{v!r} in {', '.join(files_[:3])}" for v, files_ in where.items() if len(files_) > 1]

@@ -5,6 +5,8 @@
       errors/<batch_id>.parquet    failed rows with reasons    (schemas.ErrorRow)
       stats/<batch_id>.parquet     one row per batch           (schemas.BatchStats)
       _commits/<batch_id>.json     commit marker, written last
+      */part-<hash>.parquet        compacted batches, with _commits/part-<hash>.json
+      _attempts/<batch_id>/...     how often a batch (or, in isolation, a row) was started
       _job.json                    job manifest                (schemas.JobManifest)
 
 A batch's files count only once its commit marker exists, so a batch that died half-written
@@ -18,14 +20,17 @@ import hashlib
 import posixpath
 from typing import Iterable
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from pipeline.inputs import id_digests
 from pipeline.storage import Storage
 
 TABLE_DIRS = ("outputs", "errors", "stats")
 COMMITS = "_commits"
+ATTEMPTS = "_attempts"
 MANIFEST = "_job.json"
+PART_PREFIX = "part-"
 
 
 def batch_id_for(ids: Iterable[str]) -> str:
@@ -54,21 +59,102 @@ class OutputLocation:
                 written[name] = table.num_rows
         self.storage.write_json(self.path(COMMITS, f"{batch_id}.json"), {"batch_id": batch_id, "rows": written})
 
-    def committed_batches(self) -> set[str]:
-        return {posixpath.basename(p)[: -len(".json")] for p in self.storage.list_files(self.path(COMMITS), ".json")}
+    def _markers(self) -> tuple[set[str], dict[str, list[str]]]:
+        """(committed batch ids with their own files, part id -> batch ids it holds)."""
+        batches, parts = set(), {}
+        for uri in self.storage.list_files(self.path(COMMITS), ".json"):
+            name = posixpath.basename(uri)[: -len(".json")]
+            if name.startswith(PART_PREFIX):
+                parts[name] = self.storage.read_json(uri)["batches"]
+            else:
+                batches.add(name)
+        return batches, parts
 
-    def read_table(self, name: str) -> pa.Table:
+    def committed_batches(self) -> set[str]:
+        batches, parts = self._markers()
+        return batches.union(*parts.values())
+
+    def _visible_files(self, name: str) -> list[str]:
+        """Files of a table that count: committed parts, and committed batch files that no
+        part holds yet (compaction may have stopped between its marker and its deletes)."""
+        batches, parts = self._markers()
+        in_parts = set().union(*parts.values())
+        visible = (set(parts) | batches) - in_parts
+        return [
+            uri for uri in self.storage.list_files(self.path(name), ".parquet")
+            if posixpath.basename(uri)[: -len(".parquet")] in visible
+        ]
+
+    def read_table(self, name: str, columns: list[str] | None = None) -> pa.Table:
         """All committed rows of outputs, errors or stats (an empty table if none)."""
-        committed = self.committed_batches()
-        tables = []
-        for uri in self.storage.list_files(self.path(name), ".parquet"):
-            if posixpath.basename(uri)[: -len(".parquet")] in committed:
-                fs, path = self.storage.fs(uri)
-                with fs.open(path, "rb") as f:
-                    tables.append(pq.read_table(f))
+        tables = [self.storage.read_parquet(uri, columns) for uri in self._visible_files(name)]
         if not tables:
             return pa.table({})
         return pa.concat_tables(tables, promote_options="permissive")
+
+    def compact(self, rows_per_file: int) -> int:
+        """Merge committed per-batch files into parts of about `rows_per_file` output rows.
+        Parts are written, then their marker, then the batch files are deleted; a reader
+        sees every row exactly once at each step. Returns how many parts were written."""
+        batches, _ = self._markers()
+        sizes = {}
+        for bid in sorted(batches):
+            sizes[bid] = sum(self.storage.read_json(self.path(COMMITS, f"{bid}.json"))["rows"].values())
+        groups, group, rows = [], [], 0
+        for bid, n in sizes.items():
+            if group and rows + n > rows_per_file:
+                groups.append(group)
+                group, rows = [], 0
+            group.append(bid)
+            rows += n
+        groups.append(group)
+        written = 0
+        for group in (g for g in groups if len(g) > 1):
+            part = PART_PREFIX + batch_id_for(group)
+            counts = {}
+            for name in TABLE_DIRS:
+                files = [self.path(name, f"{bid}.parquet") for bid in group]
+                tables = [self.storage.read_parquet(f) for f in files if self.storage.exists(f)]
+                if tables:
+                    merged = pa.concat_tables(tables, promote_options="permissive")
+                    self.storage.write_parquet(self.path(name, f"{part}.parquet"), merged)
+                    counts[name] = merged.num_rows
+            self.storage.write_json(self.path(COMMITS, f"{part}.json"), {"batches": group, "rows": counts})
+            for bid in group:
+                for name in TABLE_DIRS:
+                    self.storage.delete(self.path(name, f"{bid}.parquet"))
+                self.storage.delete(self.path(COMMITS, f"{bid}.json"))
+            written += 1
+        return written
+
+    def committed_id_digests(self) -> np.ndarray:
+        """Sorted digests of every id already in outputs/ or errors/: what a resumed job skips."""
+        ids = []
+        for name in ("outputs", "errors"):
+            table = self.read_table(name, columns=["id"])
+            if table.num_rows:
+                ids += table.column("id").to_pylist()
+        return np.sort(id_digests(ids)) if ids else np.array([], dtype="S16")
+
+    def start_attempt(self, batch_id: str, row: str | None = None) -> int:
+        """Record that a batch (or one row of it) is being started; returns how many earlier
+        starts never finished (a process that died mid-batch leaves its count behind)."""
+        uri = self.path(ATTEMPTS, batch_id, f"{row or 'batch'}.json")
+        before = self.storage.read_json(uri)["started"] if self.storage.exists(uri) else 0
+        self.storage.write_json(uri, {"started": before + 1})
+        return before
+
+    def finish_attempt(self, batch_id: str, row: str | None = None) -> None:
+        self.storage.delete(self.path(ATTEMPTS, batch_id, f"{row or 'batch'}.json"))
+
+    def clear(self) -> None:
+        """Start over: remove everything a previous job wrote here."""
+        for name in (*TABLE_DIRS, COMMITS, ATTEMPTS, "report"):
+            self.storage.delete(self.path(name), recursive=True)
+        self.storage.delete(self.path(MANIFEST))
+
+    def has_manifest(self) -> bool:
+        return self.storage.exists(self.path(MANIFEST))
 
     def write_manifest(self, manifest: dict) -> None:
         self.storage.write_json(self.path(MANIFEST), manifest)

@@ -12,9 +12,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import numpy as np
 import pyarrow as pa
 
 from pipeline.config import SamplingConfig
+from pipeline.inputs import id_digests
 
 PREPARED_SCHEMA_FIELDS = [
     pa.field("id", pa.string()),
@@ -66,7 +68,14 @@ def resolve_sampling(row: dict[str, Any], defaults: SamplingConfig) -> dict[str,
 class Preprocessor:
     """Ray Data stage: validates each row, renders chat messages and tokenizes."""
 
-    def __init__(self, tokenizer_path: str, max_model_len: int, sampling: dict[str, Any], text_columns: dict[str, str]):
+    def __init__(
+        self,
+        tokenizer_path: str,
+        max_model_len: int,
+        sampling: dict[str, Any],
+        text_columns: dict[str, str],
+        skip_digests: Optional[np.ndarray] = None,
+    ):
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
@@ -76,6 +85,8 @@ class Preprocessor:
         # a row uses is a property of its file (the job-level check made it exactly one).
         self.text_columns = {source.split("://", 1)[-1]: column for source, column in text_columns.items()}
         self.sources = {source.split("://", 1)[-1]: source for source in text_columns}
+        # Ids committed by an earlier attempt (sorted digests): a resumed job skips them.
+        self.skip_digests = skip_digests if skip_digests is not None and len(skip_digests) else None
 
     def render(self, row: dict[str, Any], text_column: str) -> list[int]:
         if text_column == "messages":
@@ -110,6 +121,9 @@ class Preprocessor:
         return {"prompt_token_ids": token_ids, **sampling}
 
     def __call__(self, batch: pa.Table) -> pa.Table:
+        if self.skip_digests is not None:
+            todo = ~np.isin(id_digests(batch.column("id").to_pylist()), self.skip_digests)
+            batch = batch.filter(pa.array(todo))
         columns = {f.name: [] for f in PREPARED_SCHEMA_FIELDS}
         for row in batch.drop_columns([c for c in ("metadata",) if c in batch.column_names]).to_pylist():
             path = row.pop("path")

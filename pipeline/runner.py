@@ -20,12 +20,15 @@ from importlib import metadata as pkg_metadata
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
+
 from pipeline.config import JobConfig
+from pipeline.drafter_check import check_drafter
 from pipeline.inputs import InputReport, inspect_inputs
 from pipeline.outputs import OutputLocation
 from pipeline.stats import Acceptance
-from pipeline.storage import Storage
-from schemas import JobManifest, JobTotals, ModelFingerprint, Versions
+from pipeline.storage import TRANSIENT_ERRORS, Storage
+from schemas import Attempt, JobManifest, JobTotals, ModelFingerprint, Versions
 
 log = logging.getLogger("specbatch")
 
@@ -84,7 +87,7 @@ def _ray_init() -> None:
         ray.init(num_cpus=max(4, os.cpu_count() or 1), logging_level=logging.WARNING, _node_ip_address="127.0.0.1")
 
 
-def build_dataset(config: JobConfig, inputs: InputReport, model: str, drafter: Optional[str]):
+def build_dataset(config: JobConfig, inputs: InputReport, skip_digests, model: str, drafter: Optional[str]):
     """The Ray Data graph; nothing runs until the caller iterates it."""
     import ray
     from ray.data import ActorPoolStrategy
@@ -93,6 +96,8 @@ def build_dataset(config: JobConfig, inputs: InputReport, model: str, drafter: O
     from pipeline.preprocess import Preprocessor
 
     storage = Storage.from_config(config.storage)
+    context = ray.data.DataContext.get_current()
+    context.retried_io_errors = [*context.retried_io_errors, *TRANSIENT_ERRORS]
     paths = [f.split("://", 1)[-1] for f in inputs.files]
     resources = config.resources
     ds = ray.data.read_parquet(paths, filesystem=storage.arrow_fs(inputs.files[0]), include_paths=True)
@@ -103,6 +108,7 @@ def build_dataset(config: JobConfig, inputs: InputReport, model: str, drafter: O
             max_model_len=config.engine.max_model_len,
             sampling=config.sampling.model_dump(),
             text_columns=inputs.text_columns,
+            skip_digests=skip_digests,
         ),
         batch_format="pyarrow",
         batch_size=resources.batch_size,
@@ -117,69 +123,131 @@ def build_dataset(config: JobConfig, inputs: InputReport, model: str, drafter: O
         compute=ActorPoolStrategy(size=resources.replicas, max_tasks_in_flight_per_actor=resources.batches_in_flight),
         num_gpus=resources.gpus_per_replica,
         num_cpus=resources.cpus_per_replica,
+        # A dead actor (engine crash, preempted node) is restarted and its batches retried.
+        max_restarts=config.retries.max_actor_restarts,
+        max_task_retries=config.retries.max_batch_retries,
     )
 
 
-def run_job(config: JobConfig, job_id: Optional[str] = None, progress: bool = True) -> JobManifest:
+class ResultsChanged(ValueError):
+    """The output location holds results of a different model, drafter or sampling."""
+
+
+def results_fingerprint(config: JobConfig, target: ModelFingerprint, drafter: Optional[ModelFingerprint]) -> str:
+    """What decides the generated text: a resume must not mix results of two settings."""
+    decisive = {
+        "model": target.config_sha256,
+        "drafter": drafter.config_sha256 if drafter else None,
+        "sampling": config.sampling.model_dump(mode="json"),
+        "max_model_len": config.engine.max_model_len,
+        "dtype": config.engine.dtype,
+        "seed": config.engine.seed,
+    }
+    return hashlib.sha256(json.dumps(decisive, sort_keys=True).encode()).hexdigest()
+
+
+def totals_from_stats(stats, input_rows: int, wall_seconds: float) -> JobTotals:
+    """Totals over every committed batch (all attempts), from stats/ alone."""
+    rows = stats.to_pylist() if stats.num_rows else []
+    acceptance = sum(
+        (Acceptance(r["num_drafts"], r["draft_tokens"], r["accepted_tokens"], r["accepted_per_position"]) for r in rows),
+        Acceptance(),
+    )
+    generated = sum(r["generated_tokens"] for r in rows)
+    return JobTotals(
+        input_rows=input_rows,
+        output_rows=sum(r["output_rows"] for r in rows),
+        error_rows=sum(r["error_rows"] for r in rows),
+        batches=len(rows),
+        prompt_tokens=sum(r["prompt_tokens"] for r in rows),
+        generated_tokens=generated,
+        num_drafts=acceptance.num_drafts,
+        draft_tokens=acceptance.draft_tokens,
+        accepted_tokens=acceptance.accepted_tokens,
+        acceptance_rate=acceptance.acceptance_rate,
+        mean_acceptance_length=acceptance.mean_acceptance_length,
+        wall_seconds=wall_seconds,
+        tokens_per_second=generated / wall_seconds if wall_seconds else 0.0,
+    )
+
+
+def run_job(config: JobConfig, job_id: Optional[str] = None, progress: bool = True, restart: bool = False) -> JobManifest:
+    """Run, or resume, the job at `config.output_uri`. Ids already committed there are skipped;
+    a finished job reruns without starting an engine. `restart` wipes the location first."""
     storage = Storage.from_config(config.storage)
     location = OutputLocation(storage, config.output_uri)
     inputs = inspect_inputs(config.input_uri, storage)  # refuses bad input before any engine starts
     target = model_fingerprint(config.model.path)
     drafter = model_fingerprint(config.speculative.drafter) if config.speculative.enabled else None
+    if config.speculative.enabled:  # a drafter of another target is refused before any engine starts
+        drafter_report = check_drafter(config.model.path, config.speculative.drafter, config.speculative.checks_as_warnings)
+        for warning in drafter_report.warnings:
+            log.warning("drafter check downgraded to a warning: %s", warning)
+    fingerprint = results_fingerprint(config, target, drafter)
 
+    previous = None
+    if location.has_manifest():
+        if restart:
+            location.clear()
+        else:
+            previous = JobManifest.model_validate(location.read_manifest())
+            if previous.results_fingerprint != fingerprint:
+                raise ResultsChanged(
+                    f"{config.output_uri} holds results of job {previous.job_id} made with another model, drafter "
+                    "or sampling settings; resuming would mix them. Use a new output_uri, or restart to start over."
+                )
+    done = location.committed_id_digests()
+    skipped = int(np.isin(inputs.id_digests, done).sum())
+    attempt = Attempt(
+        number=len(previous.attempts) + 1 if previous else 1, started_at=_now(), status="running", skipped_rows=skipped
+    )
     manifest = JobManifest(
-        job_id=job_id or f"{config.job_name}-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}",
+        job_id=previous.job_id if previous else job_id or _new_job_id(config),
         status="running",
-        started_at=_now(),
+        started_at=previous.started_at if previous else attempt.started_at,
         config=config.redacted(),
+        results_fingerprint=fingerprint,
         versions=versions(),
         model=target,
         drafter=drafter,
         accelerator=config.resources.accelerator,
         input_files=inputs.files,
-        totals=JobTotals(input_rows=inputs.rows),
+        totals=previous.totals if previous else JobTotals(input_rows=inputs.rows),
+        attempts=[*(previous.attempts if previous else []), attempt],
     )
     location.write_manifest(manifest.model_dump(mode="json"))
-    _ray_init()
     started = time.time()
-    totals, acceptance = manifest.totals, Acceptance()
     try:
-        dataset = build_dataset(config, inputs, model_id(target), model_id(drafter) if drafter else None)
-        for stats in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
-            for row in stats.to_pylist():
-                totals.batches += 1
-                totals.output_rows += row["output_rows"]
-                totals.error_rows += row["error_rows"]
-                totals.prompt_tokens += row["prompt_tokens"]
-                totals.generated_tokens += row["generated_tokens"]
-                acceptance = acceptance + Acceptance(
-                    row["num_drafts"], row["draft_tokens"], row["accepted_tokens"], row["accepted_per_position"]
-                )
-            if progress:
-                _print_progress(totals, time.time() - started)
-        manifest.status = "succeeded"
+        if skipped < inputs.rows:
+            _ray_init()
+            dataset = build_dataset(config, inputs, done, model_id(target), model_id(drafter) if drafter else None)
+            tokens = 0
+            for stats in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
+                attempt.processed_rows += sum(stats.column("rows").to_pylist())
+                tokens += sum(stats.column("generated_tokens").to_pylist())
+                if progress:
+                    _print_progress(skipped + attempt.processed_rows, inputs.rows, tokens, time.time() - started)
+        location.compact(config.output_rows_per_file)
+        attempt.status = manifest.status = "succeeded"
     except BaseException as exc:
-        manifest.status, manifest.error = "failed", f"{type(exc).__name__}: {exc}"
+        attempt.status = manifest.status = "failed"
+        attempt.error = manifest.error = f"{type(exc).__name__}: {exc}"
         raise
     finally:
-        totals.wall_seconds = time.time() - started
-        totals.tokens_per_second = totals.generated_tokens / totals.wall_seconds if totals.wall_seconds else 0.0
-        totals.num_drafts, totals.draft_tokens = acceptance.num_drafts, acceptance.draft_tokens
-        totals.accepted_tokens = acceptance.accepted_tokens
-        totals.acceptance_rate, totals.mean_acceptance_length = acceptance.acceptance_rate, acceptance.mean_acceptance_length
-        manifest.ended_at = _now()
+        attempt.wall_seconds, attempt.ended_at = time.time() - started, _now()
+        manifest.ended_at = attempt.ended_at
+        wall = sum(a.wall_seconds for a in manifest.attempts)
+        manifest.totals = totals_from_stats(location.read_table("stats"), inputs.rows, wall)
         location.write_manifest(manifest.model_dump(mode="json"))
     return manifest
 
 
-def _print_progress(totals: JobTotals, elapsed: float) -> None:
-    done = totals.output_rows + totals.error_rows
-    rate = totals.generated_tokens / elapsed if elapsed else 0.0
+def _new_job_id(config: JobConfig) -> str:
+    return f"{config.job_name}-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
+
+
+def _print_progress(done: int, total: int, tokens: int, elapsed: float) -> None:
+    rate = tokens / elapsed if elapsed else 0.0
     rows_per_s = done / elapsed if elapsed else 0.0
-    eta = (totals.input_rows - done) / rows_per_s if rows_per_s else float("nan")
-    print(
-        f"[specbatch] {done}/{totals.input_rows} rows ({totals.error_rows} failed), "
-        f"{rate:,.0f} tok/s, ETA {eta:,.0f}s",
-        file=sys.stderr,
-        flush=True,
-    )
+    eta = (total - done) / rows_per_s if rows_per_s else float("nan")
+    print(f"[specbatch] {done}/{total} rows, {rate:,.0f} tok/s, ETA {eta:,.0f}s", file=sys.stderr, flush=True)

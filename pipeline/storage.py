@@ -7,9 +7,12 @@ Credentials are never passed here: s3fs/botocore find them in the environment
 from __future__ import annotations
 
 import json
+import logging
 import posixpath
+import random
+import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 import fsspec
 import pyarrow as pa
@@ -18,6 +21,33 @@ from fsspec.core import url_to_fs
 
 from pipeline.config import StorageConfig
 
+log = logging.getLogger("specbatch.storage")
+T = TypeVar("T")
+
+# Messages of errors that a later attempt can cure: the endpoint away for a while, throttling.
+# Ray Data's own reads retry on the same patterns (runner.py adds them to its DataContext).
+TRANSIENT_ERRORS = (
+    "Cannot connect to host",
+    "Connection refused",
+    "Could not connect to the endpoint URL",
+    "Connection reset",
+    "Server disconnected",
+    "ServerDisconnected",
+    "Connection aborted",
+    "timed out",
+    "SlowDown",
+    "ServiceUnavailable",
+    "InternalError",
+    "503",
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    text = f"{type(exc).__name__}: {exc}"
+    return any(pattern in text for pattern in TRANSIENT_ERRORS) or isinstance(exc, (ConnectionError, TimeoutError))
+
 
 @dataclass(frozen=True)
 class Storage:
@@ -25,10 +55,25 @@ class Storage:
 
     endpoint_url: Optional[str] = None
     region: Optional[str] = None
+    retry_seconds: float = 120.0
 
     @classmethod
     def from_config(cls, config: StorageConfig) -> "Storage":
-        return cls(endpoint_url=config.endpoint_url, region=config.region)
+        return cls(endpoint_url=config.endpoint_url, region=config.region, retry_seconds=config.retry_seconds)
+
+    def retrying(self, what: str, operation: Callable[[], T]) -> T:
+        """Run `operation`, retrying transient errors with jittered exponential backoff for up
+        to `retry_seconds`; other errors, and the last transient one, are raised."""
+        deadline, delay = time.monotonic() + self.retry_seconds, 0.25
+        while True:
+            try:
+                return operation()
+            except Exception as exc:
+                if not is_transient(exc) or time.monotonic() + delay > deadline:
+                    raise
+                log.warning("storage: %s failed (%s); retrying in %.1fs", what, exc, delay)
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 8.0)
 
     def _options(self, uri: str) -> dict[str, Any]:
         if not uri.startswith(("s3://", "s3a://")):
@@ -56,20 +101,33 @@ class Storage:
 
     def exists(self, uri: str) -> bool:
         fs, path = self.fs(uri)
-        return fs.exists(path)
+        return self.retrying(f"exists {uri}", lambda: fs.exists(path))
 
     def write_bytes(self, uri: str, data: bytes) -> None:
         fs, path = self.fs(uri)
-        parent = posixpath.dirname(path)
-        if parent:
-            fs.makedirs(parent, exist_ok=True)
-        with fs.open(path, "wb") as f:
-            f.write(data)
+
+        def write():
+            parent = posixpath.dirname(path)
+            if parent:
+                fs.makedirs(parent, exist_ok=True)
+            with fs.open(path, "wb") as f:
+                f.write(data)
+
+        self.retrying(f"write {uri}", write)
 
     def read_bytes(self, uri: str) -> bytes:
         fs, path = self.fs(uri)
-        with fs.open(path, "rb") as f:
-            return f.read()
+
+        def read():
+            with fs.open(path, "rb") as f:
+                return f.read()
+
+        return self.retrying(f"read {uri}", read)
+
+    def delete(self, uri: str, recursive: bool = False) -> None:
+        fs, path = self.fs(uri)
+        if self.exists(uri):
+            self.retrying(f"delete {uri}", lambda: fs.rm(path, recursive=recursive))
 
     def write_json(self, uri: str, doc: Any) -> None:
         self.write_bytes(uri, (json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n").encode())
@@ -82,12 +140,13 @@ class Storage:
         pq.write_table(table, sink, compression="zstd")
         self.write_bytes(uri, sink.getvalue().to_pybytes())
 
+    def read_parquet(self, uri: str, columns: Optional[list[str]] = None) -> pa.Table:
+        return pq.read_table(pa.BufferReader(self.read_bytes(uri)), columns=columns)
+
     def list_files(self, uri: str, suffix: str = "") -> list[str]:
         """Full URIs of the files directly or recursively under a folder, sorted; [] if absent."""
         fs, path = self.fs(uri)
-        if not fs.exists(path):
-            return []
-        found = fs.find(path)
+        found = self.retrying(f"list {uri}", lambda: fs.find(path) if fs.exists(path) else [])
         return sorted(self._unstrip(uri, p) for p in found if p.endswith(suffix))
 
     def expand_input(self, uri: str) -> list[str]:

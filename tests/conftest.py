@@ -35,19 +35,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+S3_SERVER = None  # the running moto server; the outage test stops and replaces it
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint():
     """moto's S3 server on 127.0.0.1, with a bucket `specbatch`."""
+    global S3_SERVER
     import boto3
     from moto.server import ThreadedMotoServer
 
     port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
+    S3_SERVER = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    S3_SERVER.start()
     endpoint = f"http://127.0.0.1:{port}"
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="specbatch")
     yield endpoint
-    server.stop()
+    S3_SERVER.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,172 @@
+"""Exactly once under real faults: the job runs as `specbatch run` in its own process (with its
+own local Ray), and the tests kill its engine actor, kill the driver, stop the S3 endpoint,
+and feed it a row that crashes the engine. After each: every input id exactly once across
+outputs/ and errors/, and stats agree with outputs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from pipeline.config import parse_config
+from pipeline.outputs import OutputLocation
+from pipeline.runner import ResultsChanged, run_job
+from pipeline.storage import Storage
+from tests.conftest import job_config, write_prompts
+
+SPECBATCH = str(Path(sys.executable).with_name("specbatch"))
+N_ROWS = 160
+
+
+def make_job(tmp_path: Path, kit: dict, rows: int = N_ROWS, **overrides) -> tuple[Path, list[str], dict]:
+    ids = [f"id-{i:04d}" for i in range(rows)]
+    write_prompts(tmp_path / "in" / "a.parquet", {"id": ids[::2], "prompt": [f"def f{i}(a, b):" for i in range(0, rows, 2)]})
+    write_prompts(tmp_path / "in" / "b.parquet", {"id": ids[1::2], "prompt": [f"class K{i}:" for i in range(1, rows, 2)]})
+    overrides = {"sampling": {"max_tokens": 24}, "resources": {"batch_size": 8, "batches_in_flight": 2}, **overrides}
+    config = job_config(str(tmp_path / "in"), str(tmp_path / "out"), kit, **overrides)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path, ids, config
+
+
+def start_job(config_path: Path, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [SPECBATCH, "run", str(config_path)],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,  # its own process group: the driver and the Ray it started
+    )
+
+
+def wait_for_commits(location: OutputLocation, n: int, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if len(location.committed_batches()) >= n:
+            return
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        time.sleep(0.5)
+    raise TimeoutError("no batch committed in time")
+
+
+def finish(proc: subprocess.Popen, timeout: float = 600) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def assert_exactly_once(location: OutputLocation, ids: list[str]) -> None:
+    outputs, errors, stats = (location.read_table(n) for n in ("outputs", "errors", "stats"))
+    landed = outputs.column("id").to_pylist() + (errors.column("id").to_pylist() if errors.num_rows else [])
+    assert Counter(landed) == Counter(ids)
+    assert sum(stats.column("output_rows").to_pylist()) == outputs.num_rows
+    assert sum(stats.column("rows").to_pylist()) == len(ids)
+    assert sum(stats.column("generated_tokens").to_pylist()) == sum(outputs.column("generated_tokens").to_pylist())
+
+
+def engine_actor_pids() -> list[int]:
+    return [
+        p.pid for p in psutil.process_iter(["cmdline"])
+        if "MapBatches(Generator)" in " ".join(p.info["cmdline"] or [])
+    ]
+
+
+def test_engine_actor_killed_mid_job(tmp_path, random_kit):
+    config_path, ids, _ = make_job(tmp_path, random_kit)
+    location = OutputLocation(Storage(), str(tmp_path / "out"))
+    proc = start_job(config_path)
+    wait_for_commits(location, 2, proc)
+    pids = engine_actor_pids()
+    assert pids, "engine actor process not found"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    finish(proc)
+    assert len(location.committed_batches()) < 2 + N_ROWS // 8 + 1
+    assert_exactly_once(location, ids)
+    manifest = location.read_manifest()
+    assert manifest["status"] == "succeeded" and len(manifest["attempts"]) == 1
+
+
+def test_driver_killed_then_rerun_completes_and_a_second_rerun_generates_nothing(tmp_path, random_kit):
+    config_path, ids, config = make_job(tmp_path, random_kit)
+    location = OutputLocation(Storage(), str(tmp_path / "out"))
+    proc = start_job(config_path)
+    wait_for_commits(location, 2, proc)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray it started
+    proc.wait()
+    committed_before = len(location.committed_batches())
+    assert 2 <= committed_before
+
+    finish(start_job(config_path))
+    assert_exactly_once(location, ids)
+    manifest = location.read_manifest()
+    assert [a["status"] for a in manifest["attempts"]] == ["running", "succeeded"]  # the killed one never ended
+    assert manifest["attempts"][1]["skipped_rows"] >= 16
+    assert manifest["attempts"][1]["skipped_rows"] + manifest["attempts"][1]["processed_rows"] == len(ids)
+
+    # A finished job: rerunning it starts no generation (no Ray, no engine, no new batch).
+    batches = location.committed_batches()
+    rerun = run_job(parse_config(config), progress=False)
+    assert rerun.attempts[-1].skipped_rows == len(ids) and rerun.attempts[-1].processed_rows == 0
+    assert location.committed_batches() == batches
+    assert rerun.totals.output_rows == len(ids) and len(rerun.attempts) == 3
+
+    # A change of results under the same output is refused; restart wipes the location.
+    changed = parse_config({**config, "sampling": {**config["sampling"], "temperature": 0.7}})
+    with pytest.raises(ResultsChanged, match="another model, drafter or sampling"):
+        run_job(changed, progress=False)
+    location.clear()
+    assert not location.committed_batches() and not location.has_manifest()
+
+
+def test_storage_endpoint_down_for_seconds(tmp_path, s3_endpoint, random_kit):
+    import boto3
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    port = int(s3_endpoint.rsplit(":", 1)[1])
+    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_endpoint})
+    ids = [f"s3-{i:04d}" for i in range(N_ROWS)]
+    write_prompts("specbatch/outage/in/a.parquet", {"id": ids, "prompt": [f"import m{i}" for i in range(N_ROWS)]}, filesystem=fs)
+    config = job_config(
+        "s3://specbatch/outage/in/", "s3://specbatch/outage/out/", random_kit, storage={"endpoint_url": s3_endpoint},
+        sampling={"max_tokens": 24}, resources={"batch_size": 8, "batches_in_flight": 2},
+    )
+    config_path = tmp_path / "job.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    location = OutputLocation(Storage(endpoint_url=s3_endpoint), config["output_uri"])
+
+    proc = start_job(config_path)
+    wait_for_commits(location, 2, proc)
+    from tests import conftest
+
+    conftest.S3_SERVER.stop()  # the endpoint goes away...
+    time.sleep(8)
+    assert proc.poll() is None
+    conftest.S3_SERVER = ThreadedMotoServer(ip_address="127.0.0.1", port=port)  # ...and comes back
+    conftest.S3_SERVER.start()
+    boto3.client("s3", endpoint_url=s3_endpoint).head_bucket(Bucket="specbatch")
+    finish(proc)
+    assert_exactly_once(location, ids)
+
+
+def test_poisoned_row_ends_in_errors(tmp_path, random_kit):
+    config_path, ids, _ = make_job(
+        tmp_path, random_kit, rows=32,
+        retries={"max_actor_restarts": 5, "max_batch_retries": 5, "isolate_after_attempts": 2},
+        resources={"batch_size": 8, "batches_in_flight": 1},
+    )
+    proc = start_job(config_path, env={"SPECBATCH_CHAOS_CRASH_IDS": "id-0013"})
+    finish(proc, timeout=900)
+    location = OutputLocation(Storage(), str(tmp_path / "out"))
+    assert_exactly_once(location, ids)
+    errors = location.read_table("errors").to_pylist()
+    assert [(e["id"], e["stage"], e["error_kind"]) for e in errors] == [("id-0013", "generate", "EngineCrash")]
