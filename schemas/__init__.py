@@ -144,6 +144,19 @@ class JobTotals(Contract):
 JobStatus = Literal["running", "succeeded", "failed"]
 
 
+class Attempt(Contract):
+    """One run of the job over its output location (a rerun resumes: it adds an attempt)."""
+
+    number: int
+    started_at: str
+    ended_at: Optional[str] = None
+    status: JobStatus
+    skipped_rows: int = Field(description="Input ids already committed by earlier attempts.")
+    processed_rows: int = 0
+    wall_seconds: float = 0.0
+    error: Optional[str] = None
+
+
 class JobManifest(Contract):
     job_id: str
     status: JobStatus
@@ -151,12 +164,14 @@ class JobManifest(Contract):
     ended_at: Optional[str] = None
     error: Optional[str] = None
     config: dict[str, Any] = Field(description="The job config, secrets redacted.")
+    results_fingerprint: str = Field(description="sha256 of what determines the results; a resume must match it.")
     versions: Versions
     model: ModelFingerprint
     drafter: Optional[ModelFingerprint] = None
     accelerator: str = Field(description="What the replicas ran on, e.g. 'cpu' or 'nvidia-a100'.")
     input_files: list[str]
-    totals: JobTotals
+    totals: JobTotals = Field(description="Over everything committed at the output location, all attempts.")
+    attempts: list[Attempt] = Field(default_factory=list)
 
 
 TABLES: dict[str, type[Contract]] = {
@@ -201,3 +216,17 @@ def arrow_schema(model: type[BaseModel], **any_columns: pa.DataType) -> pa.Schem
         nullable = not info.is_required() or type(None) in typing.get_args(info.annotation)
         fields.append(pa.field(name, arrow_type, nullable=nullable))
     return pa.schema(fields)
+
+
+# ---------------------------------------------------------------- report/ and calibration/
+
+from schemas.report import CalibrationReport, CalibrationRow, CostReport, JobFigures  # noqa: E402  (imports Contract)
+
+TABLES.update(report_job_figures=JobFigures, calibration_row=CalibrationRow)
+DOCUMENTS.update(cost_report=CostReport, calibration_report=CalibrationReport)
+
+# ---------------------------------------------------------------- check-drafter
+
+from schemas.drafter import DrafterReport  # noqa: E402  (imports Contract)
+
+DOCUMENTS.update(drafter_report=DrafterReport)

@@ -173,3 +173,17 @@ def test_zeroed_lm_heads_accept_everything(tmp_path, ray_local, zero_kit):
         assert row["acceptance_rate"] == 1.0
         assert row["mean_acceptance_length"] == 4.0
         assert row["accepted_per_position"] == [row["num_drafts"]] * 3
+
+
+def test_job_refuses_a_drafter_of_another_target_before_any_engine(tmp_path):
+    from pipeline.drafter_check import DrafterMismatch
+    from pipeline.tinykit import kit_paths
+
+    kit = kit_paths()
+    write_prompts(tmp_path / "in" / "p.parquet", {"id": ["a"], "prompt": ["x = 1"]})
+    config = parse_config(
+        job_config(str(tmp_path / "in"), str(tmp_path / "out"), {"target": kit["target"], "drafter": kit["drafter_mismatched"]})
+    )
+    with pytest.raises(DrafterMismatch, match="target_fingerprint"):
+        run_job(config, progress=False)
+    assert not (tmp_path / "out").exists()  # nothing written, nothing started

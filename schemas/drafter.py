@@ -1,0 +1,98 @@
+"""The drafter compatibility report (pipeline/drafter_check.py, `specbatch check-drafter`).
+
+What was read from an EAGLE-3 / EAGLE-3.1 drafter and its target before any engine
+starts, and the result of every named check. A check that failed refuses the drafter
+unless it was downgraded to a warning (`speculative.checks_as_warnings`, `--warn-only`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from schemas import Contract
+
+CheckStatus = Literal["pass", "fail", "warn", "skip"]
+
+
+class DraftVocabMap(Contract):
+    """The drafter's draft-to-target vocab map: target id = draft id + d2t[draft id]."""
+
+    source: Literal["d2t", "identity"] = Field(
+        description="'d2t' when read from the weights; 'identity' when there is none (draft id = target id)."
+    )
+    size: int = Field(description="Entries (draft vocab size).")
+    min_target_id: int
+    max_target_id: int
+    distinct_target_ids: int
+
+
+class DrafterInfo(Contract):
+    path: str
+    format: Literal["eagle3", "speculators"] = Field(
+        description="'eagle3': plain vLLM EAGLE-3 config; 'speculators': speculators_model_type/speculators_config."
+    )
+    architectures: list[str]
+    eagle_version: Literal["3", "3.1"] = Field(description="'3.1' when both fc_norm and norm_output are set.")
+    fc_norm: bool
+    norm_output: bool
+    norm_before_fc: bool
+    norm_before_residual: bool
+    declared_target_name: Optional[str] = Field(
+        description="specbatch_target.name, or speculators_config.verifier.name_or_path."
+    )
+    declared_target_fingerprint: Optional[str] = Field(description="specbatch_target.config_fingerprint.")
+    hidden_size: int
+    target_hidden_size: int = Field(description="target_hidden_size, or hidden_size when absent.")
+    vocab_size: int
+    draft_vocab_size: int
+    vocab_map: Optional[DraftVocabMap] = Field(description="Null when the weights could not be read.")
+    use_aux_hidden_state: bool
+    aux_layer_ids: list[int] = Field(description="As the engine will use them (vLLM's default when unset).")
+    aux_layer_ids_source: Literal["config", "eagle_config", "vllm_default"]
+    aux_states_expected: Optional[int] = Field(
+        description="Auxiliary states the drafter's fc takes (fc.weight in-features / target_hidden_size)."
+    )
+    max_position_embeddings: Optional[int]
+    dtype: Optional[str] = Field(description="torch_dtype / dtype of the config.")
+    weights_dtype: Optional[str] = Field(description="Stored dtype of fc.weight.")
+    has_embed_tokens: bool = Field(description="False: the drafter shares the target's embedding.")
+    num_speculative_tokens: Optional[int] = Field(
+        default=None, description="speculators_config.proposal_methods[0].speculative_tokens."
+    )
+    tokenizer_vocab_sha256: Optional[str] = Field(default=None, description="Of a tokenizer.json shipped with the drafter.")
+
+
+class TargetInfo(Contract):
+    path: str
+    name: Optional[str] = Field(description="The name the target records (or was given); null when unknown.")
+    architectures: list[str]
+    model_type: Optional[str]
+    hidden_size: int
+    num_hidden_layers: int
+    vocab_size: int
+    max_position_embeddings: Optional[int]
+    dtype: Optional[str]
+    config_fingerprint: str = Field(description="pipeline.tinykit.fingerprint.target_config_fingerprint of the target.")
+    tokenizer_vocab_sha256: Optional[str]
+
+
+class CheckResult(Contract):
+    name: str = Field(description="One of pipeline.drafter_check.CHECKS.")
+    status: CheckStatus = Field(description="'warn': failed but downgraded; 'skip': nothing to compare.")
+    field: Optional[str] = Field(default=None, description="The drafter field checked.")
+    drafter_value: Optional[str] = None
+    target_value: Optional[str] = None
+    message: str
+
+
+class DrafterReport(Contract):
+    """Refused (`ok` false) when any check has status 'fail'."""
+
+    ok: bool
+    target: TargetInfo
+    drafter: DrafterInfo
+    checks: list[CheckResult]
+    warnings: list[str] = Field(description="Messages of the checks downgraded to warnings.")
+    notes: list[str] = Field(default_factory=list, description="Information that is not a check.")

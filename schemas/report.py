@@ -1,0 +1,144 @@
+"""Contracts of what `specbatch report` and `specbatch calibrate` write.
+
+    OUTPUT_URI/report/           (or --out)
+      report.json    CostReport            report.csv   one JobFigures row per job
+      report.md      report.html (self-contained, inline SVG plots)
+    OUTPUT_URI/calibration/      (or --out)
+      calibration.json  CalibrationReport  calibration.csv  one CalibrationRow per depth
+      calibration.md    speculative.yaml (the config snippet)
+
+"GPU" figures count billed accelerator units: GPUs on GPU replicas, one node per replica for
+CPU-only runs (`gpus_per_replica: 0`). Costs are in the price file's currency.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from pydantic import Field
+
+from schemas import Contract
+
+
+class JobFigures(Contract):
+    """One job's cost, throughput and acceptance, from its _job.json and committed stats/ only."""
+
+    job_id: str
+    output_uri: str
+    status: str
+    started_at: str
+    model: str = Field(description="Target model path.")
+    model_sha256: str = Field(description="sha256 of the target's config.json: jobs on the same model share it.")
+    drafter: Optional[str] = None
+    accelerator: str
+    replicas: int
+    gpus_per_replica: float = Field(description="Billed units per replica: GPUs, or 1 node for CPU-only replicas.")
+    speculative: bool
+    num_speculative_tokens: int = Field(description="Draft depth; 0 with speculation off.")
+    batches: int
+    input_rows: int
+    output_rows: int
+    failed_rows: int
+    prompt_tokens: int
+    generated_tokens: int
+    wall_seconds: float = Field(description="The job's wall time (_job.json totals.wall_seconds).")
+    busy_seconds: float = Field(description="Engine-busy time summed over actors (union of each actor's batch intervals).")
+    gpu_hours: float = Field(description="replicas x gpus_per_replica x wall time, in hours: what is billed.")
+    busy_gpu_hours: float = Field(description="gpus_per_replica x busy time, in hours.")
+    utilization: Optional[float] = Field(description="busy_gpu_hours / gpu_hours.")
+    price_per_gpu_hour: Optional[float] = Field(description="Null when the price file has no price for the accelerator.")
+    cost: Optional[float] = Field(description="gpu_hours x price_per_gpu_hour.")
+    cost_per_million_generated_tokens: Optional[float]
+    cost_per_million_total_tokens: Optional[float] = Field(description="Prompt plus generated tokens.")
+    tokens_per_second_per_gpu: Optional[float] = Field(description="Generated tokens / (gpu_hours in seconds).")
+    busy_tokens_per_second_per_gpu: Optional[float] = Field(description="Generated tokens / (busy_gpu_hours in seconds).")
+    num_drafts: int
+    draft_tokens: int
+    accepted_tokens: int
+    acceptance_rate: Optional[float] = Field(description="accepted / draft tokens; null without drafts.")
+    mean_acceptance_length: Optional[float] = Field(description="1 + accepted / drafts; null without drafts.")
+    accepted_per_position: list[float] = Field(description="Share of drafts whose position i (0-based) was accepted.")
+
+
+class ReportTotals(Contract):
+    """All jobs of the report together."""
+
+    jobs: int
+    input_rows: int
+    output_rows: int
+    failed_rows: int
+    prompt_tokens: int
+    generated_tokens: int
+    gpu_hours: float
+    busy_gpu_hours: float
+    cost: Optional[float] = Field(description="Null if any job has no price.")
+    cost_per_million_generated_tokens: Optional[float]
+    cost_per_million_total_tokens: Optional[float]
+    tokens_per_second_per_gpu: Optional[float]
+
+
+class SpeculationComparison(Contract):
+    """Jobs on the same target model and accelerator kind, one depth against speculation off:
+    cost per million generated tokens pooled over the jobs of each side."""
+
+    model: str
+    model_sha256: str
+    accelerator: str
+    num_speculative_tokens: int
+    jobs_on: list[str]
+    jobs_off: list[str]
+    cost_per_million_generated_tokens_on: float
+    cost_per_million_generated_tokens_off: float
+    saving_per_million_generated_tokens: float = Field(description="off - on; negative: speculation cost money.")
+    saving_fraction: float = Field(description="(off - on) / off; negative: speculation cost money.")
+    tokens_per_second_per_gpu_on: float
+    tokens_per_second_per_gpu_off: float
+
+
+class CostReport(Contract):
+    generated_at: str
+    currency: str
+    prices: dict[str, Any] = Field(description="The price table used (defaults merged with --prices).")
+    output_uris: list[str]
+    jobs: list[JobFigures]
+    overall: ReportTotals
+    speculation: list[SpeculationComparison]
+    warnings: list[str] = Field(default_factory=list)
+
+
+class CalibrationRow(Contract):
+    """One speculation depth measured on a sample of the job's own prompts."""
+
+    depth: int = Field(description="num_speculative_tokens; 0 = speculation off.")
+    prompts: int
+    prompt_tokens: int
+    generated_tokens: int
+    seconds: float = Field(description="Wall time of generating the sample (engine warm).")
+    tokens_per_second: float = Field(description="Generated tokens per second of one replica.")
+    tokens_per_second_per_gpu: float
+    speedup_vs_off: Optional[float] = Field(description="tokens_per_second / that of depth 0, when 0 was measured.")
+    num_drafts: int
+    draft_tokens: int
+    accepted_tokens: int
+    acceptance_rate: Optional[float]
+    mean_acceptance_length: Optional[float]
+    accepted_per_position: list[float] = Field(description="Share of drafts whose position i (0-based) was accepted.")
+    cost_per_million_generated_tokens: Optional[float]
+    cost_per_million_total_tokens: Optional[float]
+    recommended: bool
+
+
+class CalibrationReport(Contract):
+    config_uri: str
+    measured_at: str
+    accelerator: str
+    gpus_per_replica: float
+    currency: str
+    price_per_gpu_hour: Optional[float]
+    max_num_seqs: int
+    sample_requested: int
+    sample_measured: int
+    rows: list[CalibrationRow]
+    recommended_depth: int
+    config_snippet: str
+    warnings: list[str] = Field(default_factory=list)
