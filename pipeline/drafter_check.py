@@ -160,7 +160,7 @@ class _Weights:
         self._open = safe_open
         self.where: dict[str, Path] = {}
         for path in _weight_files(model_dir):
-            with safe_open(str(path), framework="pt") as f:
+            with safe_open(str(path), framework="np") as f:
                 self.where.update({name: path for name in f.keys()})
 
     def find(self, pattern: str) -> Optional[str]:
@@ -169,36 +169,36 @@ class _Weights:
         return next((n for n in sorted(self.where) if regex.search(n)), None)
 
     def slice_info(self, name: str) -> tuple[list[int], str]:
-        with self._open(str(self.where[name]), framework="pt") as f:
+        with self._open(str(self.where[name]), framework="np") as f:
             part = f.get_slice(name)
             return list(part.get_shape()), str(part.get_dtype())
 
     def tensor(self, name: str):
-        with self._open(str(self.where[name]), framework="pt") as f:
+        with self._open(str(self.where[name]), framework="np") as f:
             return f.get_tensor(name)
 
 
 def _vocab_map(weights: Optional[_Weights], draft_vocab_size: int) -> Optional[DraftVocabMap]:
-    import torch
+    import numpy as np  # not torch: the check runs in the driver, before anything heavy loads
 
     if weights is None:
         return None
     name = weights.find("d2t")
     if name is None:
-        ids = torch.arange(draft_vocab_size)
+        ids = np.arange(draft_vocab_size)
         source = "identity"
     else:
-        d2t = weights.tensor(name).to(torch.long).flatten()
-        ids = torch.arange(d2t.numel()) + d2t
+        d2t = weights.tensor(name).astype(np.int64).ravel()
+        ids = np.arange(d2t.size) + d2t
         source = "d2t"
-    if ids.numel() == 0:
+    if ids.size == 0:
         return DraftVocabMap(source=source, size=0, min_target_id=0, max_target_id=-1, distinct_target_ids=0)
     return DraftVocabMap(
         source=source,
-        size=ids.numel(),
+        size=int(ids.size),
         min_target_id=int(ids.min()),
         max_target_id=int(ids.max()),
-        distinct_target_ids=int(torch.unique(ids).numel()),
+        distinct_target_ids=int(np.unique(ids).size),
     )
 
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import posixpath
 import random
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar
 
@@ -110,8 +112,15 @@ class Storage:
             parent = posixpath.dirname(path)
             if parent:
                 fs.makedirs(parent, exist_ok=True)
-            with fs.open(path, "wb") as f:
+            if "file" not in fs.protocol:  # an object store PUT is atomic already
+                with fs.open(path, "wb") as f:
+                    f.write(data)
+                return
+            # On a file system a reader could see a half-written file: write aside, then rename.
+            staging = f"{path}.tmp-{uuid.uuid4().hex}"
+            with fs.open(staging, "wb") as f:
                 f.write(data)
+            os.replace(staging, path)
 
         self.retrying(f"write {uri}", write)
 

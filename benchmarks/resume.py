@@ -1,0 +1,86 @@
+"""Resume costs, measured with the real CLI in fresh processes (each with its own local Ray):
+
+    python benchmarks/resume.py [--prompts 512] [--max-tokens 32]
+
+1. a full run into an empty output location (wall time T);
+2. a rerun of that finished job: wall time as a fraction of T (target <= 5%);
+3. a run killed (driver and its Ray, SIGKILL) once half of the batches are committed, then
+   resumed: the resume's wall time as a fraction of T (target <= 60%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+SPECBATCH = str(Path(sys.executable).with_name("specbatch"))
+
+
+def run(config: Path) -> float:
+    started = time.time()
+    subprocess.run([SPECBATCH, "run", str(config)], check=True, capture_output=True)
+    return time.time() - started
+
+
+def kill_at(config: Path, location, batches: int) -> None:
+    proc = subprocess.Popen(
+        [SPECBATCH, "run", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    while len(location.committed_batches()) < batches:
+        if proc.poll() is not None:
+            raise RuntimeError("the job ended before it could be killed")
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--prompts", type=int, default=512)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    args = parser.parse_args()
+
+    from pipeline.demo import demo_models, write_sample_shards
+    from pipeline.outputs import OutputLocation
+    from pipeline.storage import Storage
+
+    workdir = Path(tempfile.mkdtemp(prefix="specbatch-resume-"))
+    models = demo_models(workdir)
+    write_sample_shards(workdir / "prompts", args.prompts)
+    config = yaml.safe_load((ROOT / "jobs" / "configs" / "local.yaml").read_text())
+    config.update(input_uri=str(workdir / "prompts"))
+    config["model"]["path"], config["speculative"]["drafter"] = models["target"], models["drafter"]
+    config["sampling"]["max_tokens"] = args.max_tokens
+    batch_size = config["resources"]["batch_size"]
+    n_batches = -(-args.prompts // batch_size)
+
+    paths = {}
+    for name in ("full", "killed"):
+        paths[name] = workdir / f"{name}.yaml"
+        paths[name].write_text(yaml.safe_dump({**config, "output_uri": str(workdir / name)}))
+
+    full = run(paths["full"])
+    rerun = run(paths["full"])
+    killed_location = OutputLocation(Storage(), str(workdir / "killed"))
+    kill_at(paths["killed"], killed_location, n_batches // 2)
+    committed = len(killed_location.committed_batches())
+    resume = run(paths["killed"])
+
+    print(f"{args.prompts} prompts x {args.max_tokens} tokens, {n_batches} batches of {batch_size}")
+    print(f"full run                     {full:7.1f} s")
+    print(f"rerun of the finished job    {rerun:7.1f} s   {rerun / full:6.1%} of the full run (target <= 5%)")
+    print(f"resume after {committed}/{n_batches} batches    {resume:7.1f} s   {resume / full:6.1%} of the full run (target <= 60%)")
+
+
+if __name__ == "__main__":
+    main()
