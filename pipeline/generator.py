@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from pipeline.config import JobConfig
 from pipeline.engine import engine_kwargs, prepare_process_env
+from pipeline.metrics import ReplicaMetrics
 from pipeline.outputs import OutputLocation, batch_id_for
 from pipeline.stats import Acceptance
 from pipeline.storage import Storage
@@ -33,7 +34,9 @@ class EngineCrash(RuntimeError):
 
 
 class Generator:
-    def __init__(self, config: dict[str, Any], model_id: str, drafter_id: str | None):
+    def __init__(
+        self, config: dict[str, Any], model_id: str, drafter_id: str | None, job_id: str = "", disabled_by_guard: bool = False
+    ):
         import ray
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -43,8 +46,14 @@ class Generator:
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(self.config)))
         self.location = OutputLocation(Storage.from_config(self.config.storage), self.config.output_uri)
         self.model_id, self.drafter_id = model_id, drafter_id
+        self.disabled_by_guard = disabled_by_guard
         context = ray.get_runtime_context()
         self.actor_id, self.node_id = context.get_actor_id() or "driver", context.get_node_id()
+        # An isolated batch runs alone in the engine, so that a crash is the fault of the one
+        # row it was generating: it waits for the batches in flight and holds off new ones.
+        self.isolation = asyncio.Lock()
+        self.batches_generating = 0
+        self.metrics = ReplicaMetrics(job_id, self.actor_id)
 
     async def _generate(self, request_id: str, row: dict[str, Any]):
         from vllm import SamplingParams
@@ -93,13 +102,22 @@ class Generator:
         todo = [i for i, r in enumerate(rows) if r["error_kind"] is None]
 
         crashes_before = await asyncio.to_thread(self.location.start_attempt, batch_id)
-        started = time.time()
         if crashes_before >= self.config.retries.isolate_after_attempts:
-            results = await self._generate_isolated(batch_id, rows, todo)
+            async with self.isolation:
+                while self.batches_generating:
+                    await asyncio.sleep(0.05)
+                started = time.time()
+                results = await self._generate_isolated(batch_id, rows, todo)
         else:
-            results = await asyncio.gather(
-                *(self._generate(f"{batch_id}-{i}", rows[i]) for i in todo), return_exceptions=True
-            )
+            async with self.isolation:  # not while a batch runs isolated
+                self.batches_generating += 1
+            started = time.time()
+            try:
+                results = await asyncio.gather(
+                    *(self._generate(f"{batch_id}-{i}", rows[i]) for i in todo), return_exceptions=True
+                )
+            finally:
+                self.batches_generating -= 1
         engine_seconds = time.time() - started
 
         outputs, output_index, errors = [], [], []
@@ -162,6 +180,7 @@ class Generator:
             acceptance_rate=total.acceptance_rate,
             mean_acceptance_length=total.mean_acceptance_length,
             accepted_per_position=total.accepted_per_position,
+            speculation_disabled_by_guard=self.disabled_by_guard,
         )
         metadata = batch.column("metadata")
         output_table = pa.Table.from_pylist(outputs, schema=arrow_schema(OutputRow)).append_column(
@@ -174,6 +193,7 @@ class Generator:
             stats_table = pa.Table.from_pylist([stats.model_dump()], schema=arrow_schema(BatchStats))
             self.location.commit(batch_id, {"outputs": output_table, "errors": error_table, "stats": stats_table})
             self.location.finish_attempt(batch_id)
+            self.metrics.record(stats)
             return stats_table
 
         # Off the event loop: the other batches in flight keep the engine busy meanwhile.

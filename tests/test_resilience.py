@@ -160,8 +160,9 @@ def test_storage_endpoint_down_for_seconds(tmp_path, s3_endpoint, random_kit):
 
 def test_poisoned_row_ends_in_errors(tmp_path, random_kit):
     config_path, ids, _ = make_job(
-        tmp_path, random_kit, rows=32,
-        retries={"max_actor_restarts": 5, "max_batch_retries": 5, "isolate_after_attempts": 2},
+        tmp_path, random_kit, rows=24,
+        # crash, isolated retry (crashes on the poisoned row), isolated retry (skips it): 2 restarts
+        retries={"max_actor_restarts": 3, "max_batch_retries": 3, "isolate_after_attempts": 1},
         resources={"batch_size": 8, "batches_in_flight": 1},
     )
     proc = start_job(config_path, env={"SPECBATCH_CHAOS_CRASH_IDS": "id-0013"})
