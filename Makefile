@@ -29,5 +29,11 @@ $(CHECKOV_STAMP): | $(STAMP)
 	$(CHECKOV_VENV)/bin/pip install -q "checkov==$(CHECKOV_VERSION)"
 	touch $(CHECKOV_STAMP)
 
-test: $(STAMP) $(CHECKOV_STAMP)
+# tests/test_report.py opens the HTML report in a real headless Chromium (Debian's package).
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	apt-get update
+	apt-get install -y --no-install-recommends chromium
+
+test: $(STAMP) $(CHECKOV_STAMP) $(CHROMIUM)
 	CHECKOV=$(CHECKOV_VENV)/bin/checkov $(BIN)/python -m pytest

@@ -40,6 +40,22 @@ def engine_kwargs(config: JobConfig, *, speculative: bool | None = None, num_spe
     return kwargs
 
 
+def sampling_params(config: JobConfig, row: dict[str, Any], **extra):
+    """vLLM SamplingParams of one prepared row (its resolved max_tokens, temperature, top_p,
+    seed) with the job's stop settings."""
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        max_tokens=row["max_tokens"],
+        temperature=row["temperature"],
+        top_p=row["top_p"],
+        seed=row["seed"],
+        stop=config.sampling.stop or None,
+        ignore_eos=config.sampling.ignore_eos,
+        **extra,
+    )
+
+
 def prepare_process_env(config: JobConfig) -> None:
     """Environment a vLLM process needs before its engine starts (no hub, CPU KV cache size)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

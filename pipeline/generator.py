@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from pipeline.config import JobConfig
-from pipeline.engine import engine_kwargs, prepare_process_env
+from pipeline.engine import engine_kwargs, prepare_process_env, sampling_params
 from pipeline.metrics import ReplicaMetrics
 from pipeline.outputs import OutputLocation, batch_id_for
 from pipeline.stats import Acceptance
@@ -56,20 +56,10 @@ class Generator:
         self.metrics = ReplicaMetrics(job_id, self.actor_id)
 
     async def _generate(self, request_id: str, row: dict[str, Any]):
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        sampling = self.config.sampling
-        params = SamplingParams(
-            max_tokens=row["max_tokens"],
-            temperature=row["temperature"],
-            top_p=row["top_p"],
-            seed=row["seed"],
-            stop=sampling.stop or None,
-            ignore_eos=sampling.ignore_eos,
-            output_kind=RequestOutputKind.FINAL_ONLY,
-        )
+        params = sampling_params(self.config, row, output_kind=RequestOutputKind.FINAL_ONLY)
         if row["id"] in CHAOS_CRASH_IDS:
             os._exit(70)  # fault injection for tests: this row takes the engine's process down
         final = None

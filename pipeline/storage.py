@@ -86,7 +86,7 @@ class Storage:
         if self.region:
             client_kwargs["region_name"] = self.region
         # Listings must not be served from a cache: a resumed job must see every commit.
-        return {"client_kwargs": client_kwargs, "use_listings_cache": False, "skip_instance_cache": True}
+        return {"client_kwargs": client_kwargs, "use_listings_cache": False}
 
     def fs(self, uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
         return url_to_fs(uri, **self._options(uri))

@@ -33,9 +33,12 @@ class JobFigures(Contract):
     accelerator: str
     replicas: int
     gpus_per_replica: float = Field(description="Billed units per replica: GPUs, or 1 node for CPU-only replicas.")
-    speculative: bool
+    speculative: bool = Field(description="The job's config asked for speculation.")
     num_speculative_tokens: int = Field(description="Draft depth; 0 with speculation off.")
     batches: int
+    speculative_batches: int = Field(
+        description="Batches that ran with the drafter; fewer than `batches` when the acceptance guard turned it off."
+    )
     input_rows: int
     output_rows: int
     failed_rows: int
@@ -79,7 +82,8 @@ class ReportTotals(Contract):
 
 class SpeculationComparison(Contract):
     """Jobs on the same target model and accelerator kind, one depth against speculation off:
-    cost per million generated tokens pooled over the jobs of each side."""
+    cost per million generated tokens pooled over the jobs of each side. Jobs whose batches ran
+    partly with and partly without the drafter (acceptance guard) are left out."""
 
     model: str
     model_sha256: str

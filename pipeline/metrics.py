@@ -1,0 +1,65 @@
+"""Prometheus metrics of the engine actors, through Ray's metrics API.
+
+Each Generator actor records one update per committed batch, tagged with the job id and its
+replica (the actor id). Ray exports them on every node's metrics endpoint with the prefix
+`ray_` (counters also get `_total`): e.g. `ray_specbatch_rows_done_total`. The dashboard in
+infra/grafana/specbatch.json plots them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from ray.util.metrics import Counter, Gauge
+
+from schemas import BatchStats
+
+TAG_KEYS = ("job_id", "replica")
+
+
+def _counter(name: str, description: str) -> Counter:
+    return Counter(f"specbatch_{name}", description=description, tag_keys=TAG_KEYS)
+
+
+def _gauge(name: str, description: str) -> Gauge:
+    return Gauge(f"specbatch_{name}", description=description, tag_keys=TAG_KEYS)
+
+
+class ReplicaMetrics:
+    def __init__(self, job_id: str, replica: str):
+        self.tags = {"job_id": job_id, "replica": replica}
+        self.counters = {
+            "rows_done": _counter("rows_done", "Input rows generated and committed to outputs/."),
+            "rows_failed": _counter("rows_failed", "Input rows committed to errors/."),
+            "generated_tokens": _counter("generated_tokens", "Tokens generated in committed batches."),
+            "draft_tokens": _counter("draft_tokens", "Draft tokens proposed in committed batches."),
+            "accepted_tokens": _counter("accepted_tokens", "Draft tokens accepted in committed batches."),
+            "drafts": _counter("drafts", "Verify steps that carried drafts, in committed batches."),
+        }
+        self.tokens_per_second = _gauge("tokens_per_second", "Generated tokens per second of this replica since its first batch.")
+        self.acceptance_rate = _gauge("acceptance_rate", "Accepted / draft tokens of the last committed batch that drafted.")
+        self.mean_acceptance_length = _gauge("mean_acceptance_length", "1 + accepted / drafts of the last committed batch that drafted.")
+        self.first_batch_started: Optional[float] = None
+        self.generated_tokens = 0
+
+    def record(self, stats: BatchStats) -> None:
+        increments = {
+            "rows_done": stats.output_rows,
+            "rows_failed": stats.error_rows,
+            "generated_tokens": stats.generated_tokens,
+            "draft_tokens": stats.draft_tokens,
+            "accepted_tokens": stats.accepted_tokens,
+            "drafts": stats.num_drafts,
+        }
+        for name, value in increments.items():
+            if value > 0:  # Ray's counters refuse 0
+                self.counters[name].inc(value, tags=self.tags)
+        self.first_batch_started = min(self.first_batch_started or stats.started_at, stats.started_at)
+        self.generated_tokens += stats.generated_tokens
+        elapsed = time.time() - self.first_batch_started
+        if elapsed > 0:
+            self.tokens_per_second.set(self.generated_tokens / elapsed, tags=self.tags)
+        if stats.num_drafts:
+            self.acceptance_rate.set(stats.acceptance_rate, tags=self.tags)
+            self.mean_acceptance_length.set(stats.mean_acceptance_length, tags=self.tags)

@@ -1,0 +1,487 @@
+"""`specbatch report OUTPUT_URI... [--prices FILE] [--out URI]`: what the jobs cost, from what
+they wrote (each output's `_job.json` and committed `stats/` rows, nothing else).
+
+Per job and overall: GPU-hours (billed: replicas x GPUs x wall time; busy: engine time), tokens,
+cost per million generated / total tokens, tokens/s per GPU, acceptance; and, for jobs on the
+same target model and accelerator kind with speculation on and off, the saving or loss.
+
+Written to `OUTPUT_URI/report/` for one job. For several jobs, to `--out URI`, by default the
+`report/` folder under the outputs' deepest common folder (e.g. `s3://b/outputs/daily/report/`
+for `s3://b/outputs/daily/2026-11-28/ s3://b/outputs/daily/2026-11-29/`):
+report.md, report.html (self-contained, inline SVG plots), report.json (schemas.CostReport),
+report.csv (one schemas.JobFigures row per job). A summary table goes to the terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import io
+import posixpath
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from html import escape
+from typing import Any, Optional, Sequence
+
+from pydantic import ValidationError
+
+from pipeline import plots
+from pipeline.outputs import OutputLocation
+from pipeline.prices import Prices, load_prices
+from pipeline.stats import Acceptance
+from pipeline.storage import Storage
+from schemas import JobManifest
+from schemas.report import CostReport, JobFigures, ReportTotals, SpeculationComparison
+
+MILLION = 1_000_000
+REPORT_FILES = ("report.md", "report.html", "report.json", "report.csv")
+
+
+@dataclass
+class JobData:
+    uri: str
+    manifest: JobManifest
+    stats: list[dict[str, Any]]
+
+
+def read_job(storage: Storage, uri: str) -> JobData:
+    location = OutputLocation(storage, uri)
+    try:
+        manifest = JobManifest.model_validate(location.read_manifest())
+    except FileNotFoundError:
+        raise ReportError(f"{uri}: no _job.json (not a specbatch job output)") from None
+    except ValidationError as exc:
+        fields = ", ".join(".".join(str(p) for p in e["loc"]) + f" ({e['msg']})" for e in exc.errors()[:5])
+        raise ReportError(f"{uri}: _job.json does not match the job manifest contract: {fields}") from None
+    stats = sorted(location.read_table("stats").to_pylist(), key=lambda r: r["started_at"])
+    return JobData(uri=location.uri, manifest=manifest, stats=stats)
+
+
+class ReportError(ValueError):
+    pass
+
+
+# ---------------------------------------------------------------- figures
+
+
+def busy_seconds(stats: Sequence[dict[str, Any]]) -> float:
+    """Engine-busy seconds summed over actors. Batches overlap inside one engine, so each
+    actor's time is the union of its [started_at, started_at + engine_seconds] intervals."""
+    by_actor: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for row in stats:
+        by_actor[row["actor_id"]].append((row["started_at"], row["started_at"] + row["engine_seconds"]))
+    total = 0.0
+    for intervals in by_actor.values():
+        intervals.sort()
+        start, end = intervals[0]
+        for s, e in intervals[1:]:
+            if s > end:
+                total += end - start
+                start, end = s, e
+            else:
+                end = max(end, e)
+        total += end - start
+    return total
+
+
+def _per_million(cost: Optional[float], tokens: int) -> Optional[float]:
+    return cost / tokens * MILLION if cost is not None and tokens else None
+
+
+def _ratio(a: float, b: float) -> Optional[float]:
+    return a / b if b else None
+
+
+def job_figures(job: JobData, prices: Prices) -> JobFigures:
+    m, stats = job.manifest, job.stats
+    resources, spec = m.config.get("resources", {}), m.config.get("speculative", {})
+    replicas = int(resources.get("replicas", 1))
+    units, price = prices.billing(m.accelerator, float(resources.get("gpus_per_replica", 0)))
+    acceptance = Acceptance()
+    for row in stats:
+        acceptance = acceptance + Acceptance(row["num_drafts"], row["draft_tokens"], row["accepted_tokens"], list(row["accepted_per_position"]))
+    prompt_tokens = sum(r["prompt_tokens"] for r in stats)
+    generated_tokens = sum(r["generated_tokens"] for r in stats)
+    busy = busy_seconds(stats) if stats else 0.0
+    gpu_hours = replicas * units * m.totals.wall_seconds / 3600
+    busy_gpu_hours = units * busy / 3600
+    cost = gpu_hours * price if price is not None else None
+    speculative = bool(spec.get("enabled", any(r["speculative"] for r in stats)))
+    return JobFigures(
+        job_id=m.job_id,
+        output_uri=job.uri,
+        status=m.status,
+        started_at=m.started_at,
+        model=m.model.path,
+        model_sha256=m.model.config_sha256,
+        drafter=m.drafter.path if m.drafter else None,
+        accelerator=m.accelerator,
+        replicas=replicas,
+        gpus_per_replica=units,
+        speculative=speculative,
+        num_speculative_tokens=int(spec.get("num_speculative_tokens", 0)) if speculative else 0,
+        batches=len(stats),
+        speculative_batches=sum(1 for r in stats if r["speculative"]),
+        input_rows=m.totals.input_rows,
+        output_rows=sum(r["output_rows"] for r in stats),
+        failed_rows=sum(r["error_rows"] for r in stats),
+        prompt_tokens=prompt_tokens,
+        generated_tokens=generated_tokens,
+        wall_seconds=m.totals.wall_seconds,
+        busy_seconds=busy,
+        gpu_hours=gpu_hours,
+        busy_gpu_hours=busy_gpu_hours,
+        utilization=_ratio(busy_gpu_hours, gpu_hours),
+        price_per_gpu_hour=price,
+        cost=cost,
+        cost_per_million_generated_tokens=_per_million(cost, generated_tokens),
+        cost_per_million_total_tokens=_per_million(cost, generated_tokens + prompt_tokens),
+        tokens_per_second_per_gpu=_ratio(generated_tokens, gpu_hours * 3600),
+        busy_tokens_per_second_per_gpu=_ratio(generated_tokens, busy_gpu_hours * 3600),
+        num_drafts=acceptance.num_drafts,
+        draft_tokens=acceptance.draft_tokens,
+        accepted_tokens=acceptance.accepted_tokens,
+        acceptance_rate=acceptance.acceptance_rate,
+        mean_acceptance_length=acceptance.mean_acceptance_length,
+        accepted_per_position=[n / acceptance.num_drafts for n in acceptance.accepted_per_position] if acceptance.num_drafts else [],
+    )
+
+
+def totals(jobs: Sequence[JobFigures]) -> ReportTotals:
+    cost = None if any(j.cost is None for j in jobs) else sum(j.cost for j in jobs)
+    generated = sum(j.generated_tokens for j in jobs)
+    prompt = sum(j.prompt_tokens for j in jobs)
+    gpu_hours = sum(j.gpu_hours for j in jobs)
+    return ReportTotals(
+        jobs=len(jobs),
+        input_rows=sum(j.input_rows for j in jobs),
+        output_rows=sum(j.output_rows for j in jobs),
+        failed_rows=sum(j.failed_rows for j in jobs),
+        prompt_tokens=prompt,
+        generated_tokens=generated,
+        gpu_hours=gpu_hours,
+        busy_gpu_hours=sum(j.busy_gpu_hours for j in jobs),
+        cost=cost,
+        cost_per_million_generated_tokens=_per_million(cost, generated),
+        cost_per_million_total_tokens=_per_million(cost, generated + prompt),
+        tokens_per_second_per_gpu=_ratio(generated, gpu_hours * 3600),
+    )
+
+
+def speculation_comparisons(jobs: Sequence[JobFigures]) -> list[SpeculationComparison]:
+    """Per (target model, accelerator kind): each depth's pooled cost per million generated
+    tokens against the pooled cost of the jobs with speculation off."""
+    groups: dict[tuple[str, str], list[JobFigures]] = defaultdict(list)
+    for job in jobs:
+        ran_as_configured = job.speculative_batches == (job.batches if job.speculative else 0)
+        if job.cost is not None and job.generated_tokens and ran_as_configured:
+            groups[(job.model_sha256, job.accelerator)].append(job)
+    comparisons = []
+    for (sha, accelerator), members in groups.items():
+        off = [j for j in members if not j.speculative]
+        if not off:
+            continue
+        off_total = totals(off)
+        for depth in sorted({j.num_speculative_tokens for j in members if j.speculative}):
+            on_total = totals([j for j in members if j.speculative and j.num_speculative_tokens == depth])
+            on_cost, off_cost = on_total.cost_per_million_generated_tokens, off_total.cost_per_million_generated_tokens
+            comparisons.append(
+                SpeculationComparison(
+                    model=members[0].model,
+                    model_sha256=sha,
+                    accelerator=accelerator,
+                    num_speculative_tokens=depth,
+                    jobs_on=[j.job_id for j in members if j.speculative and j.num_speculative_tokens == depth],
+                    jobs_off=[j.job_id for j in off],
+                    cost_per_million_generated_tokens_on=on_cost,
+                    cost_per_million_generated_tokens_off=off_cost,
+                    saving_per_million_generated_tokens=off_cost - on_cost,
+                    saving_fraction=(off_cost - on_cost) / off_cost,
+                    tokens_per_second_per_gpu_on=on_total.tokens_per_second_per_gpu,
+                    tokens_per_second_per_gpu_off=off_total.tokens_per_second_per_gpu,
+                )
+            )
+    return comparisons
+
+
+def build_report(jobs: Sequence[JobData], prices: Prices) -> CostReport:
+    figures = [job_figures(job, prices) for job in jobs]
+    warnings = []
+    for job, f in zip(jobs, figures):
+        if f.price_per_gpu_hour is None:
+            warnings.append(f"{f.job_id}: " + prices.missing_price_message(f.accelerator, job.manifest.config.get("resources", {}).get("gpus_per_replica", 0)))
+        if f.status != "succeeded":
+            warnings.append(f"{f.job_id}: status {f.status!r}; figures cover the batches committed so far")
+        if not job.stats:
+            warnings.append(f"{f.job_id}: no committed stats rows")
+        if f.speculative and f.speculative_batches < f.batches:
+            warnings.append(
+                f"{f.job_id}: the drafter ran for {f.speculative_batches} of {f.batches} batches (turned off by the "
+                "acceptance guard); left out of the speculation on/off comparison"
+            )
+    return CostReport(
+        generated_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        currency=prices.currency,
+        prices=prices.model_dump(),
+        output_uris=[j.uri for j in jobs],
+        jobs=figures,
+        overall=totals(figures),
+        speculation=speculation_comparisons(figures),
+        warnings=warnings,
+    )
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def _num(value: Optional[float], digits: int = 3) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:,.{digits}f}" if abs(value) < 1e6 else f"{value:,.0f}"
+
+
+def _depth(job: JobFigures) -> str:
+    return f"k={job.num_speculative_tokens}" if job.speculative else "off"
+
+
+Table = tuple[list[str], list[list[str]]]
+
+
+def tables(report: CostReport) -> dict[str, Table]:
+    """Every table of the report as (header, rows) of strings: one source for Markdown, HTML
+    and the terminal."""
+    c = report.currency
+    jobs = report.jobs
+    o = report.overall
+    out: dict[str, Table] = {}
+    out["Overall"] = (
+        ["jobs", "generated tokens", "prompt tokens", "GPU-hours", "busy GPU-hours", f"cost ({c})",
+         f"{c} / 1M generated", f"{c} / 1M total", "tokens/s per GPU", "failed rows"],
+        [[str(o.jobs), _num(o.generated_tokens), _num(o.prompt_tokens), _num(o.gpu_hours, 4), _num(o.busy_gpu_hours, 4),
+          _num(o.cost, 4), _num(o.cost_per_million_generated_tokens, 4), _num(o.cost_per_million_total_tokens, 4),
+          _num(o.tokens_per_second_per_gpu, 1), _num(o.failed_rows)]],
+    )
+    out["Jobs"] = (
+        ["job", "status", "accelerator", "replicas x GPUs", "speculation", "wall s", "GPU-hours", "busy GPU-hours",
+         "generated tokens", "prompt tokens", f"cost ({c})", f"{c} / 1M generated", f"{c} / 1M total",
+         "tokens/s per GPU", "failed rows"],
+        [[j.job_id, j.status, j.accelerator, f"{j.replicas} x {j.gpus_per_replica:g}", _depth(j), _num(j.wall_seconds, 1),
+          _num(j.gpu_hours, 4), _num(j.busy_gpu_hours, 4), _num(j.generated_tokens), _num(j.prompt_tokens), _num(j.cost, 4),
+          _num(j.cost_per_million_generated_tokens, 4), _num(j.cost_per_million_total_tokens, 4),
+          _num(j.tokens_per_second_per_gpu, 1), _num(j.failed_rows)] for j in jobs],
+    )
+    spec_jobs = [j for j in jobs if j.speculative]
+    width = max((len(j.accepted_per_position) for j in spec_jobs), default=0)
+    out["Acceptance"] = (
+        ["job", "speculation", "drafts", "acceptance rate", "mean acceptance length"] + [f"pos {i + 1}" for i in range(width)],
+        [[j.job_id, _depth(j), _num(j.num_drafts), _num(j.acceptance_rate), _num(j.mean_acceptance_length)]
+         + [_num(j.accepted_per_position[i]) if i < len(j.accepted_per_position) else "" for i in range(width)]
+         for j in spec_jobs],
+    )
+    out["Speculation on vs off"] = (
+        ["model", "accelerator", "speculation", f"{c} / 1M generated (on)", f"{c} / 1M generated (off)",
+         f"saving {c} / 1M", "saving", "tokens/s per GPU on / off"],
+        [[posixpath.basename(s.model.rstrip("/")), s.accelerator, f"k={s.num_speculative_tokens}",
+          _num(s.cost_per_million_generated_tokens_on, 4), _num(s.cost_per_million_generated_tokens_off, 4),
+          _num(s.saving_per_million_generated_tokens, 4), f"{s.saving_fraction:+.1%}",
+          f"{s.tokens_per_second_per_gpu_on:,.1f} / {s.tokens_per_second_per_gpu_off:,.1f}"] for s in report.speculation],
+    )
+    return out
+
+
+DEFINITIONS = [
+    "GPU-hours: replicas x GPUs per replica x the job's wall time (what is billed); for CPU-only runs, one node per replica.",
+    "Busy GPU-hours: per engine actor, the union of its batches' engine intervals (batches overlap), times GPUs per replica.",
+    "Cost: GPU-hours x the price per GPU-hour of the job's accelerator kind.",
+    "Acceptance rate: accepted / draft tokens. Mean acceptance length: 1 + accepted / drafts. Position i: share of drafts whose i-th token was accepted.",
+    "Speculation on vs off: jobs on the same target model and accelerator kind, pooled per side; a negative saving means speculation cost money.",
+]
+
+
+def to_markdown(report: CostReport) -> str:
+    lines = ["# specbatch cost report", "", f"Generated {report.generated_at}; prices in {report.currency} per GPU-hour.", ""]
+    for uri in report.output_uris:
+        lines.append(f"- `{uri}`")
+    for title, (header, rows) in tables(report).items():
+        lines += ["", f"## {title}", ""]
+        if not rows:
+            lines.append("(none)")
+            continue
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append("|" + "|".join("---" for _ in header) + "|")
+        lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    if report.warnings:
+        lines += ["", "## Warnings", ""] + [f"- {w}" for w in report.warnings]
+    lines += ["", "## Definitions", ""] + [f"- {d}" for d in DEFINITIONS]
+    return "\n".join(lines) + "\n"
+
+
+MAX_POINTS_PER_SERIES = 2000
+
+
+def _thin(rows: Sequence[dict[str, Any]]) -> Sequence[dict[str, Any]]:
+    """Every n-th batch, so that a job of many thousand batches keeps the page light."""
+    step = -(-len(rows) // MAX_POINTS_PER_SERIES)
+    return rows[::step]
+
+
+def report_plots(report: CostReport, jobs: Sequence[JobData]) -> list[str]:
+    acceptance = plots.line_chart(
+        "acceptance",
+        "Acceptance by draft position",
+        [(f"{j.job_id} ({_depth(j)})", [(i + 1, r) for i, r in enumerate(j.accepted_per_position)]) for j in report.jobs if j.speculative],
+        "draft position",
+        "share of drafts accepted",
+        integer_x=True,
+    )
+    throughput = plots.line_chart(
+        "throughput",
+        "Tokens/s per batch over time",
+        [(job.manifest.job_id, [(r["started_at"] - job.stats[0]["started_at"], r["tokens_per_second"]) for r in _thin(job.stats)])
+         for job in jobs if job.stats],
+        "seconds since the job's first batch",
+        "generated tokens/s (batch)",
+    )
+    cost = plots.bar_chart(
+        "cost",
+        f"Cost per million generated tokens ({report.currency})",
+        [(j.job_id, j.cost_per_million_generated_tokens, f"speculation {_depth(j)}") for j in report.jobs],
+        f"{report.currency} per 1M generated tokens",
+    )
+    return [acceptance, throughput, cost]
+
+
+def to_html(report: CostReport, jobs: Sequence[JobData]) -> str:
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<link rel="icon" href="data:,">',
+        "<title>specbatch cost report</title>",
+        "<style>body{font-family:sans-serif;margin:24px;color:#111}table{border-collapse:collapse;margin:8px 0 16px}"
+        "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:right}td:first-child,th{text-align:left}"
+        "th{background:#f0f0f0}.warn{color:#a40}" + plots.STYLE + "</style>",
+        "</head><body>",
+        "<h1>specbatch cost report</h1>",
+        f"<p>Generated {escape(report.generated_at)}; prices in {escape(report.currency)} per GPU-hour.</p>",
+        "<ul>" + "".join(f"<li><code>{escape(u)}</code></li>" for u in report.output_uris) + "</ul>",
+    ]
+    for title, (header, rows) in tables(report).items():
+        parts.append(f"<h2>{escape(title)}</h2>")
+        if not rows:
+            parts.append("<p>(none)</p>")
+            continue
+        parts.append("<table><thead><tr>" + "".join(f"<th>{escape(h)}</th>" for h in header) + "</tr></thead><tbody>")
+        parts += ["<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in rows]
+        parts.append("</tbody></table>")
+    parts.append("<h2>Plots</h2>")
+    parts += [f"<figure>{svg}</figure>" for svg in report_plots(report, jobs)]
+    if report.warnings:
+        parts.append("<h2>Warnings</h2><ul>" + "".join(f'<li class="warn">{escape(w)}</li>' for w in report.warnings) + "</ul>")
+    parts.append("<h2>Definitions</h2><ul>" + "".join(f"<li>{escape(d)}</li>" for d in DEFINITIONS) + "</ul>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def to_csv(rows: Sequence[Any]) -> str:
+    """Pydantic rows as CSV; list cells are joined with ';', nulls are empty."""
+    buffer = io.StringIO()
+    dumped = [r.model_dump() for r in rows]
+    if not dumped:
+        return ""
+    writer = csv.DictWriter(buffer, fieldnames=list(dumped[0]), lineterminator="\n")
+    writer.writeheader()
+    for row in dumped:
+        writer.writerow({k: ";".join(str(x) for x in v) if isinstance(v, list) else ("" if v is None else v) for k, v in row.items()})
+    return buffer.getvalue()
+
+
+def format_terminal_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def terminal_summary(report: CostReport) -> str:
+    c = report.currency
+    header = ["job", "accelerator", "spec", "generated", "GPU-h", f"cost {c}", f"{c}/1M gen", "tok/s/GPU", "accept len", "failed"]
+    rows = [
+        [j.job_id, j.accelerator, _depth(j), _num(j.generated_tokens), _num(j.gpu_hours, 4), _num(j.cost, 4),
+         _num(j.cost_per_million_generated_tokens, 4), _num(j.tokens_per_second_per_gpu, 1), _num(j.mean_acceptance_length, 2),
+         _num(j.failed_rows)]
+        for j in report.jobs
+    ]
+    o = report.overall
+    rows.append(["overall", "", "", _num(o.generated_tokens), _num(o.gpu_hours, 4), _num(o.cost, 4),
+                 _num(o.cost_per_million_generated_tokens, 4), _num(o.tokens_per_second_per_gpu, 1), "", _num(o.failed_rows)])
+    text = format_terminal_table(header, rows)
+    for s in report.speculation:
+        verdict = "saves" if s.saving_fraction >= 0 else "costs"
+        text += (f"\nspeculation k={s.num_speculative_tokens} on {s.accelerator} {verdict} "
+                 f"{abs(s.saving_fraction):.1%} ({s.cost_per_million_generated_tokens_on:,.4f} vs "
+                 f"{s.cost_per_million_generated_tokens_off:,.4f} {c} / 1M generated tokens)")
+    return text
+
+
+# ---------------------------------------------------------------- where and how it is written
+
+
+def default_report_uri(output_uris: Sequence[str]) -> str:
+    """`URI/report` for one job; for several, `report` under their deepest common folder."""
+    uris = [u.rstrip("/") for u in output_uris]
+    if len(uris) == 1:
+        return uris[0] + "/report"
+    schemes = {u.split("://", 1)[0] if "://" in u else "" for u in uris}
+    paths = [u.split("://", 1)[-1] for u in uris]
+    common = posixpath.commonpath(paths) if len(schemes) == 1 and len({p.startswith("/") for p in paths}) == 1 else ""
+    if common in ("", "/", "."):
+        raise ReportError("the output URIs share no folder to write a combined report under; pass --out URI")
+    scheme = schemes.pop()
+    return (f"{scheme}://" if scheme else "") + common + "/report"
+
+
+def write_report(storage: Storage, out_uri: str, report: CostReport, jobs: Sequence[JobData]) -> list[str]:
+    documents = {
+        "report.json": report.model_dump_json(indent=2) + "\n",
+        "report.csv": to_csv(report.jobs),
+        "report.md": to_markdown(report),
+        "report.html": to_html(report, jobs),
+    }
+    written = []
+    for name, text in documents.items():
+        uri = storage.join(out_uri, name)
+        storage.write_bytes(uri, text.encode())
+        written.append(uri)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="specbatch report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("output_uris", nargs="+", metavar="OUTPUT_URI", help="job output locations (local or s3://...)")
+    parser.add_argument("--prices", help="YAML prices adding to / replacing pipeline/prices.yaml")
+    parser.add_argument("--out", help="where report/ files go (default: see above)")
+    parser.add_argument("--endpoint-url", help="S3-compatible endpoint (as storage.endpoint_url in job configs)")
+    parser.add_argument("--region")
+    args = parser.parse_args(argv)
+    storage = Storage(endpoint_url=args.endpoint_url, region=args.region)
+    try:
+        prices = load_prices(args.prices, storage)
+        jobs = [read_job(storage, uri) for uri in args.output_uris]
+        out_uri = (args.out or default_report_uri(args.output_uris)).rstrip("/")
+    except (ReportError, FileNotFoundError, ValueError) as exc:
+        print(f"specbatch report: {exc}", file=sys.stderr)
+        return 2
+    report = build_report(jobs, prices)
+    written = write_report(storage, out_uri, report, jobs)
+    print(terminal_summary(report))
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"\nreport written to {out_uri}/ ({', '.join(posixpath.basename(w) for w in written)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

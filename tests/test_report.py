@@ -1,0 +1,327 @@
+"""`specbatch report`: figures checked against values computed by hand for small synthetic
+jobs (local and on moto's S3), the files written, and the HTML page in a real headless Chromium."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from pipeline.outputs import OutputLocation
+from pipeline.prices import Prices
+from pipeline.report import JobData, ReportError, build_report, busy_seconds, default_report_uri, main as report_main
+from pipeline.storage import Storage
+from schemas import BatchStats, JobManifest, arrow_schema
+from schemas.report import CostReport
+
+SHA_TARGET, SHA_OTHER = "a" * 64, "b" * 64
+PRICES = "currency: USD\ngpu:\n  test-gpu: 2.0\ncpu:\n  test-node: 0.36\n"
+
+
+def manifest(job_id, *, accelerator, replicas, gpus, wall, speculative, k=3, sha=SHA_TARGET, input_rows=0):
+    return JobManifest(
+        job_id=job_id,
+        status="succeeded",
+        started_at="2026-11-29T00:00:00+00:00",
+        config={
+            "resources": {"replicas": replicas, "gpus_per_replica": gpus, "accelerator": accelerator},
+            "speculative": {"enabled": speculative, "num_speculative_tokens": k, "drafter": "/m/d" if speculative else None},
+        },
+        versions={"specbatch": "t", "vllm": None, "ray": "t", "torch": None, "python": "3"},
+        model={"path": "/m/target", "config_sha256": sha, "architectures": []},
+        drafter={"path": "/m/d", "config_sha256": "c" * 64, "architectures": []} if speculative else None,
+        accelerator=accelerator,
+        input_files=[],
+        totals={"input_rows": input_rows, "wall_seconds": wall},
+        **({"results_fingerprint": "f" * 64} if "results_fingerprint" in JobManifest.model_fields else {}),
+    ).model_dump(mode="json")
+
+
+def batch(batch_id, actor, started, engine, gen, prompt, drafts=0, draft_tokens=0, per_pos=(), out=10, err=0, k=0):
+    return BatchStats(
+        batch_id=batch_id, sources=["s"], actor_id=actor, node_id="n", rows=out + err, output_rows=out, error_rows=err,
+        prompt_tokens=prompt, generated_tokens=gen, started_at=started, wall_seconds=engine + 1, engine_seconds=engine,
+        tokens_per_second=gen / engine, speculative=k > 0, num_speculative_tokens=k, num_drafts=drafts,
+        draft_tokens=draft_tokens, accepted_tokens=sum(per_pos), acceptance_rate=None, mean_acceptance_length=None,
+        accepted_per_position=list(per_pos),
+    ).model_dump()
+
+
+def write_job(storage: Storage, uri: str, manifest_doc: dict, batches: list[dict], uncommitted: list[dict] = ()):
+    location = OutputLocation(storage, uri)
+    location.write_manifest(manifest_doc)
+    for row in batches:
+        location.commit(row["batch_id"], {"stats": pa.Table.from_pylist([row], schema=arrow_schema(BatchStats))})
+    for row in uncommitted:  # a batch that died before its commit marker: must not count
+        storage.write_parquet(location.path("stats", f"{row['batch_id']}.parquet"), pa.Table.from_pylist([row], schema=arrow_schema(BatchStats)))
+
+
+# Job A: spec k=2, 2 replicas x 1 GPU, 1800 s -> 1.0 GPU-hour, $2.00.
+#   actor a1: [1000,1100] and [1050,1150] overlap -> 150 s; actor a2: [1000,1090] and [1200,1260] -> 150 s.
+#   generated 1,000,000, prompt 250,000; drafts 200, draft tokens 400, accepted 200 = 125 + 75.
+JOB_A = [
+    batch("a-1", "a1", 1000, 100, 400_000, 100_000, 100, 200, (70, 50), err=1, k=2),
+    batch("a-2", "a1", 1050, 100, 300_000, 50_000, 50, 100, (30, 10), k=2),
+    batch("a-3", "a2", 1000, 90, 200_000, 50_000, 50, 100, (25, 15), out=8, err=2, k=2),
+    batch("a-4", "a2", 1200, 60, 100_000, 50_000, 0, 0, (0, 0), k=2),
+]
+# Job B: same model and accelerator, speculation off, 1 replica x 2 GPUs, 900 s -> 0.5 GPU-hour, $1.00.
+#   [2000,2100] and [2100,2200] touch -> 200 s busy x 2 GPUs.
+JOB_B = [batch("b-1", "b1", 2000, 100, 200_000, 50_000), batch("b-2", "b1", 2100, 100, 200_000, 50_000)]
+# Job C: CPU-only, another model, 3 replicas x 1 node, 3600 s -> 3 node-hours x $0.36 = $1.08.
+JOB_C = [batch("c-1", "c1", 5000, 50, 90_000, 10_000, 10, 30, (8, 5, 2), k=3)]
+
+
+@pytest.fixture(scope="module")
+def three_jobs(tmp_path_factory, s3_endpoint):
+    """Jobs A and B on local disk, job C on moto's S3; one combined report under --out."""
+    root = tmp_path_factory.mktemp("report")
+    local, s3 = Storage(), Storage(endpoint_url=s3_endpoint)
+    uris = [str(root / "out" / "2026-11-28"), str(root / "out" / "2026-11-29"), "s3://specbatch/report-test/cpu-job"]
+    write_job(local, uris[0], manifest("job-a", accelerator="test-gpu", replicas=2, gpus=1, wall=1800, speculative=True, k=2, input_rows=41), JOB_A,
+              uncommitted=[batch("a-dead", "a1", 1100, 500, 9_999_999, 1, k=2)])
+    write_job(local, uris[1], manifest("job-b", accelerator="test-gpu", replicas=1, gpus=2, wall=900, speculative=False, input_rows=20), JOB_B)
+    write_job(s3, uris[2], manifest("job-c", accelerator="test-node", replicas=3, gpus=0, wall=3600, speculative=True, k=3, sha=SHA_OTHER), JOB_C)
+    prices = root / "prices.yaml"
+    prices.write_text(PRICES)
+    out = root / "combined"
+    code = report_main([*uris, "--prices", str(prices), "--out", str(out), "--endpoint-url", s3_endpoint])
+    assert code == 0
+    return out, CostReport.model_validate_json((out / "report.json").read_text())
+
+
+def test_busy_time_is_the_union_per_actor():
+    assert busy_seconds(JOB_A) == pytest.approx(300.0)
+    assert busy_seconds(JOB_B) == pytest.approx(200.0)
+
+
+def test_job_figures_match_hand_computed_values(three_jobs):
+    _, report = three_jobs
+    a, b, c = report.jobs
+    assert (a.job_id, b.job_id, c.job_id) == ("job-a", "job-b", "job-c")
+
+    assert a.batches == 4 and a.output_rows == 38 and a.failed_rows == 3 and a.input_rows == 41
+    assert (a.generated_tokens, a.prompt_tokens) == (1_000_000, 250_000)  # the uncommitted batch is not counted
+    assert a.gpu_hours == pytest.approx(1.0) and a.busy_seconds == pytest.approx(300.0)
+    assert a.busy_gpu_hours == pytest.approx(300 / 3600) and a.utilization == pytest.approx(1 / 12)
+    assert a.price_per_gpu_hour == 2.0 and a.cost == pytest.approx(2.0)
+    assert a.cost_per_million_generated_tokens == pytest.approx(2.0)
+    assert a.cost_per_million_total_tokens == pytest.approx(1.6)
+    assert a.tokens_per_second_per_gpu == pytest.approx(1e6 / 3600)
+    assert a.busy_tokens_per_second_per_gpu == pytest.approx(1e6 / 300)
+    assert (a.num_drafts, a.draft_tokens, a.accepted_tokens) == (200, 400, 200)
+    assert a.acceptance_rate == pytest.approx(0.5) and a.mean_acceptance_length == pytest.approx(2.0)
+    assert a.accepted_per_position == pytest.approx([0.625, 0.375])
+    assert a.speculative and a.num_speculative_tokens == 2
+
+    assert b.gpu_hours == pytest.approx(0.5) and b.cost == pytest.approx(1.0) and b.gpus_per_replica == 2
+    assert b.busy_gpu_hours == pytest.approx(2 * 200 / 3600)
+    assert b.cost_per_million_generated_tokens == pytest.approx(2.5) and b.cost_per_million_total_tokens == pytest.approx(2.0)
+    assert b.tokens_per_second_per_gpu == pytest.approx(400_000 / 1800)
+    assert b.acceptance_rate is None and b.mean_acceptance_length is None and b.accepted_per_position == []
+    assert not b.speculative and b.num_speculative_tokens == 0
+
+    assert c.gpus_per_replica == 1.0 and c.gpu_hours == pytest.approx(3.0) and c.cost == pytest.approx(1.08)
+    assert c.cost_per_million_generated_tokens == pytest.approx(12.0) and c.cost_per_million_total_tokens == pytest.approx(10.8)
+    assert c.mean_acceptance_length == pytest.approx(2.5) and c.accepted_per_position == pytest.approx([0.8, 0.5, 0.2])
+
+
+def test_overall_figures_and_speculation_saving(three_jobs):
+    _, report = three_jobs
+    o = report.overall
+    assert (o.jobs, o.generated_tokens, o.prompt_tokens, o.failed_rows) == (3, 1_490_000, 360_000, 3)
+    assert o.gpu_hours == pytest.approx(4.5) and o.cost == pytest.approx(4.08)
+    assert o.cost_per_million_generated_tokens == pytest.approx(4.08 / 1.49)
+    assert o.cost_per_million_total_tokens == pytest.approx(4.08 / 1.85)
+    assert o.tokens_per_second_per_gpu == pytest.approx(1.49e6 / (4.5 * 3600))
+    # Only A and B share a model and an accelerator: k=2 at $2.00 against off at $2.50 per 1M.
+    (s,) = report.speculation
+    assert (s.accelerator, s.num_speculative_tokens, s.jobs_on, s.jobs_off) == ("test-gpu", 2, ["job-a"], ["job-b"])
+    assert s.cost_per_million_generated_tokens_on == pytest.approx(2.0)
+    assert s.cost_per_million_generated_tokens_off == pytest.approx(2.5)
+    assert s.saving_per_million_generated_tokens == pytest.approx(0.5) and s.saving_fraction == pytest.approx(0.2)
+    assert report.warnings == []
+    assert report.prices["gpu"]["test-gpu"] == 2.0 and report.prices["gpu"]["nvidia-h100-80gb"] == 4.0  # --prices adds to the defaults
+
+
+def test_files_written_csv_and_markdown(three_jobs):
+    out, report = three_jobs
+    assert sorted(p.name for p in out.iterdir()) == ["report.csv", "report.html", "report.json", "report.md"]
+    rows = list(csv.DictReader((out / "report.csv").open()))
+    assert [r["job_id"] for r in rows] == ["job-a", "job-b", "job-c"]
+    assert float(rows[0]["cost_per_million_total_tokens"]) == pytest.approx(1.6)
+    assert rows[0]["accepted_per_position"] == "0.625;0.375" and rows[1]["acceptance_rate"] == ""
+    markdown = (out / "report.md").read_text()
+    assert "| job-a | succeeded | test-gpu | 2 x 1 | k=2 |" in markdown
+    assert "+20.0%" in markdown  # the saving of k=2 over off
+
+
+def test_single_job_report_goes_under_its_output_and_missing_price_is_a_warning(tmp_path, capsys):
+    uri = str(tmp_path / "job")
+    write_job(Storage(), uri, manifest("job-x", accelerator="unpriced-gpu", replicas=1, gpus=1, wall=60, speculative=False), JOB_B)
+    assert report_main([uri]) == 0
+    report = CostReport.model_validate_json((tmp_path / "job" / "report" / "report.json").read_text())
+    (job,) = report.jobs
+    assert job.cost is None and job.cost_per_million_generated_tokens is None and report.overall.cost is None
+    assert job.tokens_per_second_per_gpu == pytest.approx(400_000 / 60)
+    assert any("'unpriced-gpu'" in w for w in report.warnings)
+    captured = capsys.readouterr()
+    assert "job-x" in captured.out and "unpriced-gpu" in captured.err
+
+
+def test_job_whose_drafter_was_turned_off_midway_is_left_out_of_the_comparison():
+    guarded = [batch("d-1", "d1", 0, 10, 1000, 100, 10, 20, (5, 3), k=2), batch("d-2", "d1", 10, 10, 1000, 100)]
+    jobs = [
+        JobData("mem://d", JobManifest.model_validate(manifest("job-d", accelerator="test-gpu", replicas=1, gpus=1, wall=60, speculative=True, k=2)), guarded),
+        JobData("mem://b", JobManifest.model_validate(manifest("job-b", accelerator="test-gpu", replicas=1, gpus=2, wall=900, speculative=False)), JOB_B),
+    ]
+    report = build_report(jobs, Prices(gpu={"test-gpu": 2.0}))
+    assert report.jobs[0].cost == pytest.approx(2.0 / 60) and report.jobs[1].cost == pytest.approx(1.0)  # both priced
+    assert (report.jobs[0].batches, report.jobs[0].speculative_batches) == (2, 1)
+    assert report.speculation == []
+    assert any("job-d: the drafter ran for 1 of 2 batches" in w for w in report.warnings)
+
+
+def test_missing_job_output_is_refused(tmp_path, capsys):
+    assert report_main([str(tmp_path / "nothing")]) == 2
+    assert "no _job.json" in capsys.readouterr().err
+
+
+def test_default_location_for_several_outputs():
+    assert default_report_uri(["s3://b/out/daily/2026-11-28/", "s3://b/out/daily/2026-11-29"]) == "s3://b/out/daily/report"
+    assert default_report_uri(["/data/x/job"]) == "/data/x/job/report"
+    with pytest.raises(ReportError, match="--out"):
+        default_report_uri(["s3://one/out", "s3://two/out"])
+    with pytest.raises(ReportError, match="--out"):
+        default_report_uri(["s3://one/out", "/local/out"])
+
+
+# ---------------------------------------------------------------- the HTML page in a real browser
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+class Browser:
+    """Headless Chromium driven through the DevTools protocol (aiohttp's websocket client)."""
+
+    def __init__(self):
+        if not os.path.exists(CHROMIUM):
+            pytest.fail(f"{CHROMIUM} missing: `make test` installs Debian's chromium")
+        self.profile = tempfile.mkdtemp(prefix="specbatch-chromium-")
+        self.process = subprocess.Popen(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+             f"--user-data-dir={self.profile}", "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
+             "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        port_file = Path(self.profile) / "DevToolsActivePort"
+        for _ in range(600):  # Chromium writes its port here once it listens
+            if port_file.exists() and port_file.read_text().strip():
+                break
+            if self.process.poll() is not None:
+                pytest.fail(f"chromium exited with {self.process.returncode}")
+            time.sleep(0.1)
+        self.port = int(port_file.read_text().split()[0])
+
+    def close(self):
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+    def load(self, url: str, script: str) -> tuple[list[str], object]:
+        """Open `url` in a new tab; (console errors and uncaught exceptions, value of `script`)."""
+        return asyncio.run(self._load(url, script))
+
+    async def _load(self, url: str, script: str):
+        import aiohttp
+
+        async with aiohttp.ClientSession() as session:
+            async with session.put(f"http://127.0.0.1:{self.port}/json/new?about:blank") as response:
+                target = await response.json(content_type=None)
+            async with session.ws_connect(target["webSocketDebuggerUrl"], max_msg_size=0) as ws:
+                errors, next_id = [], 0
+
+                async def call(method, **params):
+                    nonlocal next_id
+                    next_id += 1
+                    await ws.send_json({"id": next_id, "method": method, "params": params})
+                    while True:
+                        message = await asyncio.wait_for(ws.receive_json(), timeout=60)
+                        if message.get("id") == next_id:
+                            return message.get("result", {})
+                        collect(message)
+
+                def collect(message):
+                    method, params = message.get("method"), message.get("params", {})
+                    if method == "Runtime.consoleAPICalled" and params["type"] in ("error", "assert"):
+                        errors.append("console: " + " ".join(str(a.get("value", a.get("description"))) for a in params["args"]))
+                    elif method == "Runtime.exceptionThrown":
+                        details = params["exceptionDetails"]
+                        errors.append("exception: " + details.get("exception", {}).get("description", details.get("text", "")))
+                    elif method == "Log.entryAdded" and params["entry"]["level"] == "error":
+                        errors.append("log: " + params["entry"]["text"])
+                    elif method == "Page.loadEventFired":
+                        loaded.append(True)
+
+                loaded: list[bool] = []
+                await call("Page.enable")
+                await call("Runtime.enable")
+                await call("Log.enable")
+                await call("Page.navigate", url=url)
+                while not loaded:
+                    collect(await asyncio.wait_for(ws.receive_json(), timeout=60))
+                result = await call("Runtime.evaluate", expression=script, returnByValue=True)
+                # Anything logged while the page settled arrives before this round trip's answer.
+                await call("Runtime.evaluate", expression="1")
+                return errors, result.get("result", {}).get("value")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    b = Browser()
+    yield b
+    b.close()
+
+
+PLOTS_ON_PAGE = """JSON.stringify([...document.querySelectorAll('svg.plot')].map(svg => {
+  const box = svg.getBoundingClientRect();
+  return {plot: svg.dataset.plot, width: box.width, height: box.height,
+          points: svg.querySelectorAll('circle.point').length, bars: svg.querySelectorAll('rect.bar').length,
+          lines: svg.querySelectorAll('path.series').length, visible: getComputedStyle(svg).display !== 'none'};
+}))"""
+
+
+def test_html_report_loads_without_console_errors_and_shows_its_plots(three_jobs, browser):
+    out, _ = three_jobs
+    html = (out / "report.html").read_text()
+    assert "<script" not in html and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")  # self-contained
+    errors, value = browser.load((out / "report.html").as_uri(), PLOTS_ON_PAGE)
+    assert errors == []
+    plots = {p["plot"]: p for p in json.loads(value)}
+    assert set(plots) == {"acceptance", "throughput", "cost"}
+    assert all(p["width"] > 100 and p["height"] > 100 and p["visible"] for p in plots.values())
+    assert plots["acceptance"]["points"] == 2 + 3 and plots["acceptance"]["lines"] == 2  # jobs A and C, k=2 and k=3
+    assert plots["throughput"]["points"] == 4 + 2 + 1 and plots["throughput"]["lines"] == 3  # one point per batch
+    assert plots["cost"]["bars"] == 3  # one bar per job
+
+
+def test_browser_check_sees_console_errors(tmp_path, browser):
+    """The harness itself: a page that logs an error and throws is caught."""
+    page = tmp_path / "bad.html"
+    page.write_text("<!DOCTYPE html><html><head><link rel='icon' href='data:,'></head><body>"
+                    "<script>console.error('deliberate'); undefinedFunction();</script></body></html>")
+    errors, _ = browser.load(page.as_uri(), "1")
+    assert any("deliberate" in e for e in errors) and any("undefinedFunction" in e for e in errors)
