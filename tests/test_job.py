@@ -62,24 +62,32 @@ def mixed_input(write) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def s3_run(s3_endpoint, ray_local, random_kit):
-    """Spec on with a random drafter, reading and writing s3:// on moto."""
+def trained_kit() -> dict[str, str]:
+    from pipeline.tinykit import kit_paths
+
+    kit = kit_paths()
+    return {"target": kit["target"], "drafter": kit["drafter_eagle31"]}
+
+
+@pytest.fixture(scope="module")
+def s3_run(s3_endpoint, ray_local, trained_kit):
+    """Spec on with the trained EAGLE-3.1 drafter, reading and writing s3:// on moto."""
     fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_endpoint})
     ids = mixed_input(lambda name, cols: write_prompts(f"specbatch/mixed/{name}", cols, filesystem=fs))
     config = parse_config(
-        job_config("s3://specbatch/mixed/", "s3://specbatch/out-mixed/", random_kit, storage={"endpoint_url": s3_endpoint})
+        job_config("s3://specbatch/mixed/", "s3://specbatch/out-mixed/", trained_kit, storage={"endpoint_url": s3_endpoint})
     )
     manifest = run_job(config, progress=False)
     return ids, manifest, OutputLocation(Storage.from_config(config.storage), config.output_uri)
 
 
 @pytest.fixture(scope="module")
-def local_run_no_spec(tmp_path_factory, ray_local, random_kit):
+def local_run_no_spec(tmp_path_factory, ray_local, trained_kit):
     """The same input from a local folder, speculation off."""
     root = tmp_path_factory.mktemp("no-spec")
     mixed_input(lambda name, cols: write_prompts(root / "in" / name, cols))
     config = parse_config(
-        job_config(str(root / "in"), str(root / "out"), random_kit, speculative={"enabled": False})
+        job_config(str(root / "in"), str(root / "out"), trained_kit, speculative={"enabled": False})
     )
     manifest = run_job(config, progress=False)
     return manifest, OutputLocation(Storage(), config.output_uri)
@@ -114,7 +122,7 @@ def test_outputs_follow_contract_and_pass_metadata_through(s3_run):
     for row in rows.values():
         assert row["generated_tokens"] == 16 and row["finish_reason"] == "length"
         assert row["prompt_tokens"] > 0 and row["text"]
-        assert row["model"].startswith("target@") and row["drafter"].startswith("drafter@")
+        assert row["model"].startswith("target@") and row["drafter"].startswith("drafter-eagle31@")
     # chat rows are rendered with the template, so they are longer than their content
     assert rows["c-0"]["prompt_tokens"] > 4
 
@@ -131,14 +139,17 @@ def test_stats_rows_add_up_to_outputs(s3_run):
         assert row["engine_seconds"] > 0 and row["tokens_per_second"] > 0
 
 
-def test_random_drafter_accepts_nothing(s3_run):
+def test_trained_drafter_is_accepted_and_stats_are_consistent(s3_run):
     _, manifest, location = s3_run
-    for row in location.read_table("stats").to_pylist():
-        if row["output_rows"]:
-            assert row["draft_tokens"] > 0
-            assert row["acceptance_rate"] == 0.0 and row["mean_acceptance_length"] == 1.0
-            assert row["accepted_per_position"] == [0, 0, 0]
-    assert manifest.totals.acceptance_rate == 0.0
+    stats = location.read_table("stats").to_pylist()
+    for row in stats:
+        if row["num_drafts"]:
+            assert row["acceptance_rate"] == pytest.approx(row["accepted_tokens"] / row["draft_tokens"])
+            assert row["mean_acceptance_length"] == pytest.approx(1 + row["accepted_tokens"] / row["num_drafts"])
+            assert len(row["accepted_per_position"]) == 3
+            assert row["accepted_per_position"] == sorted(row["accepted_per_position"], reverse=True)
+            assert sum(row["accepted_per_position"]) == row["accepted_tokens"]
+    assert manifest.totals.acceptance_rate > 0.2  # a matched drafter: drafts are accepted
 
 
 def test_manifest_records_versions_fingerprints_and_no_secrets(s3_run):
@@ -147,6 +158,7 @@ def test_manifest_records_versions_fingerprints_and_no_secrets(s3_run):
     assert doc["status"] == "succeeded" and doc["ended_at"]
     assert doc["versions"]["vllm"] and doc["versions"]["ray"] and doc["versions"]["torch"]
     assert len(doc["model"]["config_sha256"]) == 64 and doc["drafter"]["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert doc["results_fingerprint"] and doc["attempts"][0]["status"] == "succeeded"
     assert doc["totals"]["input_rows"] == len(s3_run[0])
     assert "testing" not in json.dumps(doc)  # the secret key from the environment
 

@@ -66,6 +66,10 @@ def test_ray_job_submit_runs_the_job(tmp_path, random_kit):
     location = OutputLocation(Storage(), str(tmp_path / "out"))
     landed = location.read_table("outputs").column("id").to_pylist()
     assert Counter(landed) == Counter(ids)
+    # The random drafter accepts nothing, and the stats say so.
+    for row in location.read_table("stats").to_pylist():
+        assert row["draft_tokens"] > 0 and row["acceptance_rate"] == 0.0 and row["mean_acceptance_length"] == 1.0
+        assert row["accepted_per_position"] == [0, 0, 0]
     manifest = json.loads((tmp_path / "out" / "_job.json").read_text())
     assert manifest["job_id"] == "submitted-1" and manifest["status"] == "succeeded"
     assert "job submitted-1 succeeded" in logs
