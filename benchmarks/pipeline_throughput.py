@@ -127,6 +127,8 @@ def run_ray_data_llm(config_path: str) -> dict:
             max_concurrent_batches=config.resources.batches_in_flight,
             chat_template_stage=False,
             placement_group_config={"bundles": [{"CPU": 1}]},
+            # Its engine-metrics logger imports ray.serve (not installed: ray[serve] is not ours).
+            log_engine_metrics=False,
         ),
         preprocess=lambda row: {
             "prompt": row["prompt"],
@@ -208,8 +210,11 @@ def main() -> None:
     config, prompts = prepare(workdir, endpoint, n, args.max_tokens, "n")
     print(f"{n} prompts x {args.max_tokens} tokens, config {config}", flush=True)
     a = child("vllm", config, prompts)
+    print("(a)", a, flush=True)
     b = child("specbatch", config)
+    print("(b)", b, flush=True)
     c = child("raydatallm", config)
+    print("(c)", c, flush=True)
     rate = lambda r, key: r["tokens"] / r[key]  # noqa: E731
     print(f"\n{'run':<34}{'tokens':>8}{'steady tok/s':>14}{'end-to-end tok/s':>18}")
     print(f"{'(a) vLLM alone, one generate()':<34}{a['tokens']:>8}{rate(a, 'steady_s'):>14,.0f}{rate(a, 'total_s'):>18,.0f}")

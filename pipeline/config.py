@@ -12,6 +12,8 @@ from typing import Any, Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from schemas import GuardAction
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -34,6 +36,25 @@ class ModelConfig(Section):
     tokenizer: Optional[str] = Field(None, description="Defaults to the model path.")
 
 
+class GuardConfig(Section):
+    """A floor on acceptance over the last `window_batches` batches that drafted, checked by the
+    driver as batches commit (pipeline/guard.py). At least one floor."""
+
+    min_acceptance_rate: Optional[float] = Field(None, ge=0, le=1, description="Accepted / draft tokens.")
+    min_mean_acceptance_length: Optional[float] = Field(None, ge=1, description="1 + accepted / drafts.")
+    window_batches: int = Field(8, ge=1, description="Batches that drafted, pooled by their draft tokens.")
+    action: GuardAction = Field(
+        "warn",
+        description="warn: log it; fail: stop the job; disable-speculation: restart the engines without the drafter and go on.",
+    )
+
+    @model_validator(mode="after")
+    def _a_floor(self):
+        if self.min_acceptance_rate is None and self.min_mean_acceptance_length is None:
+            raise ValueError("speculative.guard needs min_acceptance_rate or min_mean_acceptance_length")
+        return self
+
+
 class SpeculativeConfig(Section):
     enabled: bool = True
     method: Literal["eagle3"] = "eagle3"
@@ -43,6 +64,7 @@ class SpeculativeConfig(Section):
         default_factory=list,
         description="Drafter compatibility checks (pipeline/drafter_check.py) downgraded to warnings; for experts.",
     )
+    guard: Optional[GuardConfig] = Field(None, description="Acceptance guard while the job runs; off when not set.")
 
     @model_validator(mode="after")
     def _known_checks(self):

@@ -16,30 +16,31 @@ from ray.util.metrics import Counter, Gauge
 from schemas import BatchStats
 
 TAG_KEYS = ("job_id", "replica")
+COUNTERS = {
+    "rows_done": "Input rows generated and committed to outputs/.",
+    "rows_failed": "Input rows committed to errors/.",
+    "generated_tokens": "Tokens generated in committed batches.",
+    "draft_tokens": "Draft tokens proposed in committed batches.",
+    "accepted_tokens": "Draft tokens accepted in committed batches.",
+    "drafts": "Verify steps that carried drafts, in committed batches.",
+}
+GAUGES = {
+    "tokens_per_second": "Generated tokens per second of this replica since its first batch.",
+    "acceptance_rate": "Accepted / draft tokens of the replica's last committed batch that drafted.",
+    "mean_acceptance_length": "1 + accepted / drafts of the replica's last committed batch that drafted.",
+}
 
 
-def _counter(name: str, description: str) -> Counter:
-    return Counter(f"specbatch_{name}", description=description, tag_keys=TAG_KEYS)
-
-
-def _gauge(name: str, description: str) -> Gauge:
-    return Gauge(f"specbatch_{name}", description=description, tag_keys=TAG_KEYS)
+def exported_names() -> set[str]:
+    """The names Prometheus sees."""
+    return {f"ray_specbatch_{name}_total" for name in COUNTERS} | {f"ray_specbatch_{name}" for name in GAUGES}
 
 
 class ReplicaMetrics:
     def __init__(self, job_id: str, replica: str):
         self.tags = {"job_id": job_id, "replica": replica}
-        self.counters = {
-            "rows_done": _counter("rows_done", "Input rows generated and committed to outputs/."),
-            "rows_failed": _counter("rows_failed", "Input rows committed to errors/."),
-            "generated_tokens": _counter("generated_tokens", "Tokens generated in committed batches."),
-            "draft_tokens": _counter("draft_tokens", "Draft tokens proposed in committed batches."),
-            "accepted_tokens": _counter("accepted_tokens", "Draft tokens accepted in committed batches."),
-            "drafts": _counter("drafts", "Verify steps that carried drafts, in committed batches."),
-        }
-        self.tokens_per_second = _gauge("tokens_per_second", "Generated tokens per second of this replica since its first batch.")
-        self.acceptance_rate = _gauge("acceptance_rate", "Accepted / draft tokens of the last committed batch that drafted.")
-        self.mean_acceptance_length = _gauge("mean_acceptance_length", "1 + accepted / drafts of the last committed batch that drafted.")
+        self.counters = {name: Counter(f"specbatch_{name}", text, TAG_KEYS) for name, text in COUNTERS.items()}
+        self.gauges = {name: Gauge(f"specbatch_{name}", text, TAG_KEYS) for name, text in GAUGES.items()}
         self.first_batch_started: Optional[float] = None
         self.generated_tokens = 0
 
@@ -59,7 +60,7 @@ class ReplicaMetrics:
         self.generated_tokens += stats.generated_tokens
         elapsed = time.time() - self.first_batch_started
         if elapsed > 0:
-            self.tokens_per_second.set(self.generated_tokens / elapsed, tags=self.tags)
+            self.gauges["tokens_per_second"].set(self.generated_tokens / elapsed, tags=self.tags)
         if stats.num_drafts:
-            self.acceptance_rate.set(stats.acceptance_rate, tags=self.tags)
-            self.mean_acceptance_length.set(stats.mean_acceptance_length, tags=self.tags)
+            self.gauges["acceptance_rate"].set(stats.acceptance_rate, tags=self.tags)
+            self.gauges["mean_acceptance_length"].set(stats.mean_acceptance_length, tags=self.tags)

@@ -24,11 +24,12 @@ import numpy as np
 
 from pipeline.config import JobConfig
 from pipeline.drafter_check import check_drafter
+from pipeline.guard import AcceptanceGuard, AcceptanceTooLow
 from pipeline.inputs import InputReport, inspect_inputs
 from pipeline.outputs import OutputLocation
 from pipeline.stats import Acceptance
 from pipeline.storage import TRANSIENT_ERRORS, Storage
-from schemas import Attempt, JobManifest, JobTotals, ModelFingerprint, Versions
+from schemas import Attempt, GuardEvent, JobManifest, JobTotals, ModelFingerprint, Versions
 
 log = logging.getLogger("specbatch")
 
@@ -87,7 +88,15 @@ def _ray_init() -> None:
         ray.init(num_cpus=max(4, os.cpu_count() or 1), logging_level=logging.WARNING, _node_ip_address="127.0.0.1")
 
 
-def build_dataset(config: JobConfig, inputs: InputReport, skip_digests, model: str, drafter: Optional[str]):
+def build_dataset(
+    config: JobConfig,
+    inputs: InputReport,
+    skip_digests,
+    model: str,
+    drafter: Optional[str],
+    job_id: str = "",
+    disabled_by_guard: bool = False,
+):
     """The Ray Data graph; nothing runs until the caller iterates it."""
     import ray
     from ray.data import ActorPoolStrategy
@@ -115,12 +124,26 @@ def build_dataset(config: JobConfig, inputs: InputReport, skip_digests, model: s
         compute=ActorPoolStrategy(size=resources.preprocess_concurrency),
         num_cpus=0.5,
     )
+    # One block per batch: a map task returns its output when its whole input block is done,
+    # so without this the driver (progress, acceptance guard) would hear of a file's batches
+    # only when the last of them commits.
+    ds = ds.repartition(target_num_rows_per_block=resources.batch_size)
     return ds.map_batches(
         Generator,
-        fn_constructor_kwargs=dict(config=config.model_dump(mode="json"), model_id=model, drafter_id=drafter),
+        fn_constructor_kwargs=dict(
+            config=config.model_dump(mode="json"),
+            model_id=model,
+            drafter_id=drafter,
+            job_id=job_id,
+            disabled_by_guard=disabled_by_guard,
+        ),
         batch_format="pyarrow",
         batch_size=resources.batch_size,
-        compute=ActorPoolStrategy(size=resources.replicas, max_tasks_in_flight_per_actor=resources.batches_in_flight),
+        compute=ActorPoolStrategy(
+            size=resources.replicas,
+            max_tasks_in_flight_per_actor=resources.batches_in_flight,
+            max_concurrent_calls_per_actor=resources.batches_in_flight,  # the actor is async: they overlap in the engine
+        ),
         num_gpus=resources.gpus_per_replica,
         num_cpus=resources.cpus_per_replica,
         # A dead actor (engine crash, preempted node) is restarted and its batches retried.
@@ -214,19 +237,14 @@ def run_job(config: JobConfig, job_id: Optional[str] = None, progress: bool = Tr
         input_files=inputs.files,
         totals=previous.totals if previous else JobTotals(input_rows=inputs.rows),
         attempts=[*(previous.attempts if previous else []), attempt],
+        guard_events=previous.guard_events if previous else [],
     )
     location.write_manifest(manifest.model_dump(mode="json"))
     started = time.time()
     try:
         if skipped < inputs.rows:
             _ray_init()
-            dataset = build_dataset(config, inputs, done, model_id(target), model_id(drafter) if drafter else None)
-            tokens = 0
-            for stats in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
-                attempt.processed_rows += sum(stats.column("rows").to_pylist())
-                tokens += sum(stats.column("generated_tokens").to_pylist())
-                if progress:
-                    _print_progress(skipped + attempt.processed_rows, inputs.rows, tokens, time.time() - started)
+            _generate(config, inputs, location, manifest, model_id(target), model_id(drafter) if drafter else None, progress)
         location.compact(config.output_rows_per_file)
         attempt.status = manifest.status = "succeeded"
     except BaseException as exc:
@@ -240,6 +258,61 @@ def run_job(config: JobConfig, job_id: Optional[str] = None, progress: bool = Tr
         manifest.totals = totals_from_stats(location.read_table("stats"), inputs.rows, wall)
         location.write_manifest(manifest.model_dump(mode="json"))
     return manifest
+
+
+def _generate(
+    config: JobConfig,
+    inputs: InputReport,
+    location: OutputLocation,
+    manifest: JobManifest,
+    model: str,
+    drafter: Optional[str],
+    progress: bool,
+) -> None:
+    """Run the Ray Data graph over the ids not committed yet, feeding every stats row to the
+    acceptance guard. When the guard disables speculation, the graph is shut down (leaving
+    the loop kills its actors and their engines) and rebuilt without the drafter."""
+    attempt, guard_config = manifest.attempts[-1], config.speculative.guard
+    # An earlier attempt's guard turned speculation off: a resume keeps it off.
+    disabled = any(e.action == "disable-speculation" for e in manifest.guard_events)
+    guard = AcceptanceGuard(guard_config, attempt.number) if guard_config and drafter and not disabled else None
+    started, tokens = time.time(), 0
+    while True:
+        if disabled:
+            config, drafter, guard = _without_speculation(config), None, None
+        done = location.committed_id_digests()
+        committed = int(np.isin(inputs.id_digests, done).sum())
+        # Also counts batches the stopped engines committed after their stats row could reach us.
+        attempt.processed_rows = committed - attempt.skipped_rows
+        if committed == inputs.rows:
+            return
+        dataset = build_dataset(config, inputs, done, model, drafter, manifest.job_id, disabled)
+        for stats in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
+            rows = stats.to_pylist()
+            attempt.processed_rows += sum(r["rows"] for r in rows)
+            tokens += sum(r["generated_tokens"] for r in rows)
+            if progress:
+                _print_progress(attempt.skipped_rows + attempt.processed_rows, inputs.rows, tokens, time.time() - started)
+            events = [event for event in map(guard.observe, rows) if event] if guard else []
+            for event in events:
+                _apply_guard_event(event, manifest, location)
+            if any(event.action == "disable-speculation" for event in events):
+                disabled = True
+                break
+        else:
+            return
+
+
+def _apply_guard_event(event: GuardEvent, manifest: JobManifest, location: OutputLocation) -> None:
+    manifest.guard_events.append(event)
+    location.write_manifest(manifest.model_dump(mode="json"))
+    if event.action == "fail":
+        raise AcceptanceTooLow(event.message)
+    log.warning("acceptance guard: %s", event.message)
+
+
+def _without_speculation(config: JobConfig) -> JobConfig:
+    return config.model_copy(update={"speculative": config.speculative.model_copy(update={"enabled": False})})
 
 
 def _new_job_id(config: JobConfig) -> str:

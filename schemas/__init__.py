@@ -106,6 +106,9 @@ class BatchStats(Contract):
     acceptance_rate: Optional[float] = Field(description="accepted / draft tokens; null without drafts.")
     mean_acceptance_length: Optional[float] = Field(description="1 + accepted / drafts; null without drafts.")
     accepted_per_position: list[int] = Field(description="Drafts whose position i (0-based) was accepted.")
+    speculation_disabled_by_guard: bool = Field(
+        False, description="The job config asked for speculation and the acceptance guard turned it off before this batch."
+    )
 
 
 # ---------------------------------------------------------------- _job.json
@@ -157,6 +160,22 @@ class Attempt(Contract):
     error: Optional[str] = None
 
 
+GuardAction = Literal["warn", "fail", "disable-speculation"]
+
+
+class GuardEvent(Contract):
+    """The acceptance guard (speculative.guard) found acceptance over its window below a floor."""
+
+    time: str = Field(description="UTC, ISO 8601.")
+    attempt: int = Field(description="The attempt it happened in.")
+    action: GuardAction
+    metric: Literal["acceptance_rate", "mean_acceptance_length"]
+    value: float = Field(description="The metric over the window, pooled over its batches' draft tokens.")
+    floor: float
+    batch_ids: list[str] = Field(description="The window: the last batches that drafted, oldest first.")
+    message: str
+
+
 class JobManifest(Contract):
     job_id: str
     status: JobStatus
@@ -164,7 +183,7 @@ class JobManifest(Contract):
     ended_at: Optional[str] = None
     error: Optional[str] = None
     config: dict[str, Any] = Field(description="The job config, secrets redacted.")
-    results_fingerprint: str = Field(description="sha256 of what determines the results; a resume must match it.")
+    results_fingerprint: str = Field("", description="sha256 of what determines the results; a resume must match it.")
     versions: Versions
     model: ModelFingerprint
     drafter: Optional[ModelFingerprint] = None
@@ -172,6 +191,7 @@ class JobManifest(Contract):
     input_files: list[str]
     totals: JobTotals = Field(description="Over everything committed at the output location, all attempts.")
     attempts: list[Attempt] = Field(default_factory=list)
+    guard_events: list[GuardEvent] = Field(default_factory=list, description="What the acceptance guard saw and did.")
 
 
 TABLES: dict[str, type[Contract]] = {

@@ -54,11 +54,19 @@ def s3_endpoint():
     S3_SERVER.stop()
 
 
+RAY_METRICS_PORT = None  # where the local Ray serves Prometheus metrics (test_guard.py reads them)
+
+
 @pytest.fixture(scope="session")
 def ray_local():
+    global RAY_METRICS_PORT
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING", _node_ip_address="127.0.0.1")
+    RAY_METRICS_PORT = free_port()
+    ray.init(
+        num_cpus=4, include_dashboard=False, logging_level="WARNING", _node_ip_address="127.0.0.1",
+        _metrics_export_port=RAY_METRICS_PORT,
+    )
     yield ray
     ray.shutdown()
 

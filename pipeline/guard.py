@@ -1,0 +1,75 @@
+"""The acceptance guard: a floor on acceptance while the job runs (`speculative.guard`).
+
+The driver feeds it every batch-stats row as batches commit. It keeps the last
+`window_batches` batches that drafted (batches without drafts say nothing about the drafter)
+and, once the window is full, pools them by their draft tokens and compares against the
+floors. It fires once when the window falls below a floor, and again only after a full
+window has been back above it: a drafter that stays poor gives one event, not one per batch.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import deque
+from typing import Optional
+
+from pipeline.config import GuardConfig
+from pipeline.stats import Acceptance
+from schemas import GuardEvent
+
+
+class AcceptanceTooLow(RuntimeError):
+    """The guard's action is `fail` and acceptance fell below its floor."""
+
+
+class AcceptanceGuard:
+    def __init__(self, config: GuardConfig, attempt: int = 1):
+        self.config, self.attempt = config, attempt
+        self.window: deque[tuple[str, Acceptance]] = deque(maxlen=config.window_batches)
+        self.tripped = False
+
+    def observe(self, row: dict) -> Optional[GuardEvent]:
+        """One batch-stats row (schemas.BatchStats as a dict); an event when the guard fires."""
+        if not row["num_drafts"]:
+            return None
+        acceptance = Acceptance(row["num_drafts"], row["draft_tokens"], row["accepted_tokens"], row["accepted_per_position"])
+        self.window.append((row["batch_id"], acceptance))
+        if len(self.window) < self.config.window_batches:
+            return None
+        breach = self._breach()
+        if breach is None:
+            self.tripped = False
+            return None
+        if self.tripped:
+            return None
+        self.tripped = True
+        return self._event(*breach)
+
+    def _breach(self) -> Optional[tuple[str, float, float]]:
+        """(metric, value, floor) of the first floor the pooled window is below, if any."""
+        pooled = sum((a for _, a in self.window), Acceptance())
+        floors = {
+            "acceptance_rate": (pooled.acceptance_rate, self.config.min_acceptance_rate),
+            "mean_acceptance_length": (pooled.mean_acceptance_length, self.config.min_mean_acceptance_length),
+        }
+        for metric, (value, floor) in floors.items():
+            if floor is not None and value < floor:
+                return metric, value, floor
+        return None
+
+    def _event(self, metric: str, value: float, floor: float) -> GuardEvent:
+        action = self.config.action
+        message = (
+            f"{metric.replace('_', ' ')} {value:.3f} over the last {len(self.window)} batches that drafted is below "
+            f"speculative.guard.min_{metric} = {floor}; action: {action}"
+        )
+        return GuardEvent(
+            time=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            attempt=self.attempt,
+            action=action,
+            metric=metric,
+            value=value,
+            floor=floor,
+            batch_ids=[batch_id for batch_id, _ in self.window],
+            message=message,
+        )

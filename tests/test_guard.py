@@ -1,0 +1,233 @@
+"""The acceptance guard and the Prometheus metrics, on real jobs: a random drafter accepts
+nothing, so a floor on acceptance fires within its window. One job run per action (the warn
+run is also the one whose metrics are read back from the local Ray's metrics endpoint), plus
+unit tests of the window logic without any engine."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+from collections import Counter
+
+import pytest
+
+from pipeline.config import GuardConfig, parse_config
+from pipeline.guard import AcceptanceGuard, AcceptanceTooLow
+from pipeline.outputs import OutputLocation
+from pipeline.runner import run_job
+from pipeline.storage import Storage
+from tests.conftest import job_config, write_prompts
+
+N_ROWS, BATCH_SIZE, WINDOW = 96, 8, 2
+
+
+# ---------------------------------------------------------------- the window logic, no engine
+
+
+def stats_row(batch_id: str, drafts: int = 10, accepted: int = 0, k: int = 3) -> dict:
+    return {"batch_id": batch_id, "num_drafts": drafts, "draft_tokens": drafts * k, "accepted_tokens": accepted,
+            "accepted_per_position": [0] * k}
+
+
+def feed(guard: AcceptanceGuard, rows: list[dict]) -> list:
+    return [event for event in map(guard.observe, rows) if event]
+
+
+def test_guard_waits_for_a_full_window_of_batches_that_drafted():
+    guard = AcceptanceGuard(GuardConfig(min_acceptance_rate=0.5, window_batches=3))
+    assert feed(guard, [stats_row("a"), stats_row("no-drafts", drafts=0), stats_row("b")]) == []
+    (event,) = feed(guard, [stats_row("c")])
+    assert event.batch_ids == ["a", "b", "c"] and event.metric == "acceptance_rate"
+    assert (event.value, event.floor, event.action) == (0.0, 0.5, "warn")
+    assert "below speculative.guard.min_acceptance_rate" in event.message
+
+
+def test_guard_pools_the_window_by_draft_tokens():
+    guard = AcceptanceGuard(GuardConfig(min_acceptance_rate=0.5, window_batches=2))
+    # 1 of 3 draft tokens and 60 of 90: per-batch rates average 0.5, pooled 61/93 is above
+    assert feed(guard, [stats_row("a", drafts=1, accepted=1), stats_row("b", drafts=30, accepted=60)]) == []
+    # the window slides: b and c pooled, 60/180 = 0.33
+    (event,) = feed(guard, [stats_row("c", drafts=30, accepted=0)])
+    assert event.batch_ids == ["b", "c"] and event.value == pytest.approx(1 / 3)
+
+
+def test_guard_fires_once_while_low_and_again_after_recovering():
+    guard = AcceptanceGuard(GuardConfig(min_mean_acceptance_length=1.5, window_batches=2, action="fail"), attempt=2)
+    low, high = stats_row("low"), stats_row("high", drafts=10, accepted=30)
+    events = feed(guard, [low, low, low, low])
+    assert len(events) == 1 and events[0].metric == "mean_acceptance_length" and events[0].value == 1.0
+    assert events[0].attempt == 2 and events[0].action == "fail"
+    assert feed(guard, [high, high]) == []  # a full window back above the floor re-arms it
+    assert len(feed(guard, [low, low])) == 1
+
+
+def test_guard_config_needs_a_floor():
+    from pipeline.config import ConfigError
+
+    base = job_config("in", "out", {"target": "t", "drafter": "d"})
+    with pytest.raises(ConfigError, match="speculative.guard.*min_acceptance_rate or min_mean_acceptance_length"):
+        parse_config({**base, "speculative": {**base["speculative"], "guard": {"action": "fail"}}})
+    with pytest.raises(ConfigError, match="speculative.guard.action"):
+        parse_config({**base, "speculative": {**base["speculative"], "guard": {"min_acceptance_rate": 0.1, "action": "stop"}}})
+    assert parse_config(base).speculative.guard is None  # off by default
+
+
+# ---------------------------------------------------------------- real jobs on a random drafter
+
+
+def guarded_job(root, kit, action: str):
+    ids = [f"g-{i:03d}" for i in range(N_ROWS)]
+    write_prompts(root / "in" / "p.parquet", {"id": ids, "prompt": [f"def f{i}(x):\n    return" for i in range(N_ROWS)]})
+    config = parse_config(job_config(
+        str(root / "in"), str(root / "out"), kit,
+        speculative={"guard": {"min_acceptance_rate": 0.5, "window_batches": WINDOW, "action": action}},
+        resources={"batch_size": BATCH_SIZE, "batches_in_flight": 2},
+    ))
+    return ids, config, OutputLocation(Storage(), config.output_uri)
+
+
+def run_guarded(root, kit, action: str):
+    ids, config, location = guarded_job(root, kit, action)
+    try:
+        run_job(config, progress=False)
+        error = None
+    except AcceptanceTooLow as exc:
+        error = exc
+    return ids, location, error
+
+
+@pytest.fixture(scope="module")
+def warn_run(tmp_path_factory, ray_local, random_kit):
+    """Also scrapes the metrics right after the job: a gauge leaves the endpoint soon after
+    its actor is gone."""
+    ids, location, error = run_guarded(tmp_path_factory.mktemp("guard-warn"), random_kit, "warn")
+    return ids, location, error, scrape_job(location.read_manifest()["job_id"])
+
+
+@pytest.fixture(scope="module")
+def fail_run(tmp_path_factory, ray_local, random_kit):
+    return run_guarded(tmp_path_factory.mktemp("guard-fail"), random_kit, "fail")
+
+
+@pytest.fixture(scope="module")
+def disable_run(tmp_path_factory, ray_local, random_kit):
+    return run_guarded(tmp_path_factory.mktemp("guard-disable"), random_kit, "disable-speculation")
+
+
+def assert_exactly_once(location: OutputLocation, ids: list[str]) -> None:
+    outputs, errors = location.read_table("outputs"), location.read_table("errors")
+    landed = outputs.column("id").to_pylist() + (errors.column("id").to_pylist() if errors.num_rows else [])
+    assert Counter(landed) == Counter(ids)
+
+
+def test_warn_records_one_event_and_the_job_goes_on(warn_run):
+    ids, location, error, _ = warn_run
+    manifest = location.read_manifest()
+    assert error is None and manifest["status"] == "succeeded"
+    (event,) = manifest["guard_events"]  # acceptance stays at 0: one event, not one per batch
+    assert event["action"] == "warn" and event["value"] == 0.0 and len(event["batch_ids"]) == WINDOW
+    stats = location.read_table("stats").to_pylist()
+    assert all(r["speculative"] and not r["speculation_disabled_by_guard"] for r in stats)
+    assert_exactly_once(location, ids)
+
+
+def test_fail_stops_the_job_and_says_why(fail_run):
+    ids, location, error = fail_run
+    assert error is not None and "min_acceptance_rate" in str(error)
+    manifest = location.read_manifest()
+    assert manifest["status"] == "failed" and manifest["attempts"][-1]["status"] == "failed"
+    assert manifest["attempts"][-1]["error"].startswith("AcceptanceTooLow: acceptance rate 0.000 over the last 2 batches")
+    (event,) = manifest["guard_events"]
+    assert event["action"] == "fail" and len(event["batch_ids"]) == WINDOW
+    committed = {r["batch_id"] for r in location.read_table("stats").to_pylist()}
+    assert set(event["batch_ids"]) <= committed and len(committed) < N_ROWS // BATCH_SIZE
+
+
+def test_disable_speculation_finishes_without_the_drafter(disable_run):
+    import ray
+
+    ids, location, error = disable_run
+    manifest = location.read_manifest()
+    assert error is None and manifest["status"] == "succeeded"
+    (event,) = manifest["guard_events"]
+    assert event["action"] == "disable-speculation"
+    assert_exactly_once(location, ids)
+
+    stats = sorted(location.read_table("stats").to_pylist(), key=lambda r: r["started_at"])
+    spec = [r for r in stats if r["speculative"]]
+    plain = [r for r in stats if not r["speculative"]]
+    assert spec and plain, "some batches before the switch, some after"
+    assert set(event["batch_ids"]) <= {r["batch_id"] for r in spec}
+    assert max(r["started_at"] for r in spec) < min(r["started_at"] for r in plain)
+    assert all(r["speculation_disabled_by_guard"] and r["draft_tokens"] == 0 for r in plain)
+    outputs = {r["batch_id"]: r["drafter"] for r in location.read_table("outputs").to_pylist()}
+    assert all(outputs[r["batch_id"]] is None for r in plain if r["output_rows"])
+    assert manifest["attempts"][-1]["processed_rows"] == N_ROWS
+
+    # The drafting engines were gone before the plain ones generated anything.
+    old_actors = {r["actor_id"] for r in spec} - {r["actor_id"] for r in plain}
+    assert old_actors
+    for actor_id in old_actors:
+        actor = ray._private.state.actors(actor_id)
+        assert actor["State"] == "DEAD"
+        assert actor["EndTime"] / 1000 < min(r["started_at"] for r in plain)
+
+
+# ---------------------------------------------------------------- Prometheus metrics
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return response.read().decode()
+
+
+def job_metric(text: str, name: str, job_id: str) -> dict[str, float]:
+    """Values of `name` for this job, by replica."""
+    pattern = re.compile(rf'^{name}{{(?P<labels>[^}}]*)}} (?P<value>\S+)$', re.M)
+    values = {}
+    for match in pattern.finditer(text):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match["labels"]))
+        if labels.get("job_id") == job_id:
+            values[labels["replica"]] = float(match["value"])
+    return values
+
+
+def scrape_job(job_id: str) -> str:
+    """The metrics text once every row of the job is counted there (Ray exports periodically)."""
+    from tests import conftest
+
+    deadline = time.time() + 60
+    while True:
+        text = scrape(conftest.RAY_METRICS_PORT)
+        rows = job_metric(text, "ray_specbatch_rows_done_total", job_id)
+        gauges = job_metric(text, "ray_specbatch_acceptance_rate", job_id)
+        if (sum(rows.values()) == N_ROWS and gauges) or time.time() > deadline:
+            return text
+        time.sleep(1)
+
+
+def test_metrics_are_exported_per_job_and_replica(warn_run):
+    ids, location, _, text = warn_run
+    job_id = location.read_manifest()["job_id"]
+    replicas = {r["actor_id"] for r in location.read_table("stats").to_pylist()}
+    rows = job_metric(text, "ray_specbatch_rows_done_total", job_id)
+    assert sum(rows.values()) == N_ROWS, f"rows done exported: {rows}"
+    assert set(rows) == replicas
+    assert sum(job_metric(text, "ray_specbatch_generated_tokens_total", job_id).values()) == N_ROWS * 16
+    assert sum(job_metric(text, "ray_specbatch_draft_tokens_total", job_id).values()) > 0
+    assert set(job_metric(text, "ray_specbatch_acceptance_rate", job_id).values()) == {0.0}
+    assert set(job_metric(text, "ray_specbatch_mean_acceptance_length", job_id).values()) == {1.0}
+    assert set(job_metric(text, "ray_specbatch_tokens_per_second", job_id)) == replicas
+    assert all(v > 0 for v in job_metric(text, "ray_specbatch_tokens_per_second", job_id).values())
+
+
+def test_grafana_dashboard_plots_the_exported_metrics():
+    import json
+    from pathlib import Path
+
+    from pipeline.metrics import exported_names
+
+    dashboard = json.loads((Path(__file__).parents[1] / "infra" / "grafana" / "specbatch.json").read_text())
+    queries = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    assert set(re.findall(r"ray_specbatch_\w+", queries)) == exported_names()
