@@ -38,13 +38,12 @@ import yaml
 from pipeline.config import ConfigError, JobConfig, load_config, parse_config
 from pipeline.inputs import InputError, inspect_inputs
 from pipeline.prices import load_prices
-from pipeline.report import format_terminal_table, to_csv
+from pipeline.report import format_terminal_table, per_million, to_csv
 from pipeline.stats import Acceptance
 from pipeline.storage import Storage
 from schemas import SAMPLING_OVERRIDE_COLUMNS
 from schemas.report import CalibrationReport, CalibrationRow
 
-MILLION = 1_000_000
 WARMUP_PROMPTS = 4
 
 
@@ -184,9 +183,9 @@ def calibration_rows(measured: Sequence[dict[str, Any]], gpus_per_replica: float
                 accepted_tokens=acceptance.accepted_tokens,
                 acceptance_rate=acceptance.acceptance_rate,
                 mean_acceptance_length=acceptance.mean_acceptance_length,
-                accepted_per_position=[n / acceptance.num_drafts for n in acceptance.accepted_per_position] if acceptance.num_drafts else [],
-                cost_per_million_generated_tokens=dollars / m["generated_tokens"] * MILLION if dollars is not None and m["generated_tokens"] else None,
-                cost_per_million_total_tokens=dollars / (m["generated_tokens"] + m["prompt_tokens"]) * MILLION if dollars is not None else None,
+                accepted_per_position=acceptance.rate_per_position,
+                cost_per_million_generated_tokens=per_million(dollars, m["generated_tokens"]),
+                cost_per_million_total_tokens=per_million(dollars, m["generated_tokens"] + m["prompt_tokens"]),
                 recommended=False,
             )
         )

@@ -86,7 +86,7 @@ def busy_seconds(stats: Sequence[dict[str, Any]]) -> float:
     return total
 
 
-def _per_million(cost: Optional[float], tokens: int) -> Optional[float]:
+def per_million(cost: Optional[float], tokens: int) -> Optional[float]:
     return cost / tokens * MILLION if cost is not None and tokens else None
 
 
@@ -136,8 +136,8 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
         utilization=_ratio(busy_gpu_hours, gpu_hours),
         price_per_gpu_hour=price,
         cost=cost,
-        cost_per_million_generated_tokens=_per_million(cost, generated_tokens),
-        cost_per_million_total_tokens=_per_million(cost, generated_tokens + prompt_tokens),
+        cost_per_million_generated_tokens=per_million(cost, generated_tokens),
+        cost_per_million_total_tokens=per_million(cost, generated_tokens + prompt_tokens),
         tokens_per_second_per_gpu=_ratio(generated_tokens, gpu_hours * 3600),
         busy_tokens_per_second_per_gpu=_ratio(generated_tokens, busy_gpu_hours * 3600),
         num_drafts=acceptance.num_drafts,
@@ -145,7 +145,7 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
         accepted_tokens=acceptance.accepted_tokens,
         acceptance_rate=acceptance.acceptance_rate,
         mean_acceptance_length=acceptance.mean_acceptance_length,
-        accepted_per_position=[n / acceptance.num_drafts for n in acceptance.accepted_per_position] if acceptance.num_drafts else [],
+        accepted_per_position=acceptance.rate_per_position,
     )
 
 
@@ -164,8 +164,8 @@ def totals(jobs: Sequence[JobFigures]) -> ReportTotals:
         gpu_hours=gpu_hours,
         busy_gpu_hours=sum(j.busy_gpu_hours for j in jobs),
         cost=cost,
-        cost_per_million_generated_tokens=_per_million(cost, generated),
-        cost_per_million_total_tokens=_per_million(cost, generated + prompt),
+        cost_per_million_generated_tokens=per_million(cost, generated),
+        cost_per_million_total_tokens=per_million(cost, generated + prompt),
         tokens_per_second_per_gpu=_ratio(generated, gpu_hours * 3600),
     )
 

@@ -46,5 +46,10 @@ class Acceptance:
         return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
 
     @property
+    def rate_per_position(self) -> list[float]:
+        """Share of drafts whose i-th token was accepted."""
+        return [n / self.num_drafts for n in self.accepted_per_position] if self.num_drafts else []
+
+    @property
     def mean_acceptance_length(self) -> Optional[float]:
         return 1.0 + self.accepted_tokens / self.num_drafts if self.num_drafts else None
