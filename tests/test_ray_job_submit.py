@@ -61,6 +61,10 @@ def test_ray_job_submit_runs_the_job(tmp_path, random_kit):
         RAY, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs_port}",
         "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", "--include-dashboard=true",
         "--num-cpus=4", f"--temp-dir={ray_temp}", "--disable-usage-stats",
+        # Ports of their own: the session's Ray (conftest) already holds the default ones.
+        f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+        f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
+        f"--ray-client-server-port={free_port()}",
     ]
     subprocess.run(start, check=True, env=env, capture_output=True, timeout=180)
     address = f"http://127.0.0.1:{dashboard_port}"
