@@ -96,12 +96,17 @@ class OutputLocation:
         """Merge committed per-batch files into parts of about `rows_per_file` output rows.
         Parts are written, then their marker, then the batch files are deleted; a reader
         sees every row exactly once at each step. Returns how many parts were written."""
-        batches, _ = self._markers()
-        sizes = {}
-        for bid in sorted(batches):
-            sizes[bid] = sum(self.storage.read_json(self.path(COMMITS, f"{bid}.json"))["rows"].values())
+        batches, parts = self._markers()
+        held = batches.intersection(set().union(*parts.values()))
+        for bid in held:  # an earlier compaction stopped before deleting these: finish it
+            self._delete_batch(bid, TABLE_DIRS)
+        batches -= held
+        # A marker lists the tables its batch wrote (empty ones are not written): no
+        # existence checks, one request fewer per table and batch on an object store.
+        written_tables = {bid: self.storage.read_json(self.path(COMMITS, f"{bid}.json"))["rows"] for bid in sorted(batches)}
         groups, group, rows = [], [], 0
-        for bid, n in sizes.items():
+        for bid, tables in written_tables.items():
+            n = sum(tables.values())
             if group and rows + n > rows_per_file:
                 groups.append(group)
                 group, rows = [], 0
@@ -113,19 +118,22 @@ class OutputLocation:
             part = PART_PREFIX + batch_id_for(group)
             counts = {}
             for name in TABLE_DIRS:
-                files = [self.path(name, f"{bid}.parquet") for bid in group]
-                tables = [self.storage.read_parquet(f) for f in files if self.storage.exists(f)]
+                tables = [self.storage.read_parquet(self.path(name, f"{bid}.parquet")) for bid in group if name in written_tables[bid]]
                 if tables:
                     merged = pa.concat_tables(tables, promote_options="permissive")
                     self.storage.write_parquet(self.path(name, f"{part}.parquet"), merged)
                     counts[name] = merged.num_rows
             self.storage.write_json(self.path(COMMITS, f"{part}.json"), {"batches": group, "rows": counts})
             for bid in group:
-                for name in TABLE_DIRS:
-                    self.storage.delete(self.path(name, f"{bid}.parquet"))
-                self.storage.delete(self.path(COMMITS, f"{bid}.json"))
+                self._delete_batch(bid, written_tables[bid])
             written += 1
         return written
+
+    def _delete_batch(self, batch_id: str, tables: Iterable[str]) -> None:
+        """A compacted batch's own files, its marker last."""
+        for name in tables:
+            self.storage.delete(self.path(name, f"{batch_id}.parquet"))
+        self.storage.delete(self.path(COMMITS, f"{batch_id}.json"))
 
     def committed_id_digests(self) -> np.ndarray:
         """Sorted digests of every id already in outputs/ or errors/: what a resumed job skips."""

@@ -64,3 +64,8 @@ def test_compaction_interrupted_after_its_marker_still_reads_once(location):
     location.storage.write_parquet(location.path("outputs", f"{first}.parquet"), leftover)
     location.storage.write_json(location.path("_commits", f"{first}.json"), {"batch_id": first, "rows": {}})
     assert Counter(visible_ids(location)) == Counter(ids)
+    # The next compaction finishes the deletes instead of merging the batch a second time.
+    assert location.compact(rows_per_file=100) == 0
+    assert Counter(visible_ids(location)) == Counter(ids)
+    assert not location.storage.exists(location.path("outputs", f"{first}.parquet"))
+    assert not location.storage.exists(location.path("_commits", f"{first}.json"))
