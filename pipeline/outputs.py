@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
-from typing import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterable, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +32,10 @@ COMMITS = "_commits"
 ATTEMPTS = "_attempts"
 MANIFEST = "_job.json"
 PART_PREFIX = "part-"
+# Reads of many small objects (markers, per-batch files) go out this many at a time: a resume
+# of a job with 100k committed batches must not wait on 100k sequential round trips.
+PARALLEL_READS = 16
+T = TypeVar("T")
 
 
 def batch_id_for(ids: Iterable[str]) -> str:
@@ -49,6 +54,13 @@ class OutputLocation:
     def path(self, *parts: str) -> str:
         return self.storage.join(self.uri, *parts)
 
+    @staticmethod
+    def _read_all(read: Callable[[str], T], uris: list[str]) -> list[T]:
+        if len(uris) < 2:
+            return [read(uri) for uri in uris]
+        with ThreadPoolExecutor(PARALLEL_READS) as pool:
+            return list(pool.map(read, uris))
+
     def commit(self, batch_id: str, tables: dict[str, pa.Table]) -> None:
         """Write a batch's tables, then its marker: visible together or not at all."""
         written = {}
@@ -61,14 +73,15 @@ class OutputLocation:
 
     def _markers(self) -> tuple[set[str], dict[str, list[str]]]:
         """(committed batch ids with their own files, part id -> batch ids it holds)."""
-        batches, parts = set(), {}
+        batches, part_uris = set(), {}
         for uri in self.storage.list_files(self.path(COMMITS), ".json"):
             name = posixpath.basename(uri)[: -len(".json")]
             if name.startswith(PART_PREFIX):
-                parts[name] = self.storage.read_json(uri)["batches"]
+                part_uris[name] = uri
             else:
                 batches.add(name)
-        return batches, parts
+        markers = self._read_all(self.storage.read_json, list(part_uris.values()))
+        return batches, {name: marker["batches"] for name, marker in zip(part_uris, markers)}
 
     def committed_batches(self) -> set[str]:
         batches, parts = self._markers()
@@ -87,7 +100,7 @@ class OutputLocation:
 
     def read_table(self, name: str, columns: list[str] | None = None) -> pa.Table:
         """All committed rows of outputs, errors or stats (an empty table if none)."""
-        tables = [self.storage.read_parquet(uri, columns) for uri in self._visible_files(name)]
+        tables = self._read_all(lambda uri: self.storage.read_parquet(uri, columns), self._visible_files(name))
         if not tables:
             return pa.table({})
         return pa.concat_tables(tables, promote_options="permissive")
@@ -103,7 +116,9 @@ class OutputLocation:
         batches -= held
         # A marker lists the tables its batch wrote (empty ones are not written): no
         # existence checks, one request fewer per table and batch on an object store.
-        written_tables = {bid: self.storage.read_json(self.path(COMMITS, f"{bid}.json"))["rows"] for bid in sorted(batches)}
+        ordered = sorted(batches)
+        markers = self._read_all(self.storage.read_json, [self.path(COMMITS, f"{bid}.json") for bid in ordered])
+        written_tables = {bid: marker["rows"] for bid, marker in zip(ordered, markers)}
         groups, group, rows = [], [], 0
         for bid, tables in written_tables.items():
             n = sum(tables.values())
@@ -118,7 +133,9 @@ class OutputLocation:
             part = PART_PREFIX + batch_id_for(group)
             counts = {}
             for name in TABLE_DIRS:
-                tables = [self.storage.read_parquet(self.path(name, f"{bid}.parquet")) for bid in group if name in written_tables[bid]]
+                tables = self._read_all(
+                    self.storage.read_parquet, [self.path(name, f"{bid}.parquet") for bid in group if name in written_tables[bid]]
+                )
                 if tables:
                     merged = pa.concat_tables(tables, promote_options="permissive")
                     self.storage.write_parquet(self.path(name, f"{part}.parquet"), merged)
