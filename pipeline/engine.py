@@ -57,7 +57,10 @@ def sampling_params(config: JobConfig, row: dict[str, Any], **extra):
 
 
 def prepare_process_env(config: JobConfig) -> None:
-    """Environment a vLLM process needs before its engine starts (no hub, CPU KV cache size)."""
+    """Environment a vLLM process needs before its engine starts (no hub, CPU KV cache size).
+    An engine's processes (tensor-parallel workers included) all live on the actor's node, so
+    they talk over loopback; left unset, vLLM would pick the machine's outward interface."""
+    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.engine.cpu_kv_cache_gib))

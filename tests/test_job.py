@@ -199,3 +199,24 @@ def test_job_refuses_a_drafter_of_another_target_before_any_engine(tmp_path):
     with pytest.raises(DrafterMismatch, match="target_fingerprint"):
         run_job(config, progress=False)
     assert not (tmp_path / "out").exists()  # nothing written, nothing started
+
+
+def test_engine_processes_talk_over_loopback(tmp_path):
+    """Without VLLM_HOST_IP, vLLM picks the machine's outward interface for its engine's
+    message queues; the engine environment pins it to loopback. (A subprocess: the test
+    session itself sets the variable.)"""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "from pipeline.config import parse_config\n"
+        "from pipeline.engine import prepare_process_env\n"
+        "from vllm.utils.network_utils import get_ip\n"
+        f"prepare_process_env(parse_config({{'input_uri': '{tmp_path}', 'output_uri': '{tmp_path}/o',"
+        " 'model': {'path': 'm'}, 'speculative': {'enabled': False}}))\n"
+        "print(get_ip())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_HOST_IP"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "127.0.0.1"
