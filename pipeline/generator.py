@@ -164,11 +164,7 @@ class Generator:
             tokens_per_second=generated_tokens / engine_seconds if engine_seconds > 0 else 0.0,
             speculative=spec.enabled,
             num_speculative_tokens=spec.num_speculative_tokens if spec.enabled else 0,
-            num_drafts=total.num_drafts,
-            draft_tokens=total.draft_tokens,
-            accepted_tokens=total.accepted_tokens,
-            acceptance_rate=total.acceptance_rate,
-            mean_acceptance_length=total.mean_acceptance_length,
+            **total.summary(),
             accepted_per_position=total.accepted_per_position,
             speculation_disabled_by_guard=self.disabled_by_guard,
         )

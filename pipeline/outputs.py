@@ -87,10 +87,10 @@ class OutputLocation:
         batches, parts = self._markers()
         return batches.union(*parts.values())
 
-    def _visible_files(self, name: str) -> list[str]:
+    def _visible_files(self, name: str, markers=None) -> list[str]:
         """Files of a table that count: committed parts, and committed batch files that no
         part holds yet (compaction may have stopped between its marker and its deletes)."""
-        batches, parts = self._markers()
+        batches, parts = markers or self._markers()
         in_parts = set().union(*parts.values())
         visible = (set(parts) | batches) - in_parts
         return [
@@ -98,9 +98,10 @@ class OutputLocation:
             if posixpath.basename(uri)[: -len(".parquet")] in visible
         ]
 
-    def read_table(self, name: str, columns: list[str] | None = None) -> pa.Table:
-        """All committed rows of outputs, errors or stats (an empty table if none)."""
-        tables = self._read_all(lambda uri: self.storage.read_parquet(uri, columns), self._visible_files(name))
+    def read_table(self, name: str, columns: list[str] | None = None, markers=None) -> pa.Table:
+        """All committed rows of outputs, errors or stats (an empty table if none); `markers`
+        from `_markers()` when the caller reads several tables of one state."""
+        tables = self._read_all(lambda uri: self.storage.read_parquet(uri, columns), self._visible_files(name, markers))
         if not tables:
             return pa.table({})
         return pa.concat_tables(tables, promote_options="permissive")
@@ -154,9 +155,9 @@ class OutputLocation:
 
     def committed_id_digests(self) -> np.ndarray:
         """Sorted digests of every id already in outputs/ or errors/: what a resumed job skips."""
-        ids = []
+        ids, markers = [], self._markers()
         for name in ("outputs", "errors"):
-            table = self.read_table(name, columns=["id"])
+            table = self.read_table(name, columns=["id"], markers=markers)
             if table.num_rows:
                 ids += table.column("id").to_pylist()
         return np.sort(id_digests(ids)) if ids else np.array([], dtype="S16")

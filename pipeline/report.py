@@ -140,11 +140,7 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
         cost_per_million_total_tokens=per_million(cost, generated_tokens + prompt_tokens),
         tokens_per_second_per_gpu=_ratio(generated_tokens, gpu_hours * 3600),
         busy_tokens_per_second_per_gpu=_ratio(generated_tokens, busy_gpu_hours * 3600),
-        num_drafts=acceptance.num_drafts,
-        draft_tokens=acceptance.draft_tokens,
-        accepted_tokens=acceptance.accepted_tokens,
-        acceptance_rate=acceptance.acceptance_rate,
-        mean_acceptance_length=acceptance.mean_acceptance_length,
+        **acceptance.summary(),
         accepted_per_position=acceptance.rate_per_position,
     )
 

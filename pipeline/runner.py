@@ -184,11 +184,7 @@ def totals_from_stats(stats, input_rows: int, wall_seconds: float) -> JobTotals:
         batches=len(rows),
         prompt_tokens=sum(r["prompt_tokens"] for r in rows),
         generated_tokens=generated,
-        num_drafts=acceptance.num_drafts,
-        draft_tokens=acceptance.draft_tokens,
-        accepted_tokens=acceptance.accepted_tokens,
-        acceptance_rate=acceptance.acceptance_rate,
-        mean_acceptance_length=acceptance.mean_acceptance_length,
+        **acceptance.summary(),
         wall_seconds=wall_seconds,
         tokens_per_second=generated / wall_seconds if wall_seconds else 0.0,
     )
@@ -244,7 +240,7 @@ def run_job(config: JobConfig, job_id: Optional[str] = None, progress: bool = Tr
     try:
         if skipped < inputs.rows:
             _ray_init()
-            _generate(config, inputs, location, manifest, model_id(target), model_id(drafter) if drafter else None, progress)
+            _generate(config, inputs, location, manifest, model_id(target), model_id(drafter) if drafter else None, progress, done)
         location.compact(config.output_rows_per_file)
         attempt.status = manifest.status = "succeeded"
     except BaseException as exc:
@@ -268,6 +264,7 @@ def _generate(
     model: str,
     drafter: Optional[str],
     progress: bool,
+    done: np.ndarray,
 ) -> None:
     """Run the Ray Data graph over the ids not committed yet, feeding every stats row to the
     acceptance guard. When the guard disables speculation, the graph is shut down (leaving
@@ -280,7 +277,6 @@ def _generate(
     while True:
         if disabled:
             config, drafter, guard = _without_speculation(config), None, None
-        done = location.committed_id_digests()
         committed = int(np.isin(inputs.id_digests, done).sum())
         # Also counts batches the stopped engines committed after their stats row could reach us.
         attempt.processed_rows = committed - attempt.skipped_rows
@@ -301,6 +297,7 @@ def _generate(
                 break
         else:
             return
+        done = location.committed_id_digests()  # what the stopped engines committed
 
 
 def _apply_guard_event(event: GuardEvent, manifest: JobManifest, location: OutputLocation) -> None:

@@ -53,3 +53,13 @@ class Acceptance:
     @property
     def mean_acceptance_length(self) -> Optional[float]:
         return 1.0 + self.accepted_tokens / self.num_drafts if self.num_drafts else None
+
+    def summary(self) -> dict:
+        """The acceptance fields that batch stats, job totals, reports and calibration share."""
+        return dict(
+            num_drafts=self.num_drafts,
+            draft_tokens=self.draft_tokens,
+            accepted_tokens=self.accepted_tokens,
+            acceptance_rate=self.acceptance_rate,
+            mean_acceptance_length=self.mean_acceptance_length,
+        )
