@@ -14,7 +14,7 @@ calibration.md, and speculative.yaml, the config snippet. `--apply` writes the c
 into the job config (0 -> `speculative.enabled: false`), keeping its comments.
 
 Let the sample be at least as large as the job's requests in flight per engine
-(min(engine.max_num_seqs, resources.batch_size x resources.batches_in_flight)): speculation
+(min(engine.max_num_seqs, resources.rows_per_unit x resources.units_in_flight)): speculation
 looks better at small batches than it is at the job's.
 """
 
@@ -66,15 +66,15 @@ def sample_prompts(config: JobConfig, storage: Storage, n: int, seed: int = 0) -
     wanted: dict[str, dict[int, int]] = {}  # file -> local row -> sample order
     offset = 0
     order = {g: i for i, g in enumerate(candidates)}
-    for uri in inputs.files:
-        rows = inputs.rows_per_file[uri]
+    for file in inputs.files:
+        uri, rows = file.uri, file.rows
         for g in candidates:
             if offset <= g < offset + rows:
                 wanted.setdefault(uri, {})[g - offset] = order[g]
         offset += rows
 
     preprocessor = Preprocessor(
-        config.model.tokenizer or config.model.path, config.engine.max_model_len, config.sampling.model_dump(), inputs.text_columns
+        config.model.tokenizer or config.model.path, config.engine.max_model_len, config.sampling.model_dump()
     )
     found: list[tuple[int, dict[str, Any]]] = []
     skipped = 0
@@ -310,7 +310,7 @@ def calibrate(args: argparse.Namespace) -> CalibrationReport:
         raise CalibrationError(f"no usable prompt among the sampled rows of {config.input_uri} ({skipped} refused)")
     if skipped:
         warnings.append(f"{skipped} sampled rows skipped: the job would refuse them")
-    in_flight = min(config.engine.max_num_seqs, config.resources.batch_size * config.resources.batches_in_flight)
+    in_flight = min(config.engine.max_num_seqs, config.resources.rows_per_unit * config.resources.units_in_flight)
     if len(prompts) < in_flight:
         warnings.append(
             f"measured {len(prompts)} prompts at once, the job keeps up to {in_flight} in flight per engine: "

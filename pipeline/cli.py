@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--output-uri", help="override output_uri (e.g. a dated prefix)")
     run.add_argument("--job-id")
     run.add_argument("--restart", action="store_true", help="wipe the output location and start over")
+    run.add_argument("--take-over", action="store_true", help="take the output location over from a run whose lease is stale")
 
     tiny = sub.add_parser("tiny-models", help="the project's tiny model kit")
     tiny.add_argument("action", choices=["build"])
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_demo(args.workdir, rows=args.rows)
     if args.command == "run":
-        return run_from_config(args.config, args.output_uri, args.job_id, args.restart)
+        return run_from_config(args.config, args.output_uri, args.job_id, args.restart, args.take_over)
     if args.command == "tiny-models":
         from pipeline.tinykit.build import main as build_main
 
@@ -54,16 +55,19 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def run_from_config(config_uri: str, output_uri: str | None = None, job_id: str | None = None, restart: bool = False) -> int:
+def run_from_config(
+    config_uri: str, output_uri: str | None = None, job_id: str | None = None, restart: bool = False, take_over: bool = False
+) -> int:
     from pipeline.config import ConfigError, load_config
     from pipeline.drafter_check import DrafterMismatch
     from pipeline.inputs import InputError
-    from pipeline.runner import ResultsChanged, run_job
+    from pipeline.lease import LeaseHeld
+    from pipeline.runner import LayoutMismatch, ResultsChanged, run_job
 
     try:
         config = load_config(config_uri, {"output_uri": output_uri} if output_uri else None)
-        manifest = run_job(config, job_id=job_id, restart=restart)
-    except (ConfigError, InputError, DrafterMismatch, ResultsChanged, FileNotFoundError) as exc:
+        manifest = run_job(config, job_id=job_id, restart=restart, take_over=take_over)
+    except (ConfigError, InputError, DrafterMismatch, ResultsChanged, LayoutMismatch, LeaseHeld, FileNotFoundError) as exc:
         print(f"specbatch: {exc}", file=sys.stderr)
         return 2
     print(f"specbatch: job {manifest.job_id} {manifest.status}: {manifest.totals.model_dump_json()}")

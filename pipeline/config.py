@@ -37,12 +37,12 @@ class ModelConfig(Section):
 
 
 class GuardConfig(Section):
-    """A floor on acceptance over the last `window_batches` batches that drafted, checked by the
-    driver as batches commit (pipeline/guard.py). At least one floor."""
+    """A floor on acceptance over the last `window_units` units that drafted, checked by the
+    driver as units commit (pipeline/guard.py). At least one floor."""
 
     min_acceptance_rate: Optional[float] = Field(None, ge=0, le=1, description="Accepted / draft tokens.")
     min_mean_acceptance_length: Optional[float] = Field(None, ge=1, description="1 + accepted / drafts.")
-    window_batches: int = Field(8, ge=1, description="Batches that drafted, pooled by their draft tokens.")
+    window_units: int = Field(4, ge=1, description="Units that drafted, pooled by their draft tokens.")
     action: GuardAction = Field(
         "warn",
         description="warn: log it; fail: stop the job; disable-speculation: restart the engines without the drafter and go on.",
@@ -109,26 +109,43 @@ class ResourcesConfig(Section):
     gpus_per_replica: float = Field(0, ge=0, description="0 on the CPU build; tensor_parallel_size on GPUs.")
     cpus_per_replica: float = Field(1, gt=0)
     accelerator: str = Field("cpu", description="What a replica runs on, for cost reports, e.g. nvidia-a100-80gb.")
-    batch_size: int = Field(64, ge=1, description="Rows per batch (one stats row and one commit per batch).")
-    batches_in_flight: int = Field(4, ge=1, description="Batches overlapping inside one engine.")
+    rows_per_unit: int = Field(
+        4096,
+        ge=1,
+        description=(
+            "Rows per work unit: one commit, one output file and one stats row each, and what a crash can cost. "
+            "4,096 rows are a few minutes of one GPU replica (2,442 units at 10M prompts)."
+        ),
+    )
+    units_in_flight: int = Field(2, ge=1, description="Units overlapping inside one engine: it stays full across a unit's tail.")
     preprocess_concurrency: int = Field(1, ge=1, description="CPU actors that validate and tokenize.")
 
 
 class RetriesConfig(Section):
     max_actor_restarts: int = Field(4, ge=0, description="Engine actor restarts (crash, preempted node).")
-    max_batch_retries: int = Field(4, ge=0, description="Retries of a batch whose actor died.")
+    max_unit_retries: int = Field(4, ge=0, description="Retries of a unit whose actor died.")
     isolate_after_attempts: int = Field(
-        2, ge=1, description="A batch that took its actor down this often runs row by row; a row that crashes again goes to errors/."
+        2, ge=1, description="A unit that took its actor down this often runs row by row; a row that crashes again goes to errors/."
     )
+
+
+class LeaseConfig(Section):
+    heartbeat_seconds: float = Field(30.0, gt=0, description="How often a run renews its lease on the output location.")
+    stale_after_seconds: float = Field(
+        180.0, gt=0, description="A lease not renewed for this long belongs to a dead run; --take-over may take it."
+    )
+
+    @model_validator(mode="after")
+    def _stale_after_beats(self):
+        if self.stale_after_seconds < 2 * self.heartbeat_seconds:
+            raise ValueError("lease.stale_after_seconds must be at least twice lease.heartbeat_seconds")
+        return self
 
 
 class JobConfig(Section):
     job_name: str = Field("specbatch", pattern=r"^[A-Za-z0-9_.-]+$")
     input_uri: str = Field(description="A Parquet file, a folder or a glob; s3:// or any fsspec scheme.")
     output_uri: str
-    output_rows_per_file: int = Field(
-        50_000, ge=1, description="Committed batches are merged into files of about this many rows at the end of a run."
-    )
     model: ModelConfig
     speculative: SpeculativeConfig
     engine: EngineConfig = Field(default_factory=EngineConfig)
@@ -136,6 +153,7 @@ class JobConfig(Section):
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
     retries: RetriesConfig = Field(default_factory=RetriesConfig)
+    lease: LeaseConfig = Field(default_factory=LeaseConfig)
 
     @model_validator(mode="after")
     def _gpus_match_tensor_parallel(self):

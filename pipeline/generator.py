@@ -1,9 +1,10 @@
 """The engine actor: one vLLM engine (with its EAGLE-3 drafter) for the actor's whole life.
 
-Ray Data calls it with batches of prepared rows. The actor is async: several batches are in
-flight at once and their requests overlap inside the engine, so the engine does not drain
-between batches. Each batch is committed to the output location (outputs, errors and one
-stats row) off the event loop, and the stats row is returned to the driver.
+Ray Data calls it with one prepared work unit at a time. The actor is async: several units
+are in flight at once and their requests overlap inside the engine, so the engine does not
+drain at a unit's tail. Each unit is committed to the output location (its outputs, errors
+and marker with its stats row) off the event loop, and the stats row is returned to the
+driver.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import pyarrow as pa
 from pipeline.config import JobConfig
 from pipeline.engine import engine_kwargs, prepare_process_env, sampling_params
 from pipeline.metrics import ReplicaMetrics
-from pipeline.outputs import OutputLocation, batch_id_for
+from pipeline.outputs import OutputLocation
 from pipeline.stats import Acceptance
 from pipeline.storage import Storage
-from schemas import BatchStats, ErrorRow, OutputRow, arrow_schema
+from pipeline.units import unit_of
+from schemas import ErrorRow, OutputRow, UnitStats, arrow_schema
 
 
 # Fault injection for the resilience tests: ids whose request kills the actor's process, the
@@ -49,10 +51,10 @@ class Generator:
         self.disabled_by_guard = disabled_by_guard
         context = ray.get_runtime_context()
         self.actor_id, self.node_id = context.get_actor_id() or "driver", context.get_node_id()
-        # An isolated batch runs alone in the engine, so that a crash is the fault of the one
-        # row it was generating: it waits for the batches in flight and holds off new ones.
+        # An isolated unit runs alone in the engine, so that a crash is the fault of the one
+        # row it was generating: it waits for the units in flight and holds off new ones.
         self.isolation = asyncio.Lock()
-        self.batches_generating = 0
+        self.units_generating = 0
         self.metrics = ReplicaMetrics(job_id, self.actor_id)
 
     async def _generate(self, request_id: str, row: dict[str, Any]):
@@ -67,62 +69,60 @@ class Generator:
             final = output
         return final
 
-    async def _generate_isolated(self, batch_id: str, rows: list[dict], todo: list[int]) -> list:
+    async def _generate_isolated(self, unit_id: str, rows: list[dict], todo: list[int]) -> list:
         """Row by row, each start recorded first: a row that was started and never finished
         took the engine down with it, and goes to errors/ instead of crashing it again."""
         results = []
         for i in todo:
             marker = f"row-{i}"
-            if await asyncio.to_thread(self.location.start_attempt, batch_id, marker):
-                results.append(EngineCrash(f"the engine died while generating this row (batch {batch_id})"))
+            if await asyncio.to_thread(self.location.start_attempt, unit_id, marker):
+                results.append(EngineCrash(f"the engine died while generating this row (unit {unit_id})"))
                 continue
             try:
-                results.append(await self._generate(f"{batch_id}-{i}", rows[i]))
+                results.append(await self._generate(f"{unit_id}-{i}", rows[i]))
             except Exception as exc:
                 results.append(exc)
-            await asyncio.to_thread(self.location.finish_attempt, batch_id, marker)
+            await asyncio.to_thread(self.location.finish_attempt, unit_id, marker)
         return results
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
         received = time.time()
+        unit_id, source, first_row = unit_of(batch)
         rows = batch.drop_columns(["metadata"]).to_pylist()
-        if not rows:
-            return pa.Table.from_pylist([], schema=arrow_schema(BatchStats))
-        batch_id = batch_id_for(r["id"] for r in rows)
         todo = [i for i, r in enumerate(rows) if r["error_kind"] is None]
 
-        crashes_before = await asyncio.to_thread(self.location.start_attempt, batch_id)
+        crashes_before = await asyncio.to_thread(self.location.start_attempt, unit_id)
         if crashes_before >= self.config.retries.isolate_after_attempts:
             async with self.isolation:
-                while self.batches_generating:
+                while self.units_generating:
                     await asyncio.sleep(0.05)
                 started = time.time()
-                results = await self._generate_isolated(batch_id, rows, todo)
+                results = await self._generate_isolated(unit_id, rows, todo)
         else:
-            async with self.isolation:  # not while a batch runs isolated
-                self.batches_generating += 1
+            async with self.isolation:  # not while a unit runs isolated
+                self.units_generating += 1
             started = time.time()
             try:
                 results = await asyncio.gather(
-                    *(self._generate(f"{batch_id}-{i}", rows[i]) for i in todo), return_exceptions=True
+                    *(self._generate(f"{unit_id}-{i}", rows[i]) for i in todo), return_exceptions=True
                 )
             finally:
-                self.batches_generating -= 1
+                self.units_generating -= 1
         engine_seconds = time.time() - started
 
         outputs, output_index, errors = [], [], []
         total = Acceptance()
         prompt_tokens = generated_tokens = 0
-        for i, row in enumerate(rows):
+        for row in rows:
             if row["error_kind"] is not None:
-                errors.append(self._error(row, batch_id, "validate", row["error_kind"], row["error_field"], row["error_message"]))
+                errors.append(self._error(row, "validate", row["error_kind"], row["error_field"], row["error_message"]))
         for i, result in zip(todo, results):
             row = rows[i]
             if isinstance(result, BaseException) or result is None:
-                errors.append(self._error(row, batch_id, "generate", type(result).__name__, None, str(result)))
+                errors.append(self._error(row, "generate", type(result).__name__, None, str(result)))
                 continue
             if not result.finished:
-                errors.append(self._error(row, batch_id, "generate", "Unfinished", None, "the engine returned no final output"))
+                errors.append(self._error(row, "generate", "Unfinished", None, "the engine returned no final output"))
                 continue
             completion = result.outputs[0]
             acceptance = Acceptance.from_request(completion.spec_decode_metrics)
@@ -142,15 +142,18 @@ class Generator:
                     mean_acceptance_length=acceptance.mean_acceptance_length or 1.0,
                     model=self.model_id,
                     drafter=self.drafter_id,
-                    batch_id=batch_id,
+                    source=row["source"],
+                    row=row["row"],
+                    unit_id=unit_id,
                 ).model_dump(exclude={"metadata"})
             )
             output_index.append(i)
 
         spec = self.config.speculative
-        stats = BatchStats(
-            batch_id=batch_id,
-            sources=sorted({r["source"] for r in rows}),
+        stats = UnitStats(
+            unit_id=unit_id,
+            source=source,
+            first_row=first_row,
             actor_id=self.actor_id,
             node_id=self.node_id,
             rows=len(rows),
@@ -176,17 +179,17 @@ class Generator:
 
         def commit() -> pa.Table:
             stats.wall_seconds = time.time() - received
-            stats_table = pa.Table.from_pylist([stats.model_dump()], schema=arrow_schema(BatchStats))
-            self.location.commit(batch_id, {"outputs": output_table, "errors": error_table, "stats": stats_table})
-            self.location.finish_attempt(batch_id)
-            self.metrics.record(stats)
-            return stats_table
+            marker = self.location.commit(unit_id, {"outputs": output_table, "errors": error_table}, stats)
+            self.location.finish_attempt(unit_id)
+            self.metrics.record(marker.stats)
+            return pa.Table.from_pylist([marker.stats.model_dump()], schema=arrow_schema(UnitStats))
 
-        # Off the event loop: the other batches in flight keep the engine busy meanwhile.
+        # Off the event loop: the other units in flight keep the engine busy meanwhile.
         return await asyncio.to_thread(commit)
 
     @staticmethod
-    def _error(row: dict, batch_id: str, stage: str, kind: str, field: str | None, message: str) -> dict:
+    def _error(row: dict, stage: str, kind: str, field: str | None, message: str) -> dict:
         return ErrorRow(
-            id=row["id"], source=row["source"], stage=stage, error_kind=kind, field=field, message=message, batch_id=batch_id
+            id=row["id"], source=row["source"], row=row["row"], stage=stage, error_kind=kind, field=field,
+            message=message, unit_id=row["unit_id"],
         ).model_dump()

@@ -1,10 +1,10 @@
 """The acceptance guard: a floor on acceptance while the job runs (`speculative.guard`).
 
-The driver feeds it every batch-stats row as batches commit. It keeps the last
-`window_batches` batches that drafted (batches without drafts say nothing about the drafter)
+The driver feeds it every unit-stats row as units commit. It keeps the last
+`window_units` units that drafted (units without drafts say nothing about the drafter)
 and, once the window is full, pools them by their draft tokens and compares against the
 floors. It fires once when the window falls below a floor, and again only after a full
-window has been back above it: a drafter that stays poor gives one event, not one per batch.
+window has been back above it: a drafter that stays poor gives one event, not one per unit.
 """
 
 from __future__ import annotations
@@ -25,16 +25,16 @@ class AcceptanceTooLow(RuntimeError):
 class AcceptanceGuard:
     def __init__(self, config: GuardConfig, attempt: int = 1):
         self.config, self.attempt = config, attempt
-        self.window: deque[tuple[str, Acceptance]] = deque(maxlen=config.window_batches)
+        self.window: deque[tuple[str, Acceptance]] = deque(maxlen=config.window_units)
         self.tripped = False
 
     def observe(self, row: dict) -> Optional[GuardEvent]:
-        """One batch-stats row (schemas.BatchStats as a dict); an event when the guard fires."""
+        """One unit-stats row (schemas.UnitStats as a dict); an event when the guard fires."""
         if not row["num_drafts"]:
             return None
         acceptance = Acceptance(row["num_drafts"], row["draft_tokens"], row["accepted_tokens"], row["accepted_per_position"])
-        self.window.append((row["batch_id"], acceptance))
-        if len(self.window) < self.config.window_batches:
+        self.window.append((row["unit_id"], acceptance))
+        if len(self.window) < self.config.window_units:
             return None
         breach = self._breach()
         if breach is None:
@@ -60,7 +60,7 @@ class AcceptanceGuard:
     def _event(self, metric: str, value: float, floor: float) -> GuardEvent:
         action = self.config.action
         message = (
-            f"{metric.replace('_', ' ')} {value:.3f} over the last {len(self.window)} batches that drafted is below "
+            f"{metric.replace('_', ' ')} {value:.3f} over the last {len(self.window)} units that drafted is below "
             f"speculative.guard.min_{metric} = {floor}; action: {action}"
         )
         return GuardEvent(
@@ -70,6 +70,6 @@ class AcceptanceGuard:
             metric=metric,
             value=value,
             floor=floor,
-            batch_ids=[batch_id for batch_id, _ in self.window],
+            unit_ids=[unit_id for unit_id, _ in self.window],
             message=message,
         )

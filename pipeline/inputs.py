@@ -1,23 +1,32 @@
-"""Job-level input checks, before any engine starts.
+"""Job-level input checks, before any engine starts, from Parquet footers only.
 
-Reads only Parquet footers and the `id` column (streamed, one row group at a time): an input
-that matches nothing, a corrupt file, a missing `id`, both or neither of `prompt`/`messages`,
-wrong column types and duplicate ids are refused with the file, the column and example ids.
+The listing gives each file's size and version (ETag, or mtime on local disks); the footer
+(one ranged read of its last 64 KiB, several files at a time) gives the schema, the row
+count and per-row-group statistics. An input that matches nothing, a corrupt file, a missing
+`id`, both or neither of `prompt`/`messages`, wrong column types and null or empty ids (from
+the statistics) are refused with the file, the column and the rows. A file whose identity is
+already recorded in `_job.json` by an earlier attempt is not read again.
+
+What a footer cannot show is checked per row in the preprocess stage (blank ids, ids repeated
+within a work unit) and lands in errors/ with the file, row and field.
 """
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass, field
+import posixpath
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Optional
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.storage import Storage
-from schemas import PROMPT_TEXT_COLUMNS
+from schemas import PROMPT_TEXT_COLUMNS, InputFile
 
 MESSAGES_TYPE = "list<struct<role: string, content: string>>"
+# Footers are read this many files at a time: the check's wall time is latency-bound.
+PARALLEL_FOOTERS = 16
 
 
 class InputError(ValueError):
@@ -26,12 +35,13 @@ class InputError(ValueError):
 
 @dataclass
 class InputReport:
-    files: list[str]
+    files: list[InputFile]
     rows: int
-    rows_per_file: dict[str, int]
-    text_columns: dict[str, str] = field(default_factory=dict)  # file -> "prompt" | "messages"
-    metadata_type: pa.DataType | None = None
-    id_digests: np.ndarray = field(default_factory=lambda: np.array([], dtype="S16"))  # sorted
+    footers_read: int = 0  # files whose footer this check read (the rest came from _job.json)
+
+    @property
+    def text_columns(self) -> dict[str, str]:
+        return {f.uri: f.text_column for f in self.files}
 
 
 def _is_string(t: pa.DataType) -> bool:
@@ -59,79 +69,69 @@ COLUMN_CHECKS = {
 }
 
 
-def _examples(ids: list[str], limit: int = 5) -> str:
-    shown = ", ".join(repr(i) for i in ids[:limit])
-    return shown + (f" (+{len(ids) - limit} more)" if len(ids) > limit else "")
-
-
-def inspect_inputs(input_uri: str, storage: Storage) -> InputReport:
-    files = storage.expand_input(input_uri)
-    if not files:
+def inspect_inputs(input_uri: str, storage: Storage, known: Optional[list[InputFile]] = None) -> InputReport:
+    """Check every input file; `known` files (from an earlier attempt's `_job.json`) with the
+    same size and version are taken as they were recorded."""
+    listed = storage.expand_input(input_uri)
+    if not listed:
         raise InputError(f"input_uri {input_uri!r} matches no Parquet file")
-    problems: list[str] = []
-    rows_per_file: dict[str, int] = {}
-    text_columns: dict[str, str] = {}
-    metadata_types: dict[str, pa.DataType] = {}
-    id_hashes: list[np.ndarray] = []
-
-    for uri in files:
-        fs, path = storage.fs(uri)
-        try:
-            with fs.open(path, "rb") as f:
-                parquet = pq.ParquetFile(f)
-                schema = parquet.schema_arrow
-                rows_per_file[uri] = parquet.metadata.num_rows
-                file_problems = _check_schema(uri, schema)
-                problems += file_problems
-                text_columns[uri] = next((c for c in PROMPT_TEXT_COLUMNS if c in schema.names), "")
-                if "metadata" in schema.names:
-                    metadata_types[uri] = schema.field("metadata").type
-                if file_problems or "id" not in schema.names:
-                    continue
-                row = 0
-                for batch in parquet.iter_batches(columns=["id"], batch_size=65536):
-                    ids = batch.column(0).to_pylist()
-                    bad = [row + i for i, v in enumerate(ids) if v is None or not v.strip()]
-                    if bad:
-                        problems.append(f"{uri}: column 'id' is null or empty at rows {bad[:5]}")
-                    id_hashes.append(id_digests([v for v in ids if v is not None]))
-                    row += len(ids)
-        except (OSError, pa.ArrowException) as exc:
-            problems.append(f"{uri}: not a readable Parquet file ({type(exc).__name__}: {exc})")
-
-    hashes = np.sort(np.concatenate(id_hashes)) if id_hashes else np.array([], dtype="S16")
-    repeated = set(hashes[1:][hashes[1:] == hashes[:-1]].tolist())
-    if repeated:
-        problems.append("column 'id' has duplicate ids: " + _name_duplicates(files, storage, repeated))
-    distinct_metadata = {str(t) for t in metadata_types.values() if not pa.types.is_null(t)}
-    if len(distinct_metadata) > 1:
+    cached = {(f.uri, f.size, f.version): f for f in known or []}
+    todo = [(uri, info) for uri, info in listed.items() if (uri, info["size"], info["version"]) not in cached]
+    with ThreadPoolExecutor(PARALLEL_FOOTERS) as pool:
+        checked = dict(zip((uri for uri, _ in todo), pool.map(lambda item: _inspect_file(storage, *item), todo)))
+    files, problems = [], []
+    for uri, info in listed.items():
+        if uri in checked:
+            file, file_problems = checked[uri]
+            problems += file_problems
+        else:
+            file = cached[(uri, info["size"], info["version"])]
+        if file is not None:
+            files.append(file)
+    metadata_types = {f.uri: f.metadata_type for f in files if f.metadata_type and f.metadata_type != "null"}
+    if len(set(metadata_types.values())) > 1:
         by_file = "; ".join(f"{f}: {t}" for f, t in metadata_types.items())
         problems.append(f"column 'metadata' has different types across files ({by_file})")
     if problems:
         raise InputError(f"input {input_uri!r} refused:\n  " + "\n  ".join(problems))
-    metadata_type = next((t for t in metadata_types.values() if not pa.types.is_null(t)), None)
-    return InputReport(files, sum(rows_per_file.values()), rows_per_file, text_columns, metadata_type, hashes)
+    return InputReport(files, sum(f.rows for f in files), footers_read=len(todo))
 
 
-def id_digests(ids) -> np.ndarray:
-    """16-byte digests of ids: how sets of millions of ids are held (16 bytes each) and
-    compared (sorted arrays, np.isin) across input checks, resume and the preprocess filter."""
-    return np.array([hashlib.blake2b(v.encode(), digest_size=16).digest() for v in ids], dtype="S16")
+def _inspect_file(storage: Storage, uri: str, info: dict) -> tuple[Optional[InputFile], list[str]]:
+    try:
+        with storage.open_ranged(uri, size=info["size"]) as f:
+            metadata = pq.ParquetFile(f).metadata
+            schema = metadata.schema.to_arrow_schema()
+    except (OSError, pa.ArrowException) as exc:
+        return None, [f"{uri}: not a readable Parquet file ({type(exc).__name__}: {exc})"]
+    problems = _check_schema(uri, schema)
+    if "id" in schema.names and not problems:
+        problems += _check_id_statistics(uri, metadata, schema.get_field_index("id"))
+    if problems:
+        return None, problems
+    return InputFile(
+        uri=uri,
+        size=info["size"],
+        version=info["version"],
+        rows=metadata.num_rows,
+        text_column=next(c for c in PROMPT_TEXT_COLUMNS if c in schema.names),
+        metadata_type=str(schema.field("metadata").type) if "metadata" in schema.names else None,
+    ), []
 
 
-def _name_duplicates(files: list[str], storage: Storage, repeated: set[bytes]) -> str:
-    """Second pass, only when there are duplicates: which ids, in which files."""
-    where: dict[str, list[str]] = {}
-    for uri in files:
-        fs, path = storage.fs(uri)
-        with fs.open(path, "rb") as f:
-            for batch in pq.ParquetFile(f).iter_batches(columns=["id"], batch_size=65536):
-                ids = [v for v in batch.column(0).to_pylist() if v is not None]
-                for value, h in zip(ids, id_digests(ids).tolist()):
-                    if h in repeated:
-                        where.setdefault(value, []).append(uri)
-    listed = [f"{v!r} in {', '.join(files_[:3])}" for v, files_ in where.items() if len(files_) > 1]
-    return f"{len(listed)} ids, e.g. " + "; ".join(listed[:5])
+def _check_id_statistics(uri: str, metadata: pq.FileMetaData, column: int) -> list[str]:
+    """Null or empty ids, from the row groups' statistics (written by every common writer)."""
+    problems, first_row = [], 0
+    for i in range(metadata.num_row_groups):
+        group = metadata.row_group(i)
+        stats = group.column(column).statistics
+        rows = f"rows {first_row}-{first_row + group.num_rows - 1} (row group {i})"
+        if stats is not None and stats.null_count:
+            problems.append(f"{uri}: column 'id' has {stats.null_count} null values in {rows}")
+        elif stats is not None and stats.has_min_max and stats.min == "":
+            problems.append(f"{uri}: column 'id' has empty values in {rows}")
+        first_row += group.num_rows
+    return problems
 
 
 def _check_schema(uri: str, schema: pa.Schema) -> list[str]:
@@ -146,3 +146,9 @@ def _check_schema(uri: str, schema: pa.Schema) -> list[str]:
         if name in schema.names and not ok(schema.field(name).type):
             problems.append(f"{uri}: column {name!r} has type {schema.field(name).type}, expected {expected}")
     return problems
+
+
+def short_name(uri: str) -> str:
+    """A file's name without folders and suffix, safe for object keys (work unit ids)."""
+    stem = posixpath.basename(uri.rstrip("/")).rsplit(".", 1)[0]
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in stem)[:32] or "input"

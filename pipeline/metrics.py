@@ -1,6 +1,6 @@
 """Prometheus metrics of the engine actors, through Ray's metrics API.
 
-Each Generator actor records one update per committed batch, tagged with the job id and its
+Each Generator actor records one update per committed unit, tagged with the job id and its
 replica (the actor id). Ray exports them on every node's metrics endpoint with the prefix
 `ray_` (counters also get `_total`): e.g. `ray_specbatch_rows_done_total`. The dashboard in
 infra/grafana/specbatch.json plots them.
@@ -13,21 +13,21 @@ from typing import Optional
 
 from ray.util.metrics import Counter, Gauge
 
-from schemas import BatchStats
+from schemas import UnitStats
 
 TAG_KEYS = ("job_id", "replica")
 COUNTERS = {
     "rows_done": "Input rows generated and committed to outputs/.",
     "rows_failed": "Input rows committed to errors/.",
-    "generated_tokens": "Tokens generated in committed batches.",
-    "draft_tokens": "Draft tokens proposed in committed batches.",
-    "accepted_tokens": "Draft tokens accepted in committed batches.",
-    "drafts": "Verify steps that carried drafts, in committed batches.",
+    "generated_tokens": "Tokens generated in committed units.",
+    "draft_tokens": "Draft tokens proposed in committed units.",
+    "accepted_tokens": "Draft tokens accepted in committed units.",
+    "drafts": "Verify steps that carried drafts, in committed units.",
 }
 GAUGES = {
-    "tokens_per_second": "Generated tokens per second of this replica since its first batch.",
-    "acceptance_rate": "Accepted / draft tokens of the replica's last committed batch that drafted.",
-    "mean_acceptance_length": "1 + accepted / drafts of the replica's last committed batch that drafted.",
+    "tokens_per_second": "Generated tokens per second of this replica since its first unit.",
+    "acceptance_rate": "Accepted / draft tokens of the replica's last committed unit that drafted.",
+    "mean_acceptance_length": "1 + accepted / drafts of the replica's last committed unit that drafted.",
 }
 
 
@@ -41,10 +41,10 @@ class ReplicaMetrics:
         self.tags = {"job_id": job_id, "replica": replica}
         self.counters = {name: Counter(f"specbatch_{name}", text, TAG_KEYS) for name, text in COUNTERS.items()}
         self.gauges = {name: Gauge(f"specbatch_{name}", text, TAG_KEYS) for name, text in GAUGES.items()}
-        self.first_batch_started: Optional[float] = None
+        self.first_unit_started: Optional[float] = None
         self.generated_tokens = 0
 
-    def record(self, stats: BatchStats) -> None:
+    def record(self, stats: UnitStats) -> None:
         increments = {
             "rows_done": stats.output_rows,
             "rows_failed": stats.error_rows,
@@ -56,9 +56,9 @@ class ReplicaMetrics:
         for name, value in increments.items():
             if value > 0:  # Ray's counters refuse 0
                 self.counters[name].inc(value, tags=self.tags)
-        self.first_batch_started = min(self.first_batch_started or stats.started_at, stats.started_at)
+        self.first_unit_started = min(self.first_unit_started or stats.started_at, stats.started_at)
         self.generated_tokens += stats.generated_tokens
-        elapsed = time.time() - self.first_batch_started
+        elapsed = time.time() - self.first_unit_started
         if elapsed > 0:
             self.gauges["tokens_per_second"].set(self.generated_tokens / elapsed, tags=self.tags)
         if stats.num_drafts:

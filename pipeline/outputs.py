@@ -1,49 +1,46 @@
-"""The output location: its layout, the per-batch commit, and reading committed data back.
+"""The output location: its layout, the per-unit commit, and reading committed data back.
 
     OUTPUT_URI/
-      outputs/<batch_id>.parquet   generated rows              (schemas.OutputRow)
-      errors/<batch_id>.parquet    failed rows with reasons    (schemas.ErrorRow)
-      stats/<batch_id>.parquet     one row per batch           (schemas.BatchStats)
-      _commits/<batch_id>.json     commit marker, written last
-      */part-<hash>.parquet        compacted batches, with _commits/part-<hash>.json
-      _attempts/<batch_id>/...     how often a batch (or, in isolation, a row) was started
-      _job.json                    job manifest                (schemas.JobManifest)
+      outputs/<unit_id>.<token>.parquet   generated rows of a unit      (schemas.OutputRow)
+      errors/<unit_id>.<token>.parquet    its failed rows, if any        (schemas.ErrorRow)
+      _commits/<unit_id>.json             commit marker, written last    (schemas.CommitMarker)
+      stats/attempt-<n>.parquet           one row per committed unit     (schemas.UnitStats)
+      _attempts/<unit_id>/...             how often a unit (or, in isolation, a row) was started
+      _lease.json                         the run that owns the location (schemas.Lease)
+      _job.json                           job manifest                   (schemas.JobManifest)
 
-A batch's files count only once its commit marker exists, so a batch that died half-written
-is invisible; batch ids are derived from the batch's input ids, so a retried batch replaces
-its files instead of adding new ones.
+A unit is a fixed row range of one input file, so the same input always gives the same units.
+Its files count only through its marker: a unit that died half-written is invisible, and when
+the same unit is committed twice (a late actor, a retried task) each commit writes files under
+its own token and the marker written last names the one set that counts; never both. Resume
+lists `_commits/` and nothing else. `cleanup()` removes files no marker names, in bulk.
+
+Statistics live in each marker; the driver, which hears of every unit it commits, also writes
+them as one `stats/attempt-<n>.parquet` per attempt, each committed unit in exactly one of
+those files, so that totals and reports read a few files instead of one marker per unit.
 """
 
 from __future__ import annotations
 
-import hashlib
 import posixpath
+import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable, TypeVar
+from typing import Callable, Iterable, Optional, TypeVar
 
-import numpy as np
 import pyarrow as pa
 
-from pipeline.inputs import id_digests
 from pipeline.storage import Storage
+from schemas import CommitMarker, UnitStats, arrow_schema
 
-TABLE_DIRS = ("outputs", "errors", "stats")
+ROW_TABLES = ("outputs", "errors")
 COMMITS = "_commits"
 ATTEMPTS = "_attempts"
+STATS = "stats"
 MANIFEST = "_job.json"
-PART_PREFIX = "part-"
-# Reads of many small objects (markers, per-batch files) go out this many at a time: a resume
-# of a job with 100k committed batches must not wait on 100k sequential round trips.
-PARALLEL_READS = 16
+LEASE = "_lease.json"
+# Reads of many small objects (markers) go out this many at a time.
+PARALLEL_READS = 32
 T = TypeVar("T")
-
-
-def batch_id_for(ids: Iterable[str]) -> str:
-    digest = hashlib.sha256()
-    for value in sorted(ids):
-        digest.update(value.encode())
-        digest.update(b"\0")
-    return digest.hexdigest()[:24]
 
 
 class OutputLocation:
@@ -61,121 +58,147 @@ class OutputLocation:
         with ThreadPoolExecutor(PARALLEL_READS) as pool:
             return list(pool.map(read, uris))
 
-    def commit(self, batch_id: str, tables: dict[str, pa.Table]) -> None:
-        """Write a batch's tables, then its marker: visible together or not at all."""
-        written = {}
-        for name in TABLE_DIRS:
+    # ------------------------------------------------------------------ commit
+
+    def write_files(self, unit_id: str, tables: dict[str, pa.Table], stats: UnitStats) -> CommitMarker:
+        """First half of a commit: the unit's files under a fresh token. Nothing is visible yet."""
+        token = uuid.uuid4().hex[:12]
+        files, rows = {}, {}
+        for name in ROW_TABLES:
             table = tables.get(name)
             if table is not None and table.num_rows:
-                self.storage.write_parquet(self.path(name, f"{batch_id}.parquet"), table)
-                written[name] = table.num_rows
-        self.storage.write_json(self.path(COMMITS, f"{batch_id}.json"), {"batch_id": batch_id, "rows": written})
+                files[name] = f"{name}/{unit_id}.{token}.parquet"
+                rows[name] = table.num_rows
+                self.storage.write_parquet(self.path(files[name]), table)
+        stats = stats.model_copy(update={"commit_token": token})
+        return CommitMarker(unit_id=unit_id, token=token, files=files, rows=rows, stats=stats)
 
-    def _markers(self) -> tuple[set[str], dict[str, list[str]]]:
-        """(committed batch ids with their own files, part id -> batch ids it holds)."""
-        batches, part_uris = set(), {}
-        for uri in self.storage.list_files(self.path(COMMITS), ".json"):
-            name = posixpath.basename(uri)[: -len(".json")]
-            if name.startswith(PART_PREFIX):
-                part_uris[name] = uri
-            else:
-                batches.add(name)
-        markers = self._read_all(self.storage.read_json, list(part_uris.values()))
-        return batches, {name: marker["batches"] for name, marker in zip(part_uris, markers)}
+    def publish(self, marker: CommitMarker) -> None:
+        """Second half: the marker makes exactly its files visible (an object PUT is atomic)."""
+        self.storage.write_json(self.path(COMMITS, f"{marker.unit_id}.json"), marker.model_dump(mode="json"))
 
-    def committed_batches(self) -> set[str]:
-        batches, parts = self._markers()
-        return batches.union(*parts.values())
+    def commit(self, unit_id: str, tables: dict[str, pa.Table], stats: UnitStats) -> CommitMarker:
+        marker = self.write_files(unit_id, tables, stats)
+        self.publish(marker)
+        return marker
 
-    def _visible_files(self, name: str, markers=None) -> list[str]:
-        """Files of a table that count: committed parts, and committed batch files that no
-        part holds yet (compaction may have stopped between its marker and its deletes)."""
-        batches, parts = markers or self._markers()
-        in_parts = set().union(*parts.values())
-        visible = (set(parts) | batches) - in_parts
-        return [
-            uri for uri in self.storage.list_files(self.path(name), ".parquet")
-            if posixpath.basename(uri)[: -len(".parquet")] in visible
-        ]
+    # ------------------------------------------------------------------ reading
 
-    def read_table(self, name: str, columns: list[str] | None = None, markers=None) -> pa.Table:
-        """All committed rows of outputs, errors or stats (an empty table if none); `markers`
-        from `_markers()` when the caller reads several tables of one state."""
-        tables = self._read_all(lambda uri: self.storage.read_parquet(uri, columns), self._visible_files(name, markers))
+    def committed_units(self) -> set[str]:
+        """Ids of every committed unit, from one listing of `_commits/` (what a resume reads)."""
+        return {
+            posixpath.basename(uri)[: -len(".json")] for uri in self.storage.list_files(self.path(COMMITS), ".json")
+        }
+
+    def markers(self, unit_ids: Optional[Iterable[str]] = None) -> dict[str, CommitMarker]:
+        units = sorted(self.committed_units() if unit_ids is None else unit_ids)
+        docs = self._read_all(self.storage.read_json, [self.path(COMMITS, f"{u}.json") for u in units])
+        return {u: CommitMarker.model_validate(doc) for u, doc in zip(units, docs)}
+
+    def read_table(self, name: str, columns: Optional[list[str]] = None) -> pa.Table:
+        """All committed rows of outputs or errors (the files the markers name), or the stats
+        of every committed unit; an empty table if none."""
+        if name == STATS:
+            return self.stats_table()
+        markers = self.markers()
+        uris = [self.path(m.files[name]) for m in markers.values() if name in m.files]
+        tables = self._read_all(lambda uri: self.storage.read_parquet(uri, columns), uris)
         if not tables:
             return pa.table({})
         return pa.concat_tables(tables, promote_options="permissive")
 
-    def compact(self, rows_per_file: int) -> int:
-        """Merge committed per-batch files into parts of about `rows_per_file` output rows.
-        Parts are written, then their marker, then the batch files are deleted; a reader
-        sees every row exactly once at each step. Returns how many parts were written."""
-        batches, parts = self._markers()
-        held = batches.intersection(set().union(*parts.values()))
-        for bid in held:  # an earlier compaction stopped before deleting these: finish it
-            self._delete_batch(bid, TABLE_DIRS)
-        batches -= held
-        # A marker lists the tables its batch wrote (empty ones are not written): no
-        # existence checks, one request fewer per table and batch on an object store.
-        ordered = sorted(batches)
-        markers = self._read_all(self.storage.read_json, [self.path(COMMITS, f"{bid}.json") for bid in ordered])
-        written_tables = {bid: marker["rows"] for bid, marker in zip(ordered, markers)}
-        groups, group, rows = [], [], 0
-        for bid, tables in written_tables.items():
-            n = sum(tables.values())
-            if group and rows + n > rows_per_file:
-                groups.append(group)
-                group, rows = [], 0
-            group.append(bid)
-            rows += n
-        groups.append(group)
-        written = 0
-        for group in (g for g in groups if len(g) > 1):
-            part = PART_PREFIX + batch_id_for(group)
-            counts = {}
-            for name in TABLE_DIRS:
-                tables = self._read_all(
-                    self.storage.read_parquet, [self.path(name, f"{bid}.parquet") for bid in group if name in written_tables[bid]]
-                )
-                if tables:
-                    merged = pa.concat_tables(tables, promote_options="permissive")
-                    self.storage.write_parquet(self.path(name, f"{part}.parquet"), merged)
-                    counts[name] = merged.num_rows
-            self.storage.write_json(self.path(COMMITS, f"{part}.json"), {"batches": group, "rows": counts})
-            for bid in group:
-                self._delete_batch(bid, written_tables[bid])
-            written += 1
-        return written
+    def _stats_files(self) -> dict[str, str]:
+        """Stats file name (attempt-NNNN) -> URI, oldest attempt first."""
+        return {posixpath.basename(u)[: -len(".parquet")]: u for u in self.storage.list_files(self.path(STATS), ".parquet")}
 
-    def _delete_batch(self, batch_id: str, tables: Iterable[str]) -> None:
-        """A compacted batch's own files, its marker last."""
-        for name in tables:
-            self.storage.delete(self.path(name, f"{batch_id}.parquet"))
-        self.storage.delete(self.path(COMMITS, f"{batch_id}.json"))
+    def _rolled_stats(self, committed: set[str], skip_file: Optional[str] = None) -> pa.Table:
+        """Rows of the stats files for committed units; a unit in two files counts once."""
+        schema = arrow_schema(UnitStats)
+        files = [uri for name, uri in self._stats_files().items() if name != skip_file]
+        tables = [t.cast(schema) for t in self._read_all(self.storage.read_parquet, files)]
+        rolled = pa.concat_tables(tables) if tables else schema.empty_table()
+        latest = {unit: i for i, unit in enumerate(rolled.column("unit_id").to_pylist()) if unit in committed}
+        return rolled.take(pa.array(sorted(latest.values()), type=pa.int64()))
 
-    def committed_id_digests(self) -> np.ndarray:
-        """Sorted digests of every id already in outputs/ or errors/: what a resumed job skips."""
-        ids, markers = [], self._markers()
-        for name in ("outputs", "errors"):
-            table = self.read_table(name, columns=["id"], markers=markers)
-            if table.num_rows:
-                ids += table.column("id").to_pylist()
-        return np.sort(id_digests(ids)) if ids else np.array([], dtype="S16")
+    def _marker_stats(self, units: set[str]) -> pa.Table:
+        rows = [m.stats.model_dump() for m in self.markers(units).values()]
+        return pa.Table.from_pylist(rows, schema=arrow_schema(UnitStats))
 
-    def start_attempt(self, batch_id: str, row: str | None = None) -> int:
-        """Record that a batch (or one row of it) is being started; returns how many earlier
-        starts never finished (a process that died mid-batch leaves its count behind)."""
-        uri = self.path(ATTEMPTS, batch_id, f"{row or 'batch'}.json")
+    def stats_table(self, committed: Optional[set[str]] = None) -> pa.Table:
+        """One stats row per committed unit: the attempts' stats files, plus the markers of
+        committed units no file holds (committed by an attempt killed before its file)."""
+        committed = self.committed_units() if committed is None else committed
+        rolled = self._rolled_stats(committed)
+        missing = committed - set(rolled.column("unit_id").to_pylist())
+        return pa.concat_tables([rolled, self._marker_stats(missing)]) if missing else rolled
+
+    def write_stats(self, attempt: int, heard: list[dict], committed: Optional[set[str]] = None) -> pa.Table:
+        """An attempt's stats file. While it runs (`committed` None): the units it heard of.
+        At its end: those of them and of every committed unit that no other attempt's file
+        holds (from their markers), so that the files hold each committed unit exactly once;
+        then returns the stats of every committed unit."""
+        name = f"attempt-{attempt:04d}"
+        schema = arrow_schema(UnitStats)
+        if committed is None:
+            self.storage.write_parquet(self.path(STATS, f"{name}.parquet"), pa.Table.from_pylist(heard, schema=schema))
+            return pa.Table.from_pylist(heard, schema=schema)
+        others = self._rolled_stats(committed, skip_file=name)
+        known = set(others.column("unit_id").to_pylist())
+        own = [r for r in heard if r["unit_id"] in committed and r["unit_id"] not in known]
+        stragglers = committed - known - {r["unit_id"] for r in own}
+        table = pa.concat_tables([pa.Table.from_pylist(own, schema=schema), self._marker_stats(stragglers)])
+        self.storage.write_parquet(self.path(STATS, f"{name}.parquet"), table)
+        return pa.concat_tables([others, table])
+
+    # ------------------------------------------------------------------ cleanup
+
+    def cleanup(self) -> int:
+        """Delete files no marker names: a commit that died before its marker, or the files of
+        an earlier commit of a unit committed again. Listings tell almost all of it: a unit
+        with a marker and files of one token is clean (a commit writes its files before its
+        marker, and every unit has at least one row), so only units with files of several
+        tokens need their marker read. Run only while the lease is held and no engine
+        commits (the end of an attempt). Returns how many files were deleted, in bulk."""
+        committed = self.committed_units()
+        tokens: dict[str, dict[str, list[str]]] = {}
+        for name in ROW_TABLES:
+            for uri in self.storage.list_files(self.path(name), ".parquet"):
+                unit, _, rest = posixpath.basename(uri).partition(".")
+                tokens.setdefault(unit, {}).setdefault(rest[: -len(".parquet")], []).append(uri)
+        ambiguous = [u for u, by_token in tokens.items() if u in committed and len(by_token) > 1]
+        visible = {u: m.token for u, m in self.markers(ambiguous).items()}
+        doomed = [
+            uri
+            for unit, by_token in tokens.items()
+            for token, uris in by_token.items()
+            if unit not in committed or (unit in visible and token != visible[unit])
+            for uri in uris
+        ]
+        attempts = [
+            uri for uri in self.storage.list_files(self.path(ATTEMPTS))
+            if uri[len(self.path(ATTEMPTS)) + 1 :].split("/", 1)[0] in committed
+        ]
+        self.storage.delete_many(doomed + attempts)
+        return len(doomed)
+
+    # ------------------------------------------------------------------ attempts of a unit
+
+    def start_attempt(self, unit_id: str, row: str | None = None) -> int:
+        """Record that a unit (or one row of it) is being started; returns how many earlier
+        starts never finished (a process that died mid-unit leaves its count behind)."""
+        uri = self.path(ATTEMPTS, unit_id, f"{row or 'unit'}.json")
         before = self.storage.read_json(uri)["started"] if self.storage.exists(uri) else 0
         self.storage.write_json(uri, {"started": before + 1})
         return before
 
-    def finish_attempt(self, batch_id: str, row: str | None = None) -> None:
-        self.storage.delete(self.path(ATTEMPTS, batch_id, f"{row or 'batch'}.json"))
+    def finish_attempt(self, unit_id: str, row: str | None = None) -> None:
+        self.storage.delete(self.path(ATTEMPTS, unit_id, f"{row or 'unit'}.json"))
+
+    # ------------------------------------------------------------------ the location as a whole
 
     def clear(self) -> None:
-        """Start over: remove everything a previous job wrote here."""
-        for name in (*TABLE_DIRS, COMMITS, ATTEMPTS, "report"):
+        """Start over: remove everything a previous job wrote here (bulk deletes)."""
+        for name in (*ROW_TABLES, STATS, COMMITS, ATTEMPTS, "report"):
             self.storage.delete(self.path(name), recursive=True)
         self.storage.delete(self.path(MANIFEST))
 
@@ -187,3 +210,5 @@ class OutputLocation:
 
     def read_manifest(self) -> dict:
         return self.storage.read_json(self.path(MANIFEST))
+
+

@@ -12,15 +12,16 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import numpy as np
 import pyarrow as pa
 
 from pipeline.config import SamplingConfig
-from pipeline.inputs import id_digests
 
 PREPARED_SCHEMA_FIELDS = [
     pa.field("id", pa.string()),
     pa.field("source", pa.string()),
+    pa.field("row", pa.int64()),
+    pa.field("unit_id", pa.string()),
+    pa.field("unit_rows", pa.int64()),
     pa.field("prompt_token_ids", pa.list_(pa.int32())),
     pa.field("max_tokens", pa.int64()),
     pa.field("temperature", pa.float64()),
@@ -66,27 +67,15 @@ def resolve_sampling(row: dict[str, Any], defaults: SamplingConfig) -> dict[str,
 
 
 class Preprocessor:
-    """Ray Data stage: validates each row, renders chat messages and tokenizes."""
+    """Ray Data stage: validates each row of a work unit, renders chat messages and tokenizes.
+    A block is one whole unit (pipeline/units.py), and comes out as one block."""
 
-    def __init__(
-        self,
-        tokenizer_path: str,
-        max_model_len: int,
-        sampling: dict[str, Any],
-        text_columns: dict[str, str],
-        skip_digests: Optional[np.ndarray] = None,
-    ):
+    def __init__(self, tokenizer_path: str, max_model_len: int, sampling: dict[str, Any]):
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         self.max_model_len = max_model_len
         self.sampling = SamplingConfig.model_validate(sampling)
-        # Files are read as one dataset, so a row shows every file's columns: which text column
-        # a row uses is a property of its file (the job-level check made it exactly one).
-        self.text_columns = {source.split("://", 1)[-1]: column for source, column in text_columns.items()}
-        self.sources = {source.split("://", 1)[-1]: source for source in text_columns}
-        # Ids committed by an earlier attempt (sorted digests): a resumed job skips them.
-        self.skip_digests = skip_digests if skip_digests is not None and len(skip_digests) else None
 
     def render(self, row: dict[str, Any], text_column: str) -> list[int]:
         if text_column == "messages":
@@ -121,19 +110,20 @@ class Preprocessor:
         return {"prompt_token_ids": token_ids, **sampling}
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        if self.skip_digests is not None:
-            todo = ~np.isin(id_digests(batch.column("id").to_pylist()), self.skip_digests)
-            batch = batch.filter(pa.array(todo))
         columns = {f.name: [] for f in PREPARED_SCHEMA_FIELDS}
-        for row in batch.drop_columns([c for c in ("metadata",) if c in batch.column_names]).to_pylist():
-            path = row.pop("path")
-            out = {"id": row["id"], "source": self.sources[path]}
+        first_row_of: dict[str, int] = {}  # ids are checked unique within a unit
+        for row in batch.drop_columns(["metadata"]).to_pylist():
+            out = {name: row[name] for name in ("id", "source", "row", "unit_id", "unit_rows")}
             try:
-                out.update(self.prepare(row, self.text_columns[path]))
+                if row["id"] is None or not row["id"].strip():
+                    raise RowError("invalid_id", "id", f"id is blank at row {row['row']}")
+                if row["id"] in first_row_of:
+                    raise RowError("duplicate_id", "id", f"id {row['id']!r} is also at row {first_row_of[row['id']]}")
+                first_row_of[row["id"]] = row["row"]
+                out.update(self.prepare(row, row["text_column"]))
             except RowError as err:
-                out.update(error_kind=err.kind, error_field=err.field, error_message=err.message)
+                out.update(id=out["id"] or "", error_kind=err.kind, error_field=err.field, error_message=err.message)
             for name in columns:
                 columns[name].append(out.get(name))
         prepared = pa.table(columns, schema=pa.schema(PREPARED_SCHEMA_FIELDS))
-        metadata = batch.column("metadata") if "metadata" in batch.column_names else pa.nulls(len(batch))
-        return prepared.append_column("metadata", metadata)
+        return prepared.append_column("metadata", batch.column("metadata"))

@@ -1,8 +1,9 @@
-"""The job runner: checks, the Ray Data graph, the manifest.
+"""The job runner: checks, the plan of work units, the Ray Data graph, the manifest.
 
-    read_parquet (streaming) -> Preprocessor (CPU: validate, chat template, tokenize)
-      -> Generator actor pool (one vLLM engine each; commits outputs/errors/stats per batch)
-      -> driver: iterates the per-batch stats rows for totals and progress
+    footers -> work units (file, row range) -> minus the units in _commits/ (one listing)
+      -> UnitDatasource (one read task per unit) -> Preprocessor (CPU: validate, chat
+      template, tokenize) -> Generator actor pool (one vLLM engine each; commits each unit)
+      -> driver: iterates the per-unit stats rows for totals, progress and the guard
 """
 
 from __future__ import annotations
@@ -20,18 +21,25 @@ from importlib import metadata as pkg_metadata
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
-
 from pipeline.config import JobConfig
 from pipeline.drafter_check import check_drafter
 from pipeline.guard import AcceptanceGuard, AcceptanceTooLow
 from pipeline.inputs import InputReport, inspect_inputs
+from pipeline.lease import OutputLease
 from pipeline.outputs import OutputLocation
 from pipeline.stats import Acceptance
 from pipeline.storage import TRANSIENT_ERRORS, Storage
-from schemas import Attempt, GuardEvent, JobManifest, JobTotals, ModelFingerprint, Versions
+from pipeline.units import WorkUnit, plan_units
+from schemas import LAYOUT_VERSION, Attempt, GuardEvent, JobManifest, JobTotals, ModelFingerprint, Versions
 
 log = logging.getLogger("specbatch")
+# Files of a model directory whose change changes the results: weights, their index, the
+# tokenizer and the configs. Fingerprinted by size and mtime (hashing GBs of weights would
+# cost minutes per run).
+MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".json", ".model", ".txt", ".tiktoken", ".jinja")
+# The driver writes its stats file at least this often: a killed driver leaves the next
+# attempt few markers to read.
+STATS_FLUSH_SECONDS = 60.0
 
 
 def _now() -> str:
@@ -58,14 +66,24 @@ def versions() -> Versions:
 
 
 def model_fingerprint(path: str) -> ModelFingerprint:
-    """sha256 of the model's config.json in canonical form; refuses a path without one."""
-    config_file = Path(path) / "config.json"
+    """sha256 of the model's config.json in canonical form, and the size and mtime of each
+    weight, index and tokenizer file; refuses a path without a config.json."""
+    root = Path(path)
+    config_file = root / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{path}: no config.json (models are local paths; no hub downloads)")
     config = json.loads(config_file.read_text())
     canonical = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+    files = {}
+    for file in sorted(root.iterdir()):
+        if file.is_file() and file.name.endswith(MODEL_FILE_SUFFIXES):
+            stat = file.stat()
+            files[file.name] = f"{stat.st_size}:{stat.st_mtime_ns}"
     return ModelFingerprint(
-        path=path, config_sha256=hashlib.sha256(canonical).hexdigest(), architectures=config.get("architectures", [])
+        path=path,
+        config_sha256=hashlib.sha256(canonical).hexdigest(),
+        architectures=config.get("architectures", []),
+        files=files,
     )
 
 
@@ -90,44 +108,40 @@ def _ray_init() -> None:
 
 def build_dataset(
     config: JobConfig,
-    inputs: InputReport,
-    skip_digests,
+    units: list[WorkUnit],
     model: str,
     drafter: Optional[str],
     job_id: str = "",
     disabled_by_guard: bool = False,
 ):
-    """The Ray Data graph; nothing runs until the caller iterates it."""
+    """The Ray Data graph over `units`; nothing runs until the caller iterates it."""
     import ray
     from ray.data import ActorPoolStrategy
 
     from pipeline.generator import Generator
     from pipeline.preprocess import Preprocessor
+    from pipeline.units import UnitDatasource
 
     storage = Storage.from_config(config.storage)
     context = ray.data.DataContext.get_current()
     context.retried_io_errors = [*context.retried_io_errors, *TRANSIENT_ERRORS]
-    paths = [f.split("://", 1)[-1] for f in inputs.files]
+    # A block is a whole unit from its read to its commit: Ray Data must not split it by size.
+    context.target_max_block_size = None
     resources = config.resources
-    ds = ray.data.read_parquet(paths, filesystem=storage.arrow_fs(inputs.files[0]), include_paths=True)
+    # One read task (one block) per unit, so no extra split either. Reads are I/O-bound.
+    ds = ray.data.read_datasource(UnitDatasource(units, storage), override_num_blocks=len(units), num_cpus=0.25)
     ds = ds.map_batches(
         Preprocessor,
         fn_constructor_kwargs=dict(
             tokenizer_path=config.model.tokenizer or config.model.path,
             max_model_len=config.engine.max_model_len,
             sampling=config.sampling.model_dump(),
-            text_columns=inputs.text_columns,
-            skip_digests=skip_digests,
         ),
         batch_format="pyarrow",
-        batch_size=resources.batch_size,
+        batch_size=None,
         compute=ActorPoolStrategy(size=resources.preprocess_concurrency),
         num_cpus=0.5,
     )
-    # One block per batch: a map task returns its output when its whole input block is done,
-    # so without this the driver (progress, acceptance guard) would hear of a file's batches
-    # only when the last of them commits.
-    ds = ds.repartition(target_num_rows_per_block=resources.batch_size)
     return ds.map_batches(
         Generator,
         fn_constructor_kwargs=dict(
@@ -138,39 +152,92 @@ def build_dataset(
             disabled_by_guard=disabled_by_guard,
         ),
         batch_format="pyarrow",
-        batch_size=resources.batch_size,
+        batch_size=None,
         compute=ActorPoolStrategy(
             size=resources.replicas,
-            max_tasks_in_flight_per_actor=resources.batches_in_flight,
-            max_concurrent_calls_per_actor=resources.batches_in_flight,  # the actor is async: they overlap in the engine
+            max_tasks_in_flight_per_actor=resources.units_in_flight,
+            max_concurrent_calls_per_actor=resources.units_in_flight,  # the actor is async: they overlap in the engine
         ),
         num_gpus=resources.gpus_per_replica,
         num_cpus=resources.cpus_per_replica,
-        # A dead actor (engine crash, preempted node) is restarted and its batches retried.
+        # A dead actor (engine crash, preempted node) is restarted and its units retried.
         max_restarts=config.retries.max_actor_restarts,
-        max_task_retries=config.retries.max_batch_retries,
+        max_task_retries=config.retries.max_unit_retries,
     )
 
 
 class ResultsChanged(ValueError):
-    """The output location holds results of a different model, drafter or sampling."""
+    """The output location holds results of a different model, drafter, sampling or input."""
+
+
+class LayoutMismatch(ValueError):
+    """The output location was written by another version of the output layout."""
+
+
+def results_decisive(config: JobConfig, target: ModelFingerprint, drafter: Optional[ModelFingerprint]) -> dict:
+    """What decides the generated text, and which rows make a unit: a resume must not mix
+    results of two settings."""
+    return {
+        "model": target.config_sha256,
+        "model files": target.files,
+        "drafter": drafter.config_sha256 if drafter else None,
+        "drafter files": drafter.files if drafter else None,
+        "sampling": config.sampling.model_dump(mode="json"),
+        "engine.max_model_len": config.engine.max_model_len,
+        "engine.dtype": config.engine.dtype,
+        "engine.seed": config.engine.seed,
+        "resources.rows_per_unit": config.resources.rows_per_unit,
+    }
 
 
 def results_fingerprint(config: JobConfig, target: ModelFingerprint, drafter: Optional[ModelFingerprint]) -> str:
-    """What decides the generated text: a resume must not mix results of two settings."""
-    decisive = {
-        "model": target.config_sha256,
-        "drafter": drafter.config_sha256 if drafter else None,
-        "sampling": config.sampling.model_dump(mode="json"),
-        "max_model_len": config.engine.max_model_len,
-        "dtype": config.engine.dtype,
-        "seed": config.engine.seed,
-    }
-    return hashlib.sha256(json.dumps(decisive, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(results_decisive(config, target, drafter), sort_keys=True).encode()).hexdigest()
+
+
+def _changes(before: dict, after: dict) -> list[str]:
+    """Human-readable differences of two `results_decisive` dicts, naming files and fields."""
+    changed = []
+    for key in after:
+        old, new = before.get(key), after[key]
+        if old == new:
+            continue
+        if isinstance(old, dict) and isinstance(new, dict):
+            names = sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
+            changed.append(f"{key}: " + ", ".join(names))
+        else:
+            changed.append(f"{key}: {old!r} -> {new!r}")
+    return changed
+
+
+def _refuse_changes(config: JobConfig, previous: JobManifest, target: ModelFingerprint, drafter: Optional[ModelFingerprint]) -> None:
+    now = results_decisive(config, target, drafter)
+    if previous.results_fingerprint == results_fingerprint(config, target, drafter):
+        return
+    before = results_decisive(JobConfig.model_validate(previous.config), previous.model, previous.drafter)
+    what = "; ".join(_changes(before, now)) or "the settings that decide the results"
+    raise ResultsChanged(
+        f"{config.output_uri} holds results of job {previous.job_id} made with other settings ({what}); resuming "
+        "would mix them. Use a new output_uri, or rerun with --restart to start over."
+    )
+
+
+def _refuse_changed_inputs(config: JobConfig, previous: JobManifest, inputs: InputReport) -> None:
+    """An input file rewritten in place would make new units beside the committed old ones."""
+    now = {f.uri: f for f in inputs.files}
+    changed = [
+        f"{f.uri} (size {f.size} -> {now[f.uri].size}, version {f.version} -> {now[f.uri].version})"
+        for f in previous.input_files
+        if f.uri in now and (f.size, f.version) != (now[f.uri].size, now[f.uri].version)
+    ]
+    if changed:
+        raise ResultsChanged(
+            f"input files changed since job {previous.job_id} started at {config.output_uri}: " + "; ".join(changed)
+            + ". Use a new output_uri, or rerun with --restart to start over."
+        )
 
 
 def totals_from_stats(stats, input_rows: int, wall_seconds: float) -> JobTotals:
-    """Totals over every committed batch (all attempts), from stats/ alone."""
+    """Totals over every committed unit (one stats row each)."""
     rows = stats.to_pylist() if stats.num_rows else []
     acceptance = sum(
         (Acceptance(r["num_drafts"], r["draft_tokens"], r["accepted_tokens"], r["accepted_per_position"]) for r in rows),
@@ -181,7 +248,7 @@ def totals_from_stats(stats, input_rows: int, wall_seconds: float) -> JobTotals:
         input_rows=input_rows,
         output_rows=sum(r["output_rows"] for r in rows),
         error_rows=sum(r["error_rows"] for r in rows),
-        batches=len(rows),
+        units=len(rows),
         prompt_tokens=sum(r["prompt_tokens"] for r in rows),
         generated_tokens=generated,
         **acceptance.summary(),
@@ -190,105 +257,151 @@ def totals_from_stats(stats, input_rows: int, wall_seconds: float) -> JobTotals:
     )
 
 
-def run_job(config: JobConfig, job_id: Optional[str] = None, progress: bool = True, restart: bool = False) -> JobManifest:
-    """Run, or resume, the job at `config.output_uri`. Ids already committed there are skipped;
-    a finished job reruns without starting an engine. `restart` wipes the location first."""
+def _previous_manifest(location: OutputLocation) -> Optional[JobManifest]:
+    if not location.has_manifest():
+        return None
+    doc = location.read_manifest()
+    layout = doc.get("layout_version", 1)
+    if layout != LAYOUT_VERSION:
+        raise LayoutMismatch(
+            f"{location.uri} was written by output layout {layout}; this specbatch writes layout {LAYOUT_VERSION} "
+            "and never mixes the two. Use a new output_uri, or rerun with --restart to start over."
+        )
+    return JobManifest.model_validate(doc)
+
+
+def run_job(
+    config: JobConfig, job_id: Optional[str] = None, progress: bool = True, restart: bool = False, take_over: bool = False
+) -> JobManifest:
+    """Run, or resume, the job at `config.output_uri`. Units already committed there are
+    skipped; a finished job reruns without starting an engine. `restart` wipes the location
+    first; `take_over` takes the lease of a run whose heartbeat is stale."""
     storage = Storage.from_config(config.storage)
     location = OutputLocation(storage, config.output_uri)
-    inputs = inspect_inputs(config.input_uri, storage)  # refuses bad input before any engine starts
+    previous = None if restart else _previous_manifest(location)
+    number = len(previous.attempts) + 1 if previous else 1
+    job_id = previous.job_id if previous else job_id or _new_job_id(config)
     target = model_fingerprint(config.model.path)
     drafter = model_fingerprint(config.speculative.drafter) if config.speculative.enabled else None
+    if previous:
+        _refuse_changes(config, previous, target, drafter)
+    inputs = inspect_inputs(config.input_uri, storage, previous.input_files if previous else None)
+    if previous:
+        _refuse_changed_inputs(config, previous, inputs)
     if config.speculative.enabled:  # a drafter of another target is refused before any engine starts
         drafter_report = check_drafter(config.model.path, config.speculative.drafter, config.speculative.checks_as_warnings)
         for warning in drafter_report.warnings:
             log.warning("drafter check downgraded to a warning: %s", warning)
-    fingerprint = results_fingerprint(config, target, drafter)
 
-    previous = None
-    if location.has_manifest():
+    lease = OutputLease(location, config.lease, job_id, number)
+    lease.acquire(take_over=take_over)
+    try:
         if restart:
             location.clear()
-        else:
-            previous = JobManifest.model_validate(location.read_manifest())
-            if previous.results_fingerprint != fingerprint:
-                raise ResultsChanged(
-                    f"{config.output_uri} holds results of job {previous.job_id} made with another model, drafter "
-                    "or sampling settings; resuming would mix them. Use a new output_uri, or restart to start over."
-                )
-    done = location.committed_id_digests()
-    skipped = int(np.isin(inputs.id_digests, done).sum())
-    attempt = Attempt(
-        number=len(previous.attempts) + 1 if previous else 1, started_at=_now(), status="running", skipped_rows=skipped
-    )
-    manifest = JobManifest(
-        job_id=previous.job_id if previous else job_id or _new_job_id(config),
-        status="running",
-        started_at=previous.started_at if previous else attempt.started_at,
-        config=config.redacted(),
-        results_fingerprint=fingerprint,
-        versions=versions(),
-        model=target,
-        drafter=drafter,
-        accelerator=config.resources.accelerator,
-        input_files=inputs.files,
-        totals=previous.totals if previous else JobTotals(input_rows=inputs.rows),
-        attempts=[*(previous.attempts if previous else []), attempt],
-        guard_events=previous.guard_events if previous else [],
-    )
-    location.write_manifest(manifest.model_dump(mode="json"))
-    started = time.time()
+        units = plan_units(inputs.files, config.resources.rows_per_unit)
+        committed = location.committed_units()
+        todo = [u for u in units if u.unit_id not in committed]
+        attempt = Attempt(
+            number=number,
+            started_at=_now(),
+            status="running",
+            skipped_rows=sum(u.rows for u in units) - sum(u.rows for u in todo),
+            units_planned=len(units),
+            units_skipped=len(units) - len(todo),
+            footers_read=inputs.footers_read,
+        )
+        manifest = JobManifest(
+            layout_version=LAYOUT_VERSION,
+            job_id=job_id,
+            status="running",
+            started_at=previous.started_at if previous else attempt.started_at,
+            config=config.redacted(),
+            results_fingerprint=results_fingerprint(config, target, drafter),
+            versions=versions(),
+            model=target,
+            drafter=drafter,
+            accelerator=config.resources.accelerator,
+            input_files=inputs.files,
+            totals=previous.totals if previous else JobTotals(input_rows=inputs.rows),
+            attempts=[*(previous.attempts if previous else []), attempt],
+            guard_events=previous.guard_events if previous else [],
+        )
+        location.write_manifest(manifest.model_dump(mode="json"))
+        _run_attempt(config, inputs, units, todo, location, manifest, previous, target, drafter, progress)
+    finally:
+        lease.release()
+    return manifest
+
+
+def _run_attempt(config, inputs, units, todo, location, manifest, previous, target, drafter, progress) -> None:
+    attempt, started = manifest.attempts[-1], time.time()
+    heard: dict[str, dict] = {}  # unit -> its stats row, for units this attempt committed
     try:
-        if skipped < inputs.rows:
+        if todo:
             _ray_init()
-            _generate(config, inputs, location, manifest, model_id(target), model_id(drafter) if drafter else None, progress, done)
-        location.compact(config.output_rows_per_file)
+            _generate(config, todo, location, manifest, model_id(target), model_id(drafter) if drafter else None, progress, heard)
+        committed = location.committed_units()
+        missing = [u.unit_id for u in units if u.unit_id not in committed]
+        if missing:
+            raise RuntimeError(f"{len(missing)} of {len(units)} units were not committed (e.g. {missing[0]}); rerun to finish them")
         attempt.status = manifest.status = "succeeded"
     except BaseException as exc:
         attempt.status = manifest.status = "failed"
         attempt.error = manifest.error = f"{type(exc).__name__}: {exc}"
         raise
     finally:
+        committed = location.committed_units()
+        clean = previous is not None and previous.status == "succeeded" and not todo
+        if clean:  # a rerun of a finished job: nothing to tidy, nothing new to count
+            stats = location.stats_table(committed)
+        else:  # files of commits that never finished or were superseded; this attempt's stats file
+            location.cleanup()
+            stats = location.write_stats(attempt.number, list(heard.values()), committed)
         attempt.wall_seconds, attempt.ended_at = time.time() - started, _now()
         manifest.ended_at = attempt.ended_at
         wall = sum(a.wall_seconds for a in manifest.attempts)
-        manifest.totals = totals_from_stats(location.read_table("stats"), inputs.rows, wall)
+        manifest.totals = totals_from_stats(stats, inputs.rows, wall)
         location.write_manifest(manifest.model_dump(mode="json"))
-    return manifest
 
 
 def _generate(
     config: JobConfig,
-    inputs: InputReport,
+    todo: list[WorkUnit],
     location: OutputLocation,
     manifest: JobManifest,
     model: str,
     drafter: Optional[str],
     progress: bool,
-    done: np.ndarray,
+    heard: dict[str, dict],
 ) -> None:
-    """Run the Ray Data graph over the ids not committed yet, feeding every stats row to the
+    """Run the Ray Data graph over the units not committed yet, feeding every stats row to the
     acceptance guard. When the guard disables speculation, the graph is shut down (leaving
-    the loop kills its actors and their engines) and rebuilt without the drafter."""
+    the loop kills its actors and their engines) and rebuilt without the drafter over the
+    units still not committed."""
     attempt, guard_config = manifest.attempts[-1], config.speculative.guard
     # An earlier attempt's guard turned speculation off: a resume keeps it off.
     disabled = any(e.action == "disable-speculation" for e in manifest.guard_events)
     guard = AcceptanceGuard(guard_config, attempt.number) if guard_config and drafter and not disabled else None
-    started, tokens = time.time(), 0
+    total_rows = sum(u.rows for u in todo) + attempt.skipped_rows
+    started = flushed = time.time()
+    tokens = 0
     while True:
         if disabled:
             config, drafter, guard = _without_speculation(config), None, None
-        committed = int(np.isin(inputs.id_digests, done).sum())
-        # Also counts batches the stopped engines committed after their stats row could reach us.
-        attempt.processed_rows = committed - attempt.skipped_rows
-        if committed == inputs.rows:
+        if not todo:
             return
-        dataset = build_dataset(config, inputs, done, model, drafter, manifest.job_id, disabled)
+        dataset = build_dataset(config, todo, model, drafter, manifest.job_id, disabled)
         for stats in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
             rows = stats.to_pylist()
-            attempt.processed_rows += sum(r["rows"] for r in rows)
+            for row in rows:
+                heard[row["unit_id"]] = row
+            attempt.processed_rows = sum(r["rows"] for r in heard.values())
             tokens += sum(r["generated_tokens"] for r in rows)
             if progress:
-                _print_progress(attempt.skipped_rows + attempt.processed_rows, inputs.rows, tokens, time.time() - started)
+                _print_progress(attempt.skipped_rows + attempt.processed_rows, total_rows, tokens, time.time() - started)
+            if time.time() - flushed > STATS_FLUSH_SECONDS:
+                location.write_stats(attempt.number, list(heard.values()))
+                flushed = time.time()
             events = [event for event in map(guard.observe, rows) if event] if guard else []
             for event in events:
                 _apply_guard_event(event, manifest, location)
@@ -297,7 +410,8 @@ def _generate(
                 break
         else:
             return
-        done = location.committed_id_digests()  # what the stopped engines committed
+        committed = location.committed_units()  # what the stopped engines committed
+        todo = [u for u in todo if u.unit_id not in committed]
 
 
 def _apply_guard_event(event: GuardEvent, manifest: JobManifest, location: OutputLocation) -> None:

@@ -49,7 +49,7 @@ SAMPLING_OVERRIDE_COLUMNS = ("max_tokens", "temperature", "top_p", "seed")
 
 
 class OutputRow(Contract):
-    """One row per successfully generated input id."""
+    """One row per successfully generated input row."""
 
     id: str
     text: str
@@ -62,7 +62,9 @@ class OutputRow(Contract):
     mean_acceptance_length: float = Field(description="1 + accepted / drafts (1.0 without speculation).")
     model: str
     drafter: Optional[str] = None
-    batch_id: str
+    source: str = Field(description="The input file the row came from.")
+    row: int = Field(description="The row's position in its input file (0-based).")
+    unit_id: str = Field(description="The work unit that generated it (outputs/<unit_id>.<token>.parquet).")
     metadata: Any = None
 
 
@@ -70,23 +72,25 @@ ErrorStage = Literal["input", "validate", "generate"]
 
 
 class ErrorRow(Contract):
-    """One row per input id that produced no output, with the reason."""
+    """One row per input row that produced no output, with the reason."""
 
-    id: str
+    id: str = Field(description="The row's id ('' when the id itself is blank).")
     source: str = Field(description="The input file the row came from.")
+    row: int = Field(description="The row's position in its input file (0-based).")
     stage: ErrorStage
     error_kind: str
     field: Optional[str] = Field(default=None, description="The input column at fault, if any.")
     message: str
-    batch_id: str
+    unit_id: str
 
 
-class BatchStats(Contract):
-    """One row per batch, exact even when batches overlap inside one engine: summed from
-    vLLM's per-request speculative-decoding metrics of this batch's requests only."""
+class UnitStats(Contract):
+    """One row per committed work unit, exact even when units overlap inside one engine:
+    summed from vLLM's per-request speculative-decoding metrics of this unit's requests only."""
 
-    batch_id: str
-    sources: list[str]
+    unit_id: str
+    source: str = Field(description="The input file of the unit.")
+    first_row: int = Field(description="The unit covers rows [first_row, first_row + rows) of its file.")
     actor_id: str
     node_id: str
     rows: int
@@ -94,8 +98,8 @@ class BatchStats(Contract):
     error_rows: int
     prompt_tokens: int
     generated_tokens: int
-    started_at: float = Field(description="Unix time the batch entered the engine.")
-    wall_seconds: float = Field(description="From the batch entering the actor to its commit.")
+    started_at: float = Field(description="Unix time the unit entered the engine.")
+    wall_seconds: float = Field(description="From the unit entering the actor to its commit.")
     engine_seconds: float = Field(description="From the first request submitted to the last finished.")
     tokens_per_second: float = Field(description="generated_tokens / engine_seconds.")
     speculative: bool
@@ -107,8 +111,20 @@ class BatchStats(Contract):
     mean_acceptance_length: Optional[float] = Field(description="1 + accepted / drafts; null without drafts.")
     accepted_per_position: list[int] = Field(description="Drafts whose position i (0-based) was accepted.")
     speculation_disabled_by_guard: bool = Field(
-        False, description="The job config asked for speculation and the acceptance guard turned it off before this batch."
+        False, description="The job config asked for speculation and the acceptance guard turned it off before this unit."
     )
+    commit_token: str = Field("", description="Names the commit's files; the unit's marker names the visible one.")
+
+
+class CommitMarker(Contract):
+    """_commits/<unit_id>.json, written after the unit's files: the unit is done, and these
+    files (and no others) hold its rows. A file no marker names is invisible."""
+
+    unit_id: str
+    token: str = Field(description="Unique per commit; part of each file name.")
+    files: dict[str, str] = Field(description="Table (outputs, errors) -> path relative to the output location.")
+    rows: dict[str, int] = Field(description="Table -> rows in its file.")
+    stats: UnitStats
 
 
 # ---------------------------------------------------------------- _job.json
@@ -126,13 +142,39 @@ class ModelFingerprint(Contract):
     path: str
     config_sha256: str
     architectures: list[str]
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        description="Weight, index and tokenizer files -> 'size:mtime_ns': a model changed in place is refused on resume.",
+    )
+
+
+class InputFile(Contract):
+    """One input file as the job's check found it; the file's identity is (uri, size, version)."""
+
+    uri: str
+    size: int
+    version: str = Field(description="ETag on object stores, mtime on local disks.")
+    rows: int
+    text_column: Literal["prompt", "messages"]
+    metadata_type: Optional[str] = None
+
+
+class Lease(Contract):
+    """_lease.json: the run that owns the output location, renewed every heartbeat."""
+
+    owner: str = Field(description="host, process id and a token of the run")
+    job_id: str
+    attempt: int
+    acquired_at: str
+    heartbeat_at: float = Field(description="Unix time of the last renewal.")
+    stale_after_seconds: float
 
 
 class JobTotals(Contract):
     input_rows: int = 0
     output_rows: int = 0
     error_rows: int = 0
-    batches: int = 0
+    units: int = 0
     prompt_tokens: int = 0
     generated_tokens: int = 0
     num_drafts: int = 0
@@ -154,7 +196,10 @@ class Attempt(Contract):
     started_at: str
     ended_at: Optional[str] = None
     status: JobStatus
-    skipped_rows: int = Field(description="Input ids already committed by earlier attempts.")
+    skipped_rows: int = Field(description="Input rows in units committed by earlier attempts.")
+    units_planned: int = Field(0, description="Work units of the input.")
+    units_skipped: int = Field(0, description="Units committed before this attempt started.")
+    footers_read: int = Field(0, description="Input footers this attempt read (the others were recorded earlier).")
     processed_rows: int = 0
     wall_seconds: float = 0.0
     error: Optional[str] = None
@@ -170,13 +215,17 @@ class GuardEvent(Contract):
     attempt: int = Field(description="The attempt it happened in.")
     action: GuardAction
     metric: Literal["acceptance_rate", "mean_acceptance_length"]
-    value: float = Field(description="The metric over the window, pooled over its batches' draft tokens.")
+    value: float = Field(description="The metric over the window, pooled over its units' draft tokens.")
     floor: float
-    batch_ids: list[str] = Field(description="The window: the last batches that drafted, oldest first.")
+    unit_ids: list[str] = Field(description="The window: the last units that drafted, oldest first.")
     message: str
 
 
+LAYOUT_VERSION = 2  # 1: per-batch files named by id hashes; 2: work units by input position
+
+
 class JobManifest(Contract):
+    layout_version: int = Field(1, description="Output layout; a location of another layout is refused, never mixed.")
     job_id: str
     status: JobStatus
     started_at: str
@@ -188,7 +237,7 @@ class JobManifest(Contract):
     model: ModelFingerprint
     drafter: Optional[ModelFingerprint] = None
     accelerator: str = Field(description="What the replicas ran on, e.g. 'cpu' or 'nvidia-a100'.")
-    input_files: list[str]
+    input_files: list[InputFile]
     totals: JobTotals = Field(description="Over everything committed at the output location, all attempts.")
     attempts: list[Attempt] = Field(default_factory=list)
     guard_events: list[GuardEvent] = Field(default_factory=list, description="What the acceptance guard saw and did.")
@@ -198,9 +247,9 @@ TABLES: dict[str, type[Contract]] = {
     "prompt_row": PromptRow,
     "output_row": OutputRow,
     "error_row": ErrorRow,
-    "batch_stats": BatchStats,
+    "unit_stats": UnitStats,
 }
-DOCUMENTS: dict[str, type[Contract]] = {"job_manifest": JobManifest}
+DOCUMENTS: dict[str, type[Contract]] = {"job_manifest": JobManifest, "commit_marker": CommitMarker, "lease": Lease}
 
 
 # ---------------------------------------------------------------- Arrow schemas from the models

@@ -104,7 +104,7 @@ def job_config(input_uri: str, output_uri: str, kit: dict, **overrides) -> dict:
         "speculative": {"enabled": True, "drafter": kit["drafter"], "num_speculative_tokens": 3},
         "engine": {"dtype": "float32", "max_model_len": 256, "max_num_seqs": 32, "enforce_eager": True},
         "sampling": {"max_tokens": 16, "temperature": 0.0},
-        "resources": {"replicas": 1, "batch_size": 16, "batches_in_flight": 2},
+        "resources": {"replicas": 1, "rows_per_unit": 16, "units_in_flight": 2},
     }
     for key, value in overrides.items():
         if isinstance(value, dict):

@@ -1,0 +1,130 @@
+"""Work units: fixed row ranges of the input files, planned from footers alone.
+
+A unit is (file, first row, row count), at most `resources.rows_per_unit` rows, and its id is
+derived from the file's identity (URI, size, version) and the range: the same input always
+gives the same units, whatever the run, its block boundaries or its replicas. A unit is what
+one engine actor generates and commits at once, and what a resume skips.
+
+`UnitDatasource` is a Ray Data datasource with one read task per unit: each task reads only
+the row groups that hold its range, so Ray Data's streaming and backpressure are kept and a
+committed unit is never read from the input again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ray.data import Datasource
+
+from pipeline.inputs import short_name
+from pipeline.storage import Storage
+from schemas import InputFile
+
+# The columns every unit's block has, whatever its file's columns; missing ones are nulls.
+UNIT_COLUMNS = [
+    pa.field("id", pa.string()),
+    pa.field("prompt", pa.string()),
+    pa.field("messages", pa.list_(pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())]))),
+    pa.field("max_tokens", pa.int64()),
+    pa.field("temperature", pa.float64()),
+    pa.field("top_p", pa.float64()),
+    pa.field("seed", pa.int64()),
+]
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    unit_id: str
+    source: str
+    size: int  # of the file: ranged reads need no HEAD request
+    first_row: int
+    rows: int
+    text_column: str
+
+
+def unit_id_for(file: InputFile, first_row: int, rows: int) -> str:
+    identity = f"{file.uri}\0{file.size}\0{file.version}\0{first_row}\0{rows}"
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    return f"{short_name(file.uri)}-r{first_row:010d}-{digest}"
+
+
+def plan_units(files: Iterable[InputFile], rows_per_unit: int) -> list[WorkUnit]:
+    return [
+        WorkUnit(unit_id_for(f, start, min(rows_per_unit, f.rows - start)), f.uri, f.size, start,
+                 min(rows_per_unit, f.rows - start), f.text_column)
+        for f in files
+        for start in range(0, f.rows, rows_per_unit)
+    ]
+
+
+def read_unit(storage: Storage, unit: WorkUnit) -> pa.Table:
+    """The unit's rows, read from the row groups that hold them, in the common unit layout:
+    UNIT_COLUMNS, metadata (if the file has it), and where each row came from."""
+    with storage.open_ranged(unit.source, size=unit.size) as f:
+        parquet = pq.ParquetFile(f)
+        groups, group_start, offset = [], 0, None
+        for i in range(parquet.metadata.num_row_groups):
+            n = parquet.metadata.row_group(i).num_rows
+            if group_start + n > unit.first_row and group_start < unit.first_row + unit.rows:
+                groups.append(i)
+                offset = group_start if offset is None else offset
+            group_start += n
+        names = parquet.schema_arrow.names
+        wanted = [c for c in (*(f.name for f in UNIT_COLUMNS), "metadata") if c in names]
+        table = parquet.read_row_groups(groups, columns=wanted).slice(unit.first_row - (offset or 0), unit.rows)
+    if table.num_rows != unit.rows:
+        raise IOError(f"{unit.source}: unit {unit.unit_id} expected {unit.rows} rows from row {unit.first_row}, read {table.num_rows}")
+    columns = {}
+    for field in UNIT_COLUMNS:
+        columns[field.name] = table.column(field.name).cast(field.type) if field.name in names else pa.nulls(unit.rows, field.type)
+    columns["metadata"] = table.column("metadata") if "metadata" in names else pa.nulls(unit.rows)
+    n = unit.rows
+    columns.update(
+        source=pa.array([unit.source] * n, pa.string()),
+        row=pa.array(range(unit.first_row, unit.first_row + n), pa.int64()),
+        text_column=pa.array([unit.text_column] * n, pa.string()),
+        unit_id=pa.array([unit.unit_id] * n, pa.string()),
+        unit_rows=pa.array([n] * n, pa.int64()),
+    )
+    return pa.table(columns)
+
+
+def unit_of(batch: pa.Table) -> tuple[str, str, int]:
+    """(unit id, source, first row) of a block that must hold exactly one whole unit; a block
+    that holds part of a unit, or two, is refused (committing it would lose or mix rows)."""
+    units = batch.column("unit_id").unique().to_pylist()
+    expected = batch.column("unit_rows")[0].as_py() if batch.num_rows else 0
+    if len(units) != 1 or batch.num_rows != expected:
+        raise RuntimeError(f"a block holds {batch.num_rows} rows of units {units[:3]}, expected one whole unit of {expected}")
+    return units[0], batch.column("source")[0].as_py(), min(batch.column("row").to_pylist())
+
+
+class UnitDatasource(Datasource):
+    """One read task per unit, in plan order."""
+
+    def __init__(self, units: list[WorkUnit], storage: Storage):
+        self.units, self.storage = units, storage
+
+    def estimate_inmemory_data_size(self) -> Optional[int]:
+        return None
+
+    def get_read_tasks(self, parallelism: int, per_task_row_limit=None, data_context=None) -> list:
+        from ray.data.block import BlockMetadata
+        from ray.data.datasource import ReadTask
+
+        storage = self.storage
+        return [
+            ReadTask(
+                lambda unit=unit: [read_unit(storage, unit)],
+                BlockMetadata(num_rows=unit.rows, size_bytes=None, input_files=[unit.source], exec_stats=None),
+            )
+            for unit in self.units
+        ]
+
+    def get_name(self) -> str:
+        return "WorkUnits"
