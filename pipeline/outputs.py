@@ -152,14 +152,14 @@ class OutputLocation:
 
     # ------------------------------------------------------------------ cleanup
 
-    def cleanup(self) -> int:
+    def cleanup(self, committed: Optional[set[str]] = None) -> int:
         """Delete files no marker names: a commit that died before its marker, or the files of
         an earlier commit of a unit committed again. Listings tell almost all of it: a unit
         with a marker and files of one token is clean (a commit writes its files before its
         marker, and every unit has at least one row), so only units with files of several
         tokens need their marker read. Run only while the lease is held and no engine
         commits (the end of an attempt). Returns how many files were deleted, in bulk."""
-        committed = self.committed_units()
+        committed = self.committed_units() if committed is None else committed
         tokens: dict[str, dict[str, list[str]]] = {}
         for name in ROW_TABLES:
             for uri in self.storage.list_files(self.path(name), ".parquet"):

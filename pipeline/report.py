@@ -122,8 +122,8 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
         gpus_per_replica=units,
         speculative=speculative,
         num_speculative_tokens=int(spec.get("num_speculative_tokens", 0)) if speculative else 0,
-        batches=len(stats),
-        speculative_batches=sum(1 for r in stats if r["speculative"]),
+        units=len(stats),
+        speculative_units=sum(1 for r in stats if r["speculative"]),
         input_rows=m.totals.input_rows,
         output_rows=sum(r["output_rows"] for r in stats),
         failed_rows=sum(r["error_rows"] for r in stats),
@@ -171,7 +171,7 @@ def speculation_comparisons(jobs: Sequence[JobFigures]) -> list[SpeculationCompa
     tokens against the pooled cost of the jobs with speculation off."""
     groups: dict[tuple[str, str], list[JobFigures]] = defaultdict(list)
     for job in jobs:
-        ran_as_configured = job.speculative_batches == (job.batches if job.speculative else 0)
+        ran_as_configured = job.speculative_units == (job.units if job.speculative else 0)
         if job.cost is not None and job.generated_tokens and ran_as_configured:
             groups[(job.model_sha256, job.accelerator)].append(job)
     comparisons = []
@@ -209,12 +209,12 @@ def build_report(jobs: Sequence[JobData], prices: Prices) -> CostReport:
         if f.price_per_gpu_hour is None:
             warnings.append(f"{f.job_id}: " + prices.missing_price_message(f.accelerator, job.manifest.config.get("resources", {}).get("gpus_per_replica", 0)))
         if f.status != "succeeded":
-            warnings.append(f"{f.job_id}: status {f.status!r}; figures cover the batches committed so far")
+            warnings.append(f"{f.job_id}: status {f.status!r}; figures cover the units committed so far")
         if not job.stats:
             warnings.append(f"{f.job_id}: no committed stats rows")
-        if f.speculative and f.speculative_batches < f.batches:
+        if f.speculative and f.speculative_units < f.units:
             warnings.append(
-                f"{f.job_id}: the drafter ran for {f.speculative_batches} of {f.batches} batches (turned off by the "
+                f"{f.job_id}: the drafter ran for {f.speculative_units} of {f.units} units (turned off by the "
                 "acceptance guard); left out of the speculation on/off comparison"
             )
     return CostReport(
@@ -291,7 +291,7 @@ def tables(report: CostReport) -> dict[str, Table]:
 
 DEFINITIONS = [
     "GPU-hours: replicas x GPUs per replica x the job's wall time (what is billed); for CPU-only runs, one node per replica.",
-    "Busy GPU-hours: per engine actor, the union of its batches' engine intervals (batches overlap), times GPUs per replica.",
+    "Busy GPU-hours: per engine actor, the union of its units' engine intervals (units overlap), times GPUs per replica.",
     "Cost: GPU-hours x the price per GPU-hour of the job's accelerator kind.",
     "Acceptance rate: accepted / draft tokens. Mean acceptance length: 1 + accepted / drafts. Position i: share of drafts whose i-th token was accepted.",
     "Speculation on vs off: jobs on the same target model and accelerator kind, pooled per side; a negative saving means speculation cost money.",
@@ -320,7 +320,7 @@ MAX_POINTS_PER_SERIES = 2000
 
 
 def _thin(rows: Sequence[dict[str, Any]]) -> Sequence[dict[str, Any]]:
-    """Every n-th batch, so that a job of many thousand batches keeps the page light."""
+    """Every n-th unit, so that a job of many thousand units keeps the page light."""
     step = -(-len(rows) // MAX_POINTS_PER_SERIES)
     return rows[::step]
 
@@ -336,11 +336,11 @@ def report_plots(report: CostReport, jobs: Sequence[JobData]) -> list[str]:
     )
     throughput = plots.line_chart(
         "throughput",
-        "Tokens/s per batch over time",
+        "Tokens/s per unit over time",
         [(job.manifest.job_id, [(r["started_at"] - job.stats[0]["started_at"], r["tokens_per_second"]) for r in _thin(job.stats)])
          for job in jobs if job.stats],
-        "seconds since the job's first batch",
-        "generated tokens/s (batch)",
+        "seconds since the job's first unit",
+        "generated tokens/s (unit)",
     )
     cost = plots.bar_chart(
         "cost",

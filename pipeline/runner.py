@@ -327,20 +327,20 @@ def run_job(
             guard_events=previous.guard_events if previous else [],
         )
         location.write_manifest(manifest.model_dump(mode="json"))
-        _run_attempt(config, inputs, units, todo, location, manifest, previous, target, drafter, progress)
+        _run_attempt(config, inputs, units, todo, committed, location, manifest, previous, target, drafter, progress)
     finally:
         lease.release()
     return manifest
 
 
-def _run_attempt(config, inputs, units, todo, location, manifest, previous, target, drafter, progress) -> None:
+def _run_attempt(config, inputs, units, todo, committed, location, manifest, previous, target, drafter, progress) -> None:
     attempt, started = manifest.attempts[-1], time.time()
     heard: dict[str, dict] = {}  # unit -> its stats row, for units this attempt committed
     try:
         if todo:
             _ray_init()
             _generate(config, todo, location, manifest, model_id(target), model_id(drafter) if drafter else None, progress, heard)
-        committed = location.committed_units()
+            committed = location.committed_units()
         missing = [u.unit_id for u in units if u.unit_id not in committed]
         if missing:
             raise RuntimeError(f"{len(missing)} of {len(units)} units were not committed (e.g. {missing[0]}); rerun to finish them")
@@ -350,12 +350,13 @@ def _run_attempt(config, inputs, units, todo, location, manifest, previous, targ
         attempt.error = manifest.error = f"{type(exc).__name__}: {exc}"
         raise
     finally:
-        committed = location.committed_units()
+        if todo:  # what the engines committed, also when this attempt failed
+            committed = location.committed_units()
         clean = previous is not None and previous.status == "succeeded" and not todo
         if clean:  # a rerun of a finished job: nothing to tidy, nothing new to count
             stats = location.stats_table(committed)
         else:  # files of commits that never finished or were superseded; this attempt's stats file
-            location.cleanup()
+            location.cleanup(committed)
             stats = location.write_stats(attempt.number, list(heard.values()), committed)
         attempt.wall_seconds, attempt.ended_at = time.time() - started, _now()
         manifest.ended_at = attempt.ended_at

@@ -35,9 +35,9 @@ class JobFigures(Contract):
     gpus_per_replica: float = Field(description="Billed units per replica: GPUs, or 1 node for CPU-only replicas.")
     speculative: bool = Field(description="The job's config asked for speculation.")
     num_speculative_tokens: int = Field(description="Draft depth; 0 with speculation off.")
-    batches: int
-    speculative_batches: int = Field(
-        description="Batches that ran with the drafter; fewer than `batches` when the acceptance guard turned it off."
+    units: int
+    speculative_units: int = Field(
+        description="Units that ran with the drafter; fewer than `units` when the acceptance guard turned it off."
     )
     input_rows: int
     output_rows: int
@@ -45,7 +45,7 @@ class JobFigures(Contract):
     prompt_tokens: int
     generated_tokens: int
     wall_seconds: float = Field(description="The job's wall time (_job.json totals.wall_seconds).")
-    busy_seconds: float = Field(description="Engine-busy time summed over actors (union of each actor's batch intervals).")
+    busy_seconds: float = Field(description="Engine-busy time summed over actors (union of each actor's unit intervals).")
     gpu_hours: float = Field(description="replicas x gpus_per_replica x wall time, in hours: what is billed.")
     busy_gpu_hours: float = Field(description="gpus_per_replica x busy time, in hours.")
     utilization: Optional[float] = Field(description="busy_gpu_hours / gpu_hours.")
@@ -82,7 +82,7 @@ class ReportTotals(Contract):
 
 class SpeculationComparison(Contract):
     """Jobs on the same target model and accelerator kind, one depth against speculation off:
-    cost per million generated tokens pooled over the jobs of each side. Jobs whose batches ran
+    cost per million generated tokens pooled over the jobs of each side. Jobs whose units ran
     partly with and partly without the drafter (acceptance guard) are left out."""
 
     model: str

@@ -11,7 +11,7 @@ from pipeline.config import ConfigError, load_config, parse_config
 from pipeline.inputs import InputError, inspect_inputs
 from pipeline.stats import Acceptance
 from pipeline.storage import Storage
-from schemas import BatchStats, OutputRow, arrow_schema
+from schemas import UnitStats, OutputRow, arrow_schema
 from schemas.export import JSON_DIR, json_schemas
 from tests.conftest import job_config
 
@@ -24,7 +24,7 @@ def test_exported_json_schemas_match_the_code():
 
 
 def test_arrow_schema_is_derived_from_the_model():
-    schema = arrow_schema(BatchStats)
+    schema = arrow_schema(UnitStats)
     assert schema.field("accepted_per_position").type == pa.list_(pa.int64())
     assert schema.field("acceptance_rate").nullable and not schema.field("rows").nullable
     assert "metadata" not in arrow_schema(OutputRow).names
@@ -89,21 +89,50 @@ def test_corrupt_parquet_names_the_file(tmp_path):
         ({"id": ["a"], "prompt": [3]}, r"column 'prompt' has type int64"),
         ({"id": ["a"], "prompt": ["x"], "max_tokens": ["ten"]}, r"column 'max_tokens' has type string"),
         ({"id": ["a"], "messages": [["hi"]]}, r"column 'messages' has type list<element: string>"),
-        ({"id": ["a", None], "prompt": ["x", "y"]}, r"column 'id' is null or empty at rows \[1\]"),
+        ({"id": ["a", None], "prompt": ["x", "y"]}, r"column 'id' has 1 null values in rows 0-1 \(row group 0\)"),
+        ({"id": ["a", ""], "prompt": ["x", "y"]}, r"column 'id' has empty values in rows 0-1 \(row group 0\)"),
     ],
 )
 def test_job_level_refusals_name_file_and_column(tmp_path, columns, expected):
     _write(tmp_path / "in" / "shard.parquet", columns)
-    with pytest.raises(InputError, match=r"shard\.parquet: " + expected if "rows" not in expected else expected) as err:
+    with pytest.raises(InputError, match=r"shard\.parquet: " + expected) as err:
         inspect_inputs(str(tmp_path / "in"), Storage())
     assert "shard.parquet" in str(err.value)
 
 
-def test_duplicate_ids_across_files_name_ids_and_files(tmp_path):
-    _write(tmp_path / "in" / "a.parquet", {"id": ["x1", "x2", "x3"], "prompt": ["a", "b", "c"]})
-    _write(tmp_path / "in" / "b.parquet", {"id": ["x4", "x2"], "prompt": ["d", "e"]})
-    with pytest.raises(InputError, match=r"duplicate ids: 1 ids, e\.g\. 'x2' in .*a\.parquet, .*b\.parquet"):
-        inspect_inputs(str(tmp_path / "in"), Storage())
+def test_footers_of_known_files_are_not_read_again(tmp_path):
+    """A rerun takes files whose (uri, size, version) it recorded from _job.json; a file
+    rewritten in place is read again."""
+    _write(tmp_path / "in" / "a.parquet", {"id": ["x1", "x2"], "prompt": ["a", "b"]})
+    _write(tmp_path / "in" / "b.parquet", {"id": ["y1"], "prompt": ["c"]})
+    first = inspect_inputs(str(tmp_path / "in"), Storage())
+    assert first.footers_read == 2 and [f.rows for f in first.files] == [2, 1]
+    again = inspect_inputs(str(tmp_path / "in"), Storage(), known=first.files)
+    assert again.footers_read == 0 and again.files == first.files
+    _write(tmp_path / "in" / "b.parquet", {"id": ["y1", "y2", "y3"], "prompt": ["c", "d", "e"]})
+    changed = inspect_inputs(str(tmp_path / "in"), Storage(), known=first.files)
+    assert changed.footers_read == 1 and [f.rows for f in changed.files] == [2, 3]
+
+
+def test_rows_a_footer_cannot_check_become_row_errors():
+    """Blank ids and ids repeated within a unit: row errors naming the row and the field."""
+    from pipeline.preprocess import Preprocessor
+    from pipeline.tinykit import kit_paths
+
+    pre = Preprocessor(kit_paths()["target"], 256, {})
+    rows = {"id": ["a", "  ", "a", "b"], "prompt": ["x = 1"] * 4}
+    n = len(rows["id"])
+    unit = pa.table({
+        **rows, "messages": pa.nulls(n), "max_tokens": pa.nulls(n, pa.int64()), "temperature": pa.nulls(n, pa.float64()),
+        "top_p": pa.nulls(n, pa.float64()), "seed": pa.nulls(n, pa.int64()), "metadata": pa.nulls(n),
+        "source": ["f.parquet"] * n, "row": [10, 11, 12, 13], "text_column": ["prompt"] * n, "unit_id": ["u"] * n,
+        "unit_rows": [n] * n,
+    })
+    out = pre(unit).to_pylist()
+    assert [(r["id"], r["error_kind"], r["error_field"]) for r in out] == [
+        ("a", None, None), ("  ", "invalid_id", "id"), ("a", "duplicate_id", "id"), ("b", None, None)
+    ]
+    assert "row 10" in out[2]["error_message"] and out[0]["prompt_token_ids"]
 
 
 def test_good_input_report(tmp_path):

@@ -104,14 +104,42 @@ def test_every_input_id_lands_exactly_once(s3_run):
     assert manifest.totals.error_rows == len(BAD_ROWS)
 
 
-def test_bad_rows_carry_file_field_and_reason(s3_run):
-    _, _, location = s3_run
+def test_bad_rows_carry_file_row_field_and_reason(s3_run):
+    ids, _, location = s3_run
     for row in location.read_table("errors").to_pylist():
         kind, field = BAD_ROWS[row["id"]]
         assert (row["error_kind"], row["field"], row["stage"]) == (kind, field, "validate"), row
         shard = "prompts-001" if row["id"].startswith("bad-chat") else "prompts-000"
         assert row["source"] == f"s3://specbatch/mixed/{shard}.parquet"
+        shard_ids = [i for i in ids if i.startswith("bad-chat") or i.startswith("c-")] if shard == "prompts-001" else [
+            i for i in ids if not (i.startswith("bad-chat") or i.startswith("c-"))
+        ]
+        assert shard_ids[row["row"]] == row["id"]  # the row's position in its file
         assert row["message"]
+
+
+def test_a_rerun_reads_no_output_file_and_no_input_footer(s3_run, s3_endpoint, trained_kit, monkeypatch):
+    """A finished job rerun: the listings, its own documents and stats, nothing else. Every
+    S3 request s3fs sends is recorded at its one entry point."""
+    import s3fs
+
+    _, manifest, location = s3_run
+    calls = []
+    original = s3fs.S3FileSystem._call_s3
+
+    async def recording(self, method, *args, **kwargs):
+        calls.append((method, kwargs.get("Key") or kwargs.get("Prefix") or ""))
+        return await original(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", recording)
+    config = parse_config(
+        job_config("s3://specbatch/mixed/", "s3://specbatch/out-mixed/", trained_kit, storage={"endpoint_url": s3_endpoint})
+    )
+    rerun = run_job(config, progress=False)
+    assert rerun.attempts[-1].units_skipped == rerun.attempts[-1].units_planned == manifest.attempts[-1].units_planned
+    assert rerun.attempts[-1].footers_read == 0 and rerun.totals.output_rows == manifest.totals.output_rows
+    read = [key for method, key in calls if method == "get_object"]
+    assert not [k for k in read if "/outputs/" in k or "/errors/" in k or "/_commits/" in k or "mixed/prompts" in k], read
 
 
 def test_outputs_follow_contract_and_pass_metadata_through(s3_run):
@@ -121,6 +149,7 @@ def test_outputs_follow_contract_and_pass_metadata_through(s3_run):
     assert rows["p-3"]["metadata"] == {"n": "3"} and rows["c-1"]["metadata"] == {"n": "101"}
     for row in rows.values():
         assert row["generated_tokens"] == 16 and row["finish_reason"] == "length"
+        assert row["unit_id"].startswith(("prompts-000-r", "prompts-001-r")) and row["source"].endswith(".parquet")
         assert row["prompt_tokens"] > 0 and row["text"]
         assert row["model"].startswith("target@") and row["drafter"].startswith("drafter-eagle31@")
     # chat rows are rendered with the template, so they are longer than their content
@@ -135,7 +164,7 @@ def test_stats_rows_add_up_to_outputs(s3_run):
     assert sum(stats.column("generated_tokens").to_pylist()) == sum(outputs.column("generated_tokens").to_pylist())
     assert sum(stats.column("draft_tokens").to_pylist()) == sum(outputs.column("draft_tokens").to_pylist())
     for row in stats.to_pylist():
-        assert row["sources"] and row["actor_id"] and row["node_id"]
+        assert row["source"] and row["actor_id"] and row["node_id"]
         assert row["engine_seconds"] > 0 and row["tokens_per_second"] > 0
 
 
@@ -158,6 +187,8 @@ def test_manifest_records_versions_fingerprints_and_no_secrets(s3_run):
     assert doc["status"] == "succeeded" and doc["ended_at"]
     assert doc["versions"]["vllm"] and doc["versions"]["ray"] and doc["versions"]["torch"]
     assert len(doc["model"]["config_sha256"]) == 64 and doc["drafter"]["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert {"model.safetensors", "tokenizer.json", "config.json"} <= set(doc["model"]["files"])
+    assert doc["layout_version"] == 2 and [f["rows"] for f in doc["input_files"]] == [14, 8]
     assert doc["results_fingerprint"] and doc["attempts"][0]["status"] == "succeeded"
     assert doc["totals"]["input_rows"] == len(s3_run[0])
     assert "testing" not in json.dumps(doc)  # the secret key from the environment

@@ -1,71 +1,153 @@
-"""The output location's commit protocol and compaction, on local files and on moto S3."""
+"""The output location's commit protocol, on local files and on moto S3: a marker decides
+what is visible, a unit committed twice (late, from another process, or with fewer tables)
+is visible once, cleanup removes what no marker names, stats count each unit once, and a
+resume reads no output file."""
 
 from __future__ import annotations
 
+import multiprocessing
 from collections import Counter
 
 import pyarrow as pa
 import pytest
 
-from pipeline.outputs import OutputLocation, batch_id_for
+from pipeline.outputs import OutputLocation
 from pipeline.storage import Storage
+from schemas import UnitStats
 
 
-def commit_batches(location: OutputLocation, n_batches: int, rows: int) -> list[str]:
-    ids = []
-    for b in range(n_batches):
-        batch = [f"b{b}-{i}" for i in range(rows)]
-        bid = batch_id_for(batch)
-        location.commit(bid, {
-            "outputs": pa.table({"id": batch[1:], "text": ["x"] * (rows - 1)}),
-            "errors": pa.table({"id": batch[:1], "message": ["bad"]}),
-            "stats": pa.table({"batch_id": [bid], "rows": [rows]}),
-        })
-        ids += batch
-    return ids
+def stats(unit_id: str, rows: int, outputs: int) -> UnitStats:
+    return UnitStats(
+        unit_id=unit_id, source="in.parquet", first_row=0, actor_id="a", node_id="n", rows=rows, output_rows=outputs,
+        error_rows=rows - outputs, prompt_tokens=rows, generated_tokens=outputs, started_at=0.0, wall_seconds=1.0,
+        engine_seconds=1.0, tokens_per_second=1.0, speculative=False, num_speculative_tokens=0, num_drafts=0,
+        draft_tokens=0, accepted_tokens=0, acceptance_rate=None, mean_acceptance_length=None, accepted_per_position=[],
+    )
+
+
+def tables(ids: list[str], failed: set[str] = frozenset()) -> dict[str, pa.Table]:
+    ok = [i for i in ids if i not in failed]
+    bad = [i for i in ids if i in failed]
+    return {"outputs": pa.table({"id": ok, "text": ["x"] * len(ok)}), "errors": pa.table({"id": bad, "message": ["bad"] * len(bad)})}
+
+
+def commit_unit(location: OutputLocation, unit: str, ids: list[str], failed: set[str] = frozenset()):
+    return location.commit(unit, tables(ids, failed), stats(unit, len(ids), len(ids) - len(failed)))
 
 
 @pytest.fixture(params=["local", "s3"])
 def location(request, tmp_path, s3_endpoint):
     if request.param == "local":
         return OutputLocation(Storage(), str(tmp_path / "out"))
-    return OutputLocation(Storage(endpoint_url=s3_endpoint), f"s3://specbatch/compact-{tmp_path.name}")
+    return OutputLocation(Storage(endpoint_url=s3_endpoint), f"s3://specbatch/commit-{tmp_path.name}")
 
 
 def visible_ids(location):
-    return location.read_table("outputs").column("id").to_pylist() + location.read_table("errors").column("id").to_pylist()
+    landed = []
+    for name in ("outputs", "errors"):
+        table = location.read_table(name)
+        landed += table.column("id").to_pylist() if table.num_rows else []
+    return Counter(landed)
 
 
-def test_uncommitted_batch_is_invisible(location):
-    commit_batches(location, 1, 4)
-    location.storage.write_parquet(location.path("outputs", "half-written.parquet"), pa.table({"id": ["ghost"], "text": ["x"]}))
-    assert "ghost" not in visible_ids(location)
+def files(location) -> list[str]:
+    return location.storage.list_files(location.path("outputs")) + location.storage.list_files(location.path("errors"))
 
 
-def test_compaction_merges_files_and_keeps_every_row_once(location):
-    ids = commit_batches(location, 7, 5)
-    batches = location.committed_batches()
-    assert location.compact(rows_per_file=12) == 3  # 7 batches of 5 rows -> parts of 2, 2, 2 (+1 left alone)
-    assert Counter(visible_ids(location)) == Counter(ids)
-    assert location.committed_batches() == batches
-    assert len(location.storage.list_files(location.path("outputs"), ".parquet")) == 4
-    assert sum(location.read_table("stats").column("rows").to_pylist()) == len(ids)
-    assert location.compact(rows_per_file=12) == 0  # idempotent
+def test_a_unit_without_its_marker_is_invisible_and_cleaned_up(location):
+    commit_unit(location, "u1", ["a", "b"])
+    location.write_files("u2", tables(["c", "d"]), stats("u2", 2, 2))  # died before its marker
+    assert visible_ids(location) == Counter(["a", "b"])
+    assert location.committed_units() == {"u1"}
+    assert location.cleanup() == 1
+    assert len(files(location)) == 1 and visible_ids(location) == Counter(["a", "b"])
 
 
-def test_compaction_interrupted_after_its_marker_still_reads_once(location):
-    ids = commit_batches(location, 4, 3)
-    first = sorted(location.committed_batches())[0]
-    leftover = location.read_table("outputs").filter(pa.compute.is_in(
-        location.read_table("outputs").column("id"), value_set=pa.array([i for i in ids if i.startswith("b0-")])
-    ))
-    location.compact(rows_per_file=100)
-    # As if the deletes had not happened: the batch's own file and marker are back.
-    location.storage.write_parquet(location.path("outputs", f"{first}.parquet"), leftover)
-    location.storage.write_json(location.path("_commits", f"{first}.json"), {"batch_id": first, "rows": {}})
-    assert Counter(visible_ids(location)) == Counter(ids)
-    # The next compaction finishes the deletes instead of merging the batch a second time.
-    assert location.compact(rows_per_file=100) == 0
-    assert Counter(visible_ids(location)) == Counter(ids)
-    assert not location.storage.exists(location.path("outputs", f"{first}.parquet"))
-    assert not location.storage.exists(location.path("_commits", f"{first}.json"))
+def test_a_retry_with_fewer_tables_leaves_no_id_visible_twice(location):
+    ids = ["a", "b", "c"]
+    first = commit_unit(location, "u1", ids, failed={"c"})  # attempt 1: c failed
+    second = commit_unit(location, "u1", ids)  # attempt 2: everything generated, no errors/ file
+    assert set(first.files) == {"outputs", "errors"} and set(second.files) == {"outputs"}
+    assert visible_ids(location) == Counter(ids)
+    assert location.cleanup() == 2  # attempt 1's outputs and errors files
+    assert [f.rsplit("/", 1)[1] for f in files(location)] == [second.files["outputs"].rsplit("/", 1)[1]]
+    assert visible_ids(location) == Counter(ids)
+
+
+def _commit_in_process(storage: Storage, uri: str, unit: str, ids: list[str], failed: list[str], wrote, go, published):
+    """In its own process: write the unit's files, wait for `go`, then publish its marker."""
+    location = OutputLocation(storage, uri)
+    marker = location.write_files(unit, tables(ids, set(failed)), stats(unit, len(ids), len(ids) - len(failed)))
+    wrote.set()
+    go.wait(60)
+    location.publish(marker)
+    published.set()
+
+
+@pytest.mark.parametrize("late_fails", [True, False])
+def test_the_same_unit_committed_from_two_processes_one_late(location, late_fails):
+    """Process A writes its files first and publishes last (a late actor); process B commits
+    in between. Their results differ (one of them failed a row): whichever marker is last,
+    each id is visible exactly once, from that commit alone, and cleanup keeps its files."""
+    ids = [f"id-{i}" for i in range(6)]
+    ctx = multiprocessing.get_context("spawn")
+    events = [ctx.Event() for _ in range(6)]
+    a_wrote, a_go, a_done, b_wrote, b_go, b_done = events
+    a = ctx.Process(target=_commit_in_process, args=(location.storage, location.uri, "u1", ids, ["id-2"] if late_fails else [], a_wrote, a_go, a_done))
+    b = ctx.Process(target=_commit_in_process, args=(location.storage, location.uri, "u1", ids, [] if late_fails else ["id-2"], b_wrote, b_go, b_done))
+    a.start()
+    assert a_wrote.wait(120)
+    b.start()
+    assert b_wrote.wait(120)
+    b_go.set()
+    assert b_done.wait(60)
+    a_go.set()  # A's marker lands last
+    assert a_done.wait(60)
+    a.join(), b.join()
+    assert a.exitcode == b.exitcode == 0
+    assert visible_ids(location) == Counter(ids)
+    errors = location.read_table("errors")
+    assert (errors.column("id").to_pylist() if errors.num_rows else []) == (["id-2"] if late_fails else [])
+    location.cleanup()
+    (marker,) = location.markers().values()
+    assert sorted(files(location)) == sorted(location.path(f) for f in marker.files.values())
+    assert visible_ids(location) == Counter(ids)
+
+
+def test_stats_count_each_committed_unit_once(location):
+    commit_unit(location, "u1", ["a", "b"])
+    commit_unit(location, "u2", ["c"])
+    heard = [m.stats.model_dump() for m in location.markers().values()]
+    location.write_stats(1, heard[:1])  # written while attempt 1 ran; then it was killed
+    commit_unit(location, "u3", ["d", "e", "f"])  # committed by a late actor, heard by nobody
+    table = location.write_stats(2, [], location.committed_units())  # attempt 2 finishes
+    assert sorted(table.column("unit_id").to_pylist()) == ["u1", "u2", "u3"]
+    assert sum(table.column("rows").to_pylist()) == 6
+    # the files on their own hold each committed unit exactly once
+    units = []
+    for uri in location.storage.list_files(location.path("stats"), ".parquet"):
+        units += location.storage.read_parquet(uri).column("unit_id").to_pylist()
+    assert Counter(units) == Counter(["u1", "u2", "u3"])
+    assert sorted(location.stats_table().column("unit_id").to_pylist()) == ["u1", "u2", "u3"]
+
+
+def test_planning_a_resume_reads_no_output_file(s3_endpoint, monkeypatch):
+    """What a resume reads of the output location: listings of _commits/, nothing else.
+    Every S3 request s3fs sends is recorded (its one entry point, _call_s3)."""
+    import s3fs
+
+    location = OutputLocation(Storage(endpoint_url=s3_endpoint), "s3://specbatch/resume-reads")
+    for u in range(30):
+        commit_unit(location, f"u{u:03d}", [f"{u}-{i}" for i in range(4)], failed={f"{u}-0"})
+    calls = []
+    original = s3fs.S3FileSystem._call_s3
+
+    async def recording(self, method, *args, **kwargs):
+        calls.append((method, kwargs.get("Key") or kwargs.get("Prefix") or ""))
+        return await original(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", recording)
+    assert len(location.committed_units()) == 30
+    reads = [(m, k) for m, k in calls if m in ("get_object", "head_object")]
+    assert not [k for _, k in reads if "/outputs/" in k or "/errors/" in k or k.endswith(".parquet")], reads
+    assert {m for m, _ in calls} <= {"list_objects_v2", "head_object"}, calls

@@ -20,7 +20,7 @@ from pipeline.outputs import OutputLocation
 from pipeline.prices import Prices
 from pipeline.report import JobData, ReportError, build_report, busy_seconds, default_report_uri, main as report_main
 from pipeline.storage import Storage
-from schemas import BatchStats, JobManifest, arrow_schema
+from schemas import JobManifest, UnitStats
 from schemas.report import CostReport
 
 SHA_TARGET, SHA_OTHER = "a" * 64, "b" * 64
@@ -46,9 +46,9 @@ def manifest(job_id, *, accelerator, replicas, gpus, wall, speculative, k=3, sha
     ).model_dump(mode="json")
 
 
-def batch(batch_id, actor, started, engine, gen, prompt, drafts=0, draft_tokens=0, per_pos=(), out=10, err=0, k=0):
-    return BatchStats(
-        batch_id=batch_id, sources=["s"], actor_id=actor, node_id="n", rows=out + err, output_rows=out, error_rows=err,
+def unit(unit_id, actor, started, engine, gen, prompt, drafts=0, draft_tokens=0, per_pos=(), out=10, err=0, k=0):
+    return UnitStats(
+        unit_id=unit_id, source="s", first_row=0, actor_id=actor, node_id="n", rows=out + err, output_rows=out, error_rows=err,
         prompt_tokens=prompt, generated_tokens=gen, started_at=started, wall_seconds=engine + 1, engine_seconds=engine,
         tokens_per_second=gen / engine, speculative=k > 0, num_speculative_tokens=k, num_drafts=drafts,
         draft_tokens=draft_tokens, accepted_tokens=sum(per_pos), acceptance_rate=None, mean_acceptance_length=None,
@@ -56,29 +56,29 @@ def batch(batch_id, actor, started, engine, gen, prompt, drafts=0, draft_tokens=
     ).model_dump()
 
 
-def write_job(storage: Storage, uri: str, manifest_doc: dict, batches: list[dict], uncommitted: list[dict] = ()):
+def write_job(storage: Storage, uri: str, manifest_doc: dict, units: list[dict], uncommitted: list[dict] = ()):
     location = OutputLocation(storage, uri)
     location.write_manifest(manifest_doc)
-    for row in batches:
-        location.commit(row["batch_id"], {"stats": pa.Table.from_pylist([row], schema=arrow_schema(BatchStats))})
-    for row in uncommitted:  # a batch that died before its commit marker: must not count
-        storage.write_parquet(location.path("stats", f"{row['batch_id']}.parquet"), pa.Table.from_pylist([row], schema=arrow_schema(BatchStats)))
+    for row in units:
+        location.commit(row["unit_id"], {"outputs": pa.table({"id": ["x"]})}, UnitStats(**row))
+    for row in uncommitted:  # a unit that died before its commit marker: must not count
+        location.write_files(row["unit_id"], {"outputs": pa.table({"id": ["x"]})}, UnitStats(**row))
 
 
 # Job A: spec k=2, 2 replicas x 1 GPU, 1800 s -> 1.0 GPU-hour, $2.00.
 #   actor a1: [1000,1100] and [1050,1150] overlap -> 150 s; actor a2: [1000,1090] and [1200,1260] -> 150 s.
 #   generated 1,000,000, prompt 250,000; drafts 200, draft tokens 400, accepted 200 = 125 + 75.
 JOB_A = [
-    batch("a-1", "a1", 1000, 100, 400_000, 100_000, 100, 200, (70, 50), err=1, k=2),
-    batch("a-2", "a1", 1050, 100, 300_000, 50_000, 50, 100, (30, 10), k=2),
-    batch("a-3", "a2", 1000, 90, 200_000, 50_000, 50, 100, (25, 15), out=8, err=2, k=2),
-    batch("a-4", "a2", 1200, 60, 100_000, 50_000, 0, 0, (0, 0), k=2),
+    unit("a-1", "a1", 1000, 100, 400_000, 100_000, 100, 200, (70, 50), err=1, k=2),
+    unit("a-2", "a1", 1050, 100, 300_000, 50_000, 50, 100, (30, 10), k=2),
+    unit("a-3", "a2", 1000, 90, 200_000, 50_000, 50, 100, (25, 15), out=8, err=2, k=2),
+    unit("a-4", "a2", 1200, 60, 100_000, 50_000, 0, 0, (0, 0), k=2),
 ]
 # Job B: same model and accelerator, speculation off, 1 replica x 2 GPUs, 900 s -> 0.5 GPU-hour, $1.00.
 #   [2000,2100] and [2100,2200] touch -> 200 s busy x 2 GPUs.
-JOB_B = [batch("b-1", "b1", 2000, 100, 200_000, 50_000), batch("b-2", "b1", 2100, 100, 200_000, 50_000)]
+JOB_B = [unit("b-1", "b1", 2000, 100, 200_000, 50_000), unit("b-2", "b1", 2100, 100, 200_000, 50_000)]
 # Job C: CPU-only, another model, 3 replicas x 1 node, 3600 s -> 3 node-hours x $0.36 = $1.08.
-JOB_C = [batch("c-1", "c1", 5000, 50, 90_000, 10_000, 10, 30, (8, 5, 2), k=3)]
+JOB_C = [unit("c-1", "c1", 5000, 50, 90_000, 10_000, 10, 30, (8, 5, 2), k=3)]
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def three_jobs(tmp_path_factory, s3_endpoint):
     local, s3 = Storage(), Storage(endpoint_url=s3_endpoint)
     uris = [str(root / "out" / "2026-11-28"), str(root / "out" / "2026-11-29"), "s3://specbatch/report-test/cpu-job"]
     write_job(local, uris[0], manifest("job-a", accelerator="test-gpu", replicas=2, gpus=1, wall=1800, speculative=True, k=2, input_rows=41), JOB_A,
-              uncommitted=[batch("a-dead", "a1", 1100, 500, 9_999_999, 1, k=2)])
+              uncommitted=[unit("a-dead", "a1", 1100, 500, 9_999_999, 1, k=2)])
     write_job(local, uris[1], manifest("job-b", accelerator="test-gpu", replicas=1, gpus=2, wall=900, speculative=False, input_rows=20), JOB_B)
     write_job(s3, uris[2], manifest("job-c", accelerator="test-node", replicas=3, gpus=0, wall=3600, speculative=True, k=3, sha=SHA_OTHER), JOB_C)
     prices = root / "prices.yaml"
@@ -109,8 +109,8 @@ def test_job_figures_match_hand_computed_values(three_jobs):
     a, b, c = report.jobs
     assert (a.job_id, b.job_id, c.job_id) == ("job-a", "job-b", "job-c")
 
-    assert a.batches == 4 and a.output_rows == 38 and a.failed_rows == 3 and a.input_rows == 41
-    assert (a.generated_tokens, a.prompt_tokens) == (1_000_000, 250_000)  # the uncommitted batch is not counted
+    assert a.units == 4 and a.output_rows == 38 and a.failed_rows == 3 and a.input_rows == 41
+    assert (a.generated_tokens, a.prompt_tokens) == (1_000_000, 250_000)  # the uncommitted unit is not counted
     assert a.gpu_hours == pytest.approx(1.0) and a.busy_seconds == pytest.approx(300.0)
     assert a.busy_gpu_hours == pytest.approx(300 / 3600) and a.utilization == pytest.approx(1 / 12)
     assert a.price_per_gpu_hour == 2.0 and a.cost == pytest.approx(2.0)
@@ -179,16 +179,16 @@ def test_single_job_report_goes_under_its_output_and_missing_price_is_a_warning(
 
 
 def test_job_whose_drafter_was_turned_off_midway_is_left_out_of_the_comparison():
-    guarded = [batch("d-1", "d1", 0, 10, 1000, 100, 10, 20, (5, 3), k=2), batch("d-2", "d1", 10, 10, 1000, 100)]
+    guarded = [unit("d-1", "d1", 0, 10, 1000, 100, 10, 20, (5, 3), k=2), unit("d-2", "d1", 10, 10, 1000, 100)]
     jobs = [
         JobData("mem://d", JobManifest.model_validate(manifest("job-d", accelerator="test-gpu", replicas=1, gpus=1, wall=60, speculative=True, k=2)), guarded),
         JobData("mem://b", JobManifest.model_validate(manifest("job-b", accelerator="test-gpu", replicas=1, gpus=2, wall=900, speculative=False)), JOB_B),
     ]
     report = build_report(jobs, Prices(gpu={"test-gpu": 2.0}))
     assert report.jobs[0].cost == pytest.approx(2.0 / 60) and report.jobs[1].cost == pytest.approx(1.0)  # both priced
-    assert (report.jobs[0].batches, report.jobs[0].speculative_batches) == (2, 1)
+    assert (report.jobs[0].units, report.jobs[0].speculative_units) == (2, 1)
     assert report.speculation == []
-    assert any("job-d: the drafter ran for 1 of 2 batches" in w for w in report.warnings)
+    assert any("job-d: the drafter ran for 1 of 2 units" in w for w in report.warnings)
 
 
 def test_missing_job_output_is_refused(tmp_path, capsys):
@@ -314,7 +314,7 @@ def test_html_report_loads_without_console_errors_and_shows_its_plots(three_jobs
     assert set(plots) == {"acceptance", "throughput", "cost"}
     assert all(p["width"] > 100 and p["height"] > 100 and p["visible"] for p in plots.values())
     assert plots["acceptance"]["points"] == 2 + 3 and plots["acceptance"]["lines"] == 2  # jobs A and C, k=2 and k=3
-    assert plots["throughput"]["points"] == 4 + 2 + 1 and plots["throughput"]["lines"] == 3  # one point per batch
+    assert plots["throughput"]["points"] == 4 + 2 + 1 and plots["throughput"]["lines"] == 3  # one point per unit
     assert plots["cost"]["bars"] == 3  # one bar per job
 
 
