@@ -122,9 +122,9 @@ def run_ray_data_llm(config_path: str) -> dict:
         vLLMEngineProcessorConfig(
             model_source=config.model.path,
             engine_kwargs=kwargs,
-            batch_size=config.resources.batch_size,
+            batch_size=config.resources.rows_per_unit,
             concurrency=1,
-            max_concurrent_batches=config.resources.batches_in_flight,
+            max_concurrent_batches=config.resources.units_in_flight,
             chat_template_stage=False,
             placement_group_config={"bundles": [{"CPU": 1}]},
             # Its engine-metrics logger imports ray.serve (not installed: ray[serve] is not ours).

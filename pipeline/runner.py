@@ -352,6 +352,8 @@ def _run_attempt(config, inputs, units, todo, committed, location, manifest, pre
     finally:
         if todo:  # what the engines committed, also when this attempt failed
             committed = location.committed_units()
+            # also units that stopped engines committed after the driver stopped listening
+            attempt.processed_rows = sum(u.rows for u in todo if u.unit_id in committed)
         clean = previous is not None and previous.status == "succeeded" and not todo
         if clean:  # a rerun of a finished job: nothing to tidy, nothing new to count
             stats = location.stats_table(committed)

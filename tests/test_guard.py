@@ -19,14 +19,14 @@ from pipeline.runner import run_job
 from pipeline.storage import Storage
 from tests.conftest import job_config, write_prompts
 
-N_ROWS, BATCH_SIZE, WINDOW = 96, 8, 2
+N_ROWS, ROWS_PER_UNIT, WINDOW = 96, 8, 2
 
 
 # ---------------------------------------------------------------- the window logic, no engine
 
 
-def stats_row(batch_id: str, drafts: int = 10, accepted: int = 0, k: int = 3) -> dict:
-    return {"batch_id": batch_id, "num_drafts": drafts, "draft_tokens": drafts * k, "accepted_tokens": accepted,
+def stats_row(unit_id: str, drafts: int = 10, accepted: int = 0, k: int = 3) -> dict:
+    return {"unit_id": unit_id, "num_drafts": drafts, "draft_tokens": drafts * k, "accepted_tokens": accepted,
             "accepted_per_position": [0] * k}
 
 
@@ -34,26 +34,26 @@ def feed(guard: AcceptanceGuard, rows: list[dict]) -> list:
     return [event for event in map(guard.observe, rows) if event]
 
 
-def test_guard_waits_for_a_full_window_of_batches_that_drafted():
-    guard = AcceptanceGuard(GuardConfig(min_acceptance_rate=0.5, window_batches=3))
+def test_guard_waits_for_a_full_window_of_units_that_drafted():
+    guard = AcceptanceGuard(GuardConfig(min_acceptance_rate=0.5, window_units=3))
     assert feed(guard, [stats_row("a"), stats_row("no-drafts", drafts=0), stats_row("b")]) == []
     (event,) = feed(guard, [stats_row("c")])
-    assert event.batch_ids == ["a", "b", "c"] and event.metric == "acceptance_rate"
+    assert event.unit_ids == ["a", "b", "c"] and event.metric == "acceptance_rate"
     assert (event.value, event.floor, event.action) == (0.0, 0.5, "warn")
     assert "below speculative.guard.min_acceptance_rate" in event.message
 
 
 def test_guard_pools_the_window_by_draft_tokens():
-    guard = AcceptanceGuard(GuardConfig(min_acceptance_rate=0.5, window_batches=2))
-    # 1 of 3 draft tokens and 60 of 90: per-batch rates average 0.5, pooled 61/93 is above
+    guard = AcceptanceGuard(GuardConfig(min_acceptance_rate=0.5, window_units=2))
+    # 1 of 3 draft tokens and 60 of 90: per-unit rates average 0.5, pooled 61/93 is above
     assert feed(guard, [stats_row("a", drafts=1, accepted=1), stats_row("b", drafts=30, accepted=60)]) == []
     # the window slides: b and c pooled, 60/180 = 0.33
     (event,) = feed(guard, [stats_row("c", drafts=30, accepted=0)])
-    assert event.batch_ids == ["b", "c"] and event.value == pytest.approx(1 / 3)
+    assert event.unit_ids == ["b", "c"] and event.value == pytest.approx(1 / 3)
 
 
 def test_guard_fires_once_while_low_and_again_after_recovering():
-    guard = AcceptanceGuard(GuardConfig(min_mean_acceptance_length=1.5, window_batches=2, action="fail"), attempt=2)
+    guard = AcceptanceGuard(GuardConfig(min_mean_acceptance_length=1.5, window_units=2, action="fail"), attempt=2)
     low, high = stats_row("low"), stats_row("high", drafts=10, accepted=30)
     events = feed(guard, [low, low, low, low])
     assert len(events) == 1 and events[0].metric == "mean_acceptance_length" and events[0].value == 1.0
@@ -81,8 +81,8 @@ def guarded_job(root, kit, action: str):
     write_prompts(root / "in" / "p.parquet", {"id": ids, "prompt": [f"def f{i}(x):\n    return" for i in range(N_ROWS)]})
     config = parse_config(job_config(
         str(root / "in"), str(root / "out"), kit,
-        speculative={"guard": {"min_acceptance_rate": 0.5, "window_batches": WINDOW, "action": action}},
-        resources={"batch_size": BATCH_SIZE, "batches_in_flight": 2},
+        speculative={"guard": {"min_acceptance_rate": 0.5, "window_units": WINDOW, "action": action}},
+        resources={"rows_per_unit": ROWS_PER_UNIT, "units_in_flight": 2},
     ))
     return ids, config, OutputLocation(Storage(), config.output_uri)
 
@@ -125,8 +125,8 @@ def test_warn_records_one_event_and_the_job_goes_on(warn_run):
     ids, location, error, _ = warn_run
     manifest = location.read_manifest()
     assert error is None and manifest["status"] == "succeeded"
-    (event,) = manifest["guard_events"]  # acceptance stays at 0: one event, not one per batch
-    assert event["action"] == "warn" and event["value"] == 0.0 and len(event["batch_ids"]) == WINDOW
+    (event,) = manifest["guard_events"]  # acceptance stays at 0: one event, not one per unit
+    assert event["action"] == "warn" and event["value"] == 0.0 and len(event["unit_ids"]) == WINDOW
     stats = location.read_table("stats").to_pylist()
     assert all(r["speculative"] and not r["speculation_disabled_by_guard"] for r in stats)
     assert_exactly_once(location, ids)
@@ -137,11 +137,11 @@ def test_fail_stops_the_job_and_says_why(fail_run):
     assert error is not None and "min_acceptance_rate" in str(error)
     manifest = location.read_manifest()
     assert manifest["status"] == "failed" and manifest["attempts"][-1]["status"] == "failed"
-    assert manifest["attempts"][-1]["error"].startswith("AcceptanceTooLow: acceptance rate 0.000 over the last 2 batches")
+    assert manifest["attempts"][-1]["error"].startswith("AcceptanceTooLow: acceptance rate 0.000 over the last 2 units")
     (event,) = manifest["guard_events"]
-    assert event["action"] == "fail" and len(event["batch_ids"]) == WINDOW
-    committed = {r["batch_id"] for r in location.read_table("stats").to_pylist()}
-    assert set(event["batch_ids"]) <= committed and len(committed) < N_ROWS // BATCH_SIZE
+    assert event["action"] == "fail" and len(event["unit_ids"]) == WINDOW
+    committed = {r["unit_id"] for r in location.read_table("stats").to_pylist()}
+    assert set(event["unit_ids"]) <= committed and len(committed) < N_ROWS // ROWS_PER_UNIT
 
 
 def test_disable_speculation_finishes_without_the_drafter(disable_run):
@@ -157,12 +157,12 @@ def test_disable_speculation_finishes_without_the_drafter(disable_run):
     stats = sorted(location.read_table("stats").to_pylist(), key=lambda r: r["started_at"])
     spec = [r for r in stats if r["speculative"]]
     plain = [r for r in stats if not r["speculative"]]
-    assert spec and plain, "some batches before the switch, some after"
-    assert set(event["batch_ids"]) <= {r["batch_id"] for r in spec}
+    assert spec and plain, "some units before the switch, some after"
+    assert set(event["unit_ids"]) <= {r["unit_id"] for r in spec}
     assert max(r["started_at"] for r in spec) < min(r["started_at"] for r in plain)
     assert all(r["speculation_disabled_by_guard"] and r["draft_tokens"] == 0 for r in plain)
-    outputs = {r["batch_id"]: r["drafter"] for r in location.read_table("outputs").to_pylist()}
-    assert all(outputs[r["batch_id"]] is None for r in plain if r["output_rows"])
+    outputs = {r["unit_id"]: r["drafter"] for r in location.read_table("outputs").to_pylist()}
+    assert all(outputs[r["unit_id"]] is None for r in plain if r["output_rows"])
     assert manifest["attempts"][-1]["processed_rows"] == N_ROWS
 
     # The drafting engines were gone before the plain ones generated anything.

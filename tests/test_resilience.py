@@ -1,11 +1,13 @@
 """Exactly once under real faults: the job runs as `specbatch run` in its own process (with its
 own local Ray), and the tests kill its engine actor, kill the driver, stop the S3 endpoint,
 and feed it a row that crashes the engine. After each: every input id exactly once across
-outputs/ and errors/, and stats agree with outputs."""
+outputs/ and errors/, and stats agree with outputs. The killed driver's lease refuses a
+second run until it is stale and taken over."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,19 +30,20 @@ N_ROWS = 160
 
 
 def make_job(tmp_path: Path, kit: dict, rows: int = N_ROWS, **overrides) -> tuple[Path, list[str], dict]:
+    """Two shards of `rows` in all, units of 8 rows."""
     ids = [f"id-{i:04d}" for i in range(rows)]
     write_prompts(tmp_path / "in" / "a.parquet", {"id": ids[::2], "prompt": [f"def f{i}(a, b):" for i in range(0, rows, 2)]})
     write_prompts(tmp_path / "in" / "b.parquet", {"id": ids[1::2], "prompt": [f"class K{i}:" for i in range(1, rows, 2)]})
-    overrides = {"sampling": {"max_tokens": 24}, "resources": {"batch_size": 8, "batches_in_flight": 2}, **overrides}
+    overrides = {"sampling": {"max_tokens": 24}, "resources": {"rows_per_unit": 8, "units_in_flight": 2}, **overrides}
     config = job_config(str(tmp_path / "in"), str(tmp_path / "out"), kit, **overrides)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(config))
     return path, ids, config
 
 
-def start_job(config_path: Path, env: dict | None = None) -> subprocess.Popen:
+def start_job(config_path: Path, env: dict | None = None, *flags: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [SPECBATCH, "run", str(config_path)],
+        [SPECBATCH, "run", str(config_path), *flags],
         env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,  # its own process group: the driver and the Ray it started
@@ -50,11 +53,11 @@ def start_job(config_path: Path, env: dict | None = None) -> subprocess.Popen:
 def wait_for_commits(location: OutputLocation, n: int, proc: subprocess.Popen, timeout: float = 300) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if len(location.committed_batches()) >= n:
+        if len(location.committed_units()) >= n:
             return
         assert proc.poll() is None, proc.stdout.read()[-3000:]
         time.sleep(0.5)
-    raise TimeoutError("no batch committed in time")
+    raise TimeoutError("no unit committed in time")
 
 
 def finish(proc: subprocess.Popen, timeout: float = 600) -> str:
@@ -68,6 +71,7 @@ def assert_exactly_once(location: OutputLocation, ids: list[str]) -> None:
     landed = outputs.column("id").to_pylist() + (errors.column("id").to_pylist() if errors.num_rows else [])
     assert Counter(landed) == Counter(ids)
     assert sum(stats.column("output_rows").to_pylist()) == outputs.num_rows
+    assert sorted(stats.column("unit_id").to_pylist()) == sorted(location.committed_units())
     assert sum(stats.column("rows").to_pylist()) == len(ids)
     assert sum(stats.column("generated_tokens").to_pylist()) == sum(outputs.column("generated_tokens").to_pylist())
 
@@ -89,42 +93,64 @@ def test_engine_actor_killed_mid_job(tmp_path, random_kit):
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     finish(proc)
-    assert len(location.committed_batches()) < 2 + N_ROWS // 8 + 1
+    assert len(location.committed_units()) == N_ROWS // 8
     assert_exactly_once(location, ids)
     manifest = location.read_manifest()
     assert manifest["status"] == "succeeded" and len(manifest["attempts"]) == 1
 
 
 def test_driver_killed_then_rerun_completes_and_a_second_rerun_generates_nothing(tmp_path, random_kit):
-    config_path, ids, config = make_job(tmp_path, random_kit)
+    kit = {name: shutil.copytree(path, tmp_path / "kit" / name) for name, path in random_kit.items()}
+    lease = {"heartbeat_seconds": 1, "stale_after_seconds": 6}
+    config_path, ids, config = make_job(tmp_path, {k: str(v) for k, v in kit.items()}, lease=lease)
     location = OutputLocation(Storage(), str(tmp_path / "out"))
     proc = start_job(config_path)
     wait_for_commits(location, 2, proc)
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray it started
     proc.wait()
-    committed_before = len(location.committed_batches())
+    killed_at = time.time()
+    committed_before = len(location.committed_units())
     assert 2 <= committed_before
 
-    finish(start_job(config_path))
+    # The dead run's lease is still fresh: a second run is refused, naming the owner and the way out.
+    refused = start_job(config_path)
+    out, _ = refused.communicate(timeout=120)
+    assert refused.returncode == 2 and "is leased to run" in out and "--take-over" in out, out[-2000:]
+    if time.time() - killed_at < 6:
+        assert "that run is alive" in out
+    time.sleep(max(0.0, killed_at + 7 - time.time()))
+    stale = start_job(config_path)
+    out, _ = stale.communicate(timeout=120)
+    assert stale.returncode == 2 and "which is stale" in out, out[-2000:]
+
+    finish(start_job(config_path, None, "--take-over"))
     assert_exactly_once(location, ids)
+    assert not location.storage.exists(location.path("_lease.json"))  # released at the end
     manifest = location.read_manifest()
     assert [a["status"] for a in manifest["attempts"]] == ["running", "succeeded"]  # the killed one never ended
-    assert manifest["attempts"][1]["skipped_rows"] >= 16
-    assert manifest["attempts"][1]["skipped_rows"] + manifest["attempts"][1]["processed_rows"] == len(ids)
+    resumed = manifest["attempts"][1]
+    assert resumed["units_skipped"] >= 2 and resumed["skipped_rows"] == 8 * resumed["units_skipped"]
+    assert resumed["skipped_rows"] + resumed["processed_rows"] == len(ids)
+    assert resumed["footers_read"] == 0  # the killed attempt recorded both files
 
-    # A finished job: rerunning it starts no generation (no Ray, no engine, no new batch).
-    batches = location.committed_batches()
+    # A finished job: rerunning it starts no generation (no Ray, no engine, no new unit).
+    units = location.committed_units()
     rerun = run_job(parse_config(config), progress=False)
     assert rerun.attempts[-1].skipped_rows == len(ids) and rerun.attempts[-1].processed_rows == 0
-    assert location.committed_batches() == batches
-    assert rerun.totals.output_rows == len(ids) and len(rerun.attempts) == 3
+    assert location.committed_units() == units
+    assert rerun.totals.output_rows == len(ids) and rerun.totals.units == len(units) and len(rerun.attempts) == 3
 
-    # A change of results under the same output is refused; restart wipes the location.
+    # A change of results under the same output is refused, naming what changed...
     changed = parse_config({**config, "sampling": {**config["sampling"], "temperature": 0.7}})
-    with pytest.raises(ResultsChanged, match="another model, drafter or sampling"):
+    with pytest.raises(ResultsChanged, match=r"sampling: .*--restart"):
         run_job(changed, progress=False)
+    # ...and so is a drafter whose weights were rewritten in place (same config, same size).
+    weights = Path(kit["drafter"]) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes())
+    with pytest.raises(ResultsChanged, match=r"drafter files: model\.safetensors"):
+        run_job(parse_config(config), progress=False)
     location.clear()
-    assert not location.committed_batches() and not location.has_manifest()
+    assert not location.committed_units() and not location.has_manifest()
 
 
 def test_storage_endpoint_down_for_seconds(tmp_path, s3_endpoint, random_kit):
@@ -138,7 +164,7 @@ def test_storage_endpoint_down_for_seconds(tmp_path, s3_endpoint, random_kit):
     write_prompts("specbatch/outage/in/a.parquet", {"id": ids, "prompt": [f"import m{i}" for i in range(N_ROWS)]}, filesystem=fs)
     config = job_config(
         "s3://specbatch/outage/in/", "s3://specbatch/outage/out/", random_kit, storage={"endpoint_url": s3_endpoint},
-        sampling={"max_tokens": 24}, resources={"batch_size": 8, "batches_in_flight": 2},
+        sampling={"max_tokens": 24}, resources={"rows_per_unit": 8, "units_in_flight": 2},
     )
     config_path = tmp_path / "job.yaml"
     config_path.write_text(yaml.safe_dump(config))
@@ -162,8 +188,8 @@ def test_poisoned_row_ends_in_errors(tmp_path, random_kit):
     config_path, ids, _ = make_job(
         tmp_path, random_kit, rows=24,
         # crash, isolated retry (crashes on the poisoned row), isolated retry (skips it): 2 restarts
-        retries={"max_actor_restarts": 3, "max_batch_retries": 3, "isolate_after_attempts": 1},
-        resources={"batch_size": 8, "batches_in_flight": 1},
+        retries={"max_actor_restarts": 3, "max_unit_retries": 3, "isolate_after_attempts": 1},
+        resources={"rows_per_unit": 8, "units_in_flight": 1},
     )
     proc = start_job(config_path, env={"SPECBATCH_CHAOS_CRASH_IDS": "id-0013"})
     finish(proc, timeout=900)
