@@ -56,7 +56,16 @@ READS = ("get_object", "head_object")
 
 
 def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak RSS. Not ru_maxrss: Linux keeps that across exec, so a child would
+    start from the peak of the parent it was forked from; VmHWM is the new image's own."""
+    status = Path("/proc/self/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) / 1024
+
+
+def cpu_seconds() -> float:
+    """User + system CPU of this process, all threads (s3fs's event loop has its own)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 # ---------------------------------------------------------------- configuration, shared by setup and children
@@ -263,6 +272,14 @@ def count_requests() -> list[tuple[str, str, float]]:
     return calls
 
 
+def area(key: str) -> str:
+    """Where a key or prefix is: input/, or the output location's folder or file."""
+    if not key.startswith("output/"):
+        return key.split("/", 1)[0] + "/"
+    rest = key[len("output/"):]
+    return rest.split("/", 1)[0] + "/" if "/" in rest else rest or "output/"
+
+
 def plan(endpoint: str, rows_per_unit: int, footer_cache: bool) -> dict:
     """What run_job does before its lease: returns the steps' seconds and what was planned."""
     from pipeline.inputs import inspect_inputs
@@ -298,19 +315,21 @@ def rerun(endpoint: str, rows_per_unit: int) -> dict:
 
 def child(scenario: str, endpoint: str, rows_per_unit: int) -> None:
     """One measurement; prints its figures as one JSON line."""
+    import pipeline.runner  # noqa: F401  (imports every module the scenarios use, before the clock starts)
+
     calls = count_requests()
-    rss_before = peak_rss_mb()
-    started = time.perf_counter()
+    rss_before, cpu, started = peak_rss_mb(), cpu_seconds(), time.perf_counter()
     if scenario == "rerun":
         result = rerun(endpoint, rows_per_unit)
     else:
         result = plan(endpoint, rows_per_unit, footer_cache=scenario == "cached")
-    result.update(wall=time.perf_counter() - started, rss_before=rss_before, rss_peak=peak_rss_mb())
+    result.update(wall=time.perf_counter() - started, cpu=cpu_seconds() - cpu, rss_before=rss_before, rss_peak=peak_rss_mb())
     by_method: dict[str, list] = {}
     for method, key, seconds in calls:
-        by_method.setdefault(method, [0, 0.0])
-        by_method[method][0] += 1
-        by_method[method][1] += seconds
+        count = by_method.setdefault(method, [0, 0.0, {}])
+        count[0] += 1
+        count[1] += seconds
+        count[2][area(key)] = count[2].get(area(key), 0) + 1
     reads = [key for method, key, _ in calls if method in READS]
     result.update(
         requests=by_method,
@@ -341,7 +360,7 @@ def print_result(scenario: str, r: dict) -> None:
     def count(method: str) -> int:
         return requests.get(method, [0])[0]
 
-    print(f"\n{SCENARIOS[scenario]}: {r['wall']:.1f} s wall, {count('list_objects_v2')} LIST, {count('get_object')} GET, "
+    print(f"\n{SCENARIOS[scenario]}: {r['wall']:.1f} s wall ({r['cpu']:.1f} s driver CPU), {count('list_objects_v2')} LIST, {count('get_object')} GET, "
           f"{count('head_object')} HEAD, {count('put_object')} PUT, peak RSS {r['rss_peak']:.0f} MB "
           f"({r['rss_before']:.0f} MB after imports), {r['output_reads']} output files read, "
           f"{r['input_reads']} input reads")
@@ -349,9 +368,10 @@ def print_result(scenario: str, r: dict) -> None:
           + (f", job {r['status']}" if "status" in r else ""))
     if "steps" in r:
         print("  steps: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in r["steps"].items()))
-    print(f"  {'request':26}{'count':>7}{'seconds in it':>15}")
-    for method, (n, seconds) in sorted(requests.items()):
-        print(f"  {method:26}{n:7d}{seconds:15.2f}")
+    print(f"  {'request':20}{'count':>6}{'seconds in them':>17}   where")
+    for method, (n, seconds, areas) in sorted(requests.items()):
+        where = ", ".join(f"{name} {k}" for name, k in sorted(areas.items()))
+        print(f"  {method:20}{n:6d}{seconds:17.2f}   {where}")
     print(f"  targets: wall {r['wall']:.1f} <= {TARGET_SECONDS} s {verdict(r['wall'] <= TARGET_SECONDS)}; "
           f"RSS {r['rss_peak']:.0f} <= {TARGET_RSS_MB} MB {verdict(r['rss_peak'] <= TARGET_RSS_MB)}; "
           f"output files read {r['output_reads']} == 0 {verdict(r['output_reads'] == 0)}")

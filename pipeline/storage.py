@@ -86,7 +86,8 @@ class Storage:
         if self.region:
             client_kwargs["region_name"] = self.region
         # Listings must not be served from a cache: a resumed job must see every commit.
-        return {"client_kwargs": client_kwargs, "use_listings_cache": False}
+        # botocore's default pool (10 connections) would queue the parallel marker and footer reads.
+        return {"client_kwargs": client_kwargs, "use_listings_cache": False, "config_kwargs": {"max_pool_connections": 64}}
 
     def fs(self, uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
         return url_to_fs(uri, **self._options(uri))
@@ -148,11 +149,15 @@ class Storage:
 
     def open_ranged(self, uri: str, size: Optional[int] = None):
         """A file opened for ranged reads only: no readahead cache (s3fs would otherwise read
-        up to 50 MiB past every footer), and no HEAD request when the size is known."""
+        up to 50 MiB past every footer), and, when the listing gave its size, no HEAD request
+        (s3fs asks for the object's details before its first read unless they are set)."""
         fs, path = self.fs(uri)
-        if "s3" in fs.protocol:
-            return fs.open(path, "rb", cache_type="none", size=size)
-        return fs.open(path, "rb")
+        if "s3" not in fs.protocol:
+            return fs.open(path, "rb")
+        f = fs.open(path, "rb", cache_type="none", size=size)
+        if size is not None:
+            f.details = {"name": path, "size": size, "type": "file"}
+        return f
 
     def list_details(self, uri: str, suffix: str = "") -> dict[str, dict[str, Any]]:
         """Full URI -> {size, version} of the files under a folder, from the listing alone

@@ -165,7 +165,8 @@ def test_stats_rows_add_up_to_outputs(s3_run):
     assert sum(stats.column("draft_tokens").to_pylist()) == sum(outputs.column("draft_tokens").to_pylist())
     for row in stats.to_pylist():
         assert row["source"] and row["actor_id"] and row["node_id"]
-        assert row["engine_seconds"] > 0 and row["tokens_per_second"] > 0
+        assert row["engine_seconds"] > 0
+        assert row["tokens_per_second"] > 0 or not row["output_rows"]  # a unit of bad rows generates nothing
 
 
 def test_trained_drafter_is_accepted_and_stats_are_consistent(s3_run):
@@ -188,7 +189,7 @@ def test_manifest_records_versions_fingerprints_and_no_secrets(s3_run):
     assert doc["versions"]["vllm"] and doc["versions"]["ray"] and doc["versions"]["torch"]
     assert len(doc["model"]["config_sha256"]) == 64 and doc["drafter"]["architectures"] == ["LlamaForCausalLMEagle3"]
     assert {"model.safetensors", "tokenizer.json", "config.json"} <= set(doc["model"]["files"])
-    assert doc["layout_version"] == 2 and [f["rows"] for f in doc["input_files"]] == [14, 8]
+    assert doc["layout_version"] == 2 and [f["rows"] for f in doc["input_files"]] == [18, 8]
     assert doc["results_fingerprint"] and doc["attempts"][0]["status"] == "succeeded"
     assert doc["totals"]["input_rows"] == len(s3_run[0])
     assert "testing" not in json.dumps(doc)  # the secret key from the environment
