@@ -144,7 +144,12 @@ def test_driver_killed_then_rerun_completes_and_a_second_rerun_generates_nothing
     changed = parse_config({**config, "sampling": {**config["sampling"], "temperature": 0.7}})
     with pytest.raises(ResultsChanged, match=r"sampling: .*--restart"):
         run_job(changed, progress=False)
-    # ...and so is a drafter whose weights were rewritten in place (same config, same size).
+    # ...and so is an input file rewritten in place (its units would be new beside the old)...
+    shard = tmp_path / "in" / "b.parquet"
+    shard.write_bytes(shard.read_bytes())
+    with pytest.raises(ResultsChanged, match=r"input files changed .*b\.parquet \(size \d+ -> \d+, version"):
+        run_job(parse_config(config), progress=False)
+    # ...and a drafter whose weights were rewritten in place (same config, same size).
     weights = Path(kit["drafter"]) / "model.safetensors"
     weights.write_bytes(weights.read_bytes())
     with pytest.raises(ResultsChanged, match=r"drafter files: model\.safetensors"):
