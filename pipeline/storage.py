@@ -110,13 +110,11 @@ class Storage:
         fs, path = self.fs(uri)
 
         def write():
-            parent = posixpath.dirname(path)
-            if parent:
-                fs.makedirs(parent, exist_ok=True)
-            if "file" not in fs.protocol:  # an object store PUT is atomic already
+            if "file" not in fs.protocol:  # an object store PUT is atomic already, and has no folders
                 with fs.open(path, "wb") as f:
                     f.write(data)
                 return
+            fs.makedirs(posixpath.dirname(path), exist_ok=True)
             # On a file system a reader could see a half-written file: write aside, then rename.
             staging = f"{path}.tmp-{uuid.uuid4().hex}"
             with fs.open(staging, "wb") as f:
@@ -184,10 +182,26 @@ class Storage:
         return pq.read_table(pa.BufferReader(self.read_bytes(uri)), columns=columns)
 
     def list_files(self, uri: str, suffix: str = "") -> list[str]:
-        """Full URIs of the files directly or recursively under a folder, sorted; [] if absent."""
+        """Full URIs of the files directly or recursively under a folder, sorted; [] if absent.
+        On S3 the listing pages are read for their keys alone: 100k keys stay a few MB, where
+        s3fs's `find` would keep a dict of details per key."""
         fs, path = self.fs(uri)
-        found = self.retrying(f"list {uri}", lambda: fs.find(path) if fs.exists(path) else [])
+        if "s3" in fs.protocol:
+            found = self.retrying(f"list {uri}", lambda: self._s3_keys(fs, path.rstrip("/") + "/"))
+        else:
+            found = self.retrying(f"list {uri}", lambda: fs.find(path) if fs.exists(path) else [])
         return sorted(self._unstrip(uri, p) for p in found if p.endswith(suffix))
+
+    @staticmethod
+    def _s3_keys(fs, prefix: str) -> list[str]:
+        bucket, _, key_prefix = prefix.partition("/")
+        keys, token = [], {}
+        while True:
+            page = fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=key_prefix, **token)
+            keys += [f"{bucket}/{item['Key']}" for item in page.get("Contents", [])]
+            if not page.get("IsTruncated"):
+                return keys
+            token = {"ContinuationToken": page["NextContinuationToken"]}
 
     def expand_input(self, uri: str) -> dict[str, dict[str, Any]]:
         """A Parquet file, a folder of them (recursively) or a glob -> {file URI: {size,

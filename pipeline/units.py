@@ -5,9 +5,9 @@ derived from the file's identity (URI, size, version) and the range: the same in
 gives the same units, whatever the run, its block boundaries or its replicas. A unit is what
 one engine actor generates and commits at once, and what a resume skips.
 
-`UnitDatasource` is a Ray Data datasource with one read task per unit: each task reads only
-the row groups that hold its range, so Ray Data's streaming and backpressure are kept and a
-committed unit is never read from the input again.
+`read_unit` reads one unit from the row groups that hold its range; `pipeline/datasource.py`
+makes each unit a Ray Data read task (this module stays free of Ray: planning a resume needs
+no Ray import).
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from typing import Iterable, Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from ray.data import Datasource
 
 from pipeline.inputs import short_name
 from pipeline.storage import Storage
@@ -102,29 +100,3 @@ def unit_of(batch: pa.Table) -> tuple[str, str, int]:
     if len(units) != 1 or batch.num_rows != expected:
         raise RuntimeError(f"a block holds {batch.num_rows} rows of units {units[:3]}, expected one whole unit of {expected}")
     return units[0], batch.column("source")[0].as_py(), min(batch.column("row").to_pylist())
-
-
-class UnitDatasource(Datasource):
-    """One read task per unit, in plan order."""
-
-    def __init__(self, units: list[WorkUnit], storage: Storage):
-        self.units, self.storage = units, storage
-
-    def estimate_inmemory_data_size(self) -> Optional[int]:
-        return None
-
-    def get_read_tasks(self, parallelism: int, per_task_row_limit=None, data_context=None) -> list:
-        from ray.data.block import BlockMetadata
-        from ray.data.datasource import ReadTask
-
-        storage = self.storage
-        return [
-            ReadTask(
-                lambda unit=unit: [read_unit(storage, unit)],
-                BlockMetadata(num_rows=unit.rows, size_bytes=None, input_files=[unit.source], exec_stats=None),
-            )
-            for unit in self.units
-        ]
-
-    def get_name(self) -> str:
-        return "WorkUnits"

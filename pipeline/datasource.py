@@ -1,0 +1,37 @@
+"""Work units as a Ray Data datasource: one read task per unit, so Ray Data's streaming and
+backpressure are kept, each unit reaches the engine actors as one block, and a committed unit
+is never read from the input again."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ray.data import Datasource
+from ray.data.block import BlockMetadata
+from ray.data.datasource import ReadTask
+
+from pipeline.storage import Storage
+from pipeline.units import WorkUnit, read_unit
+
+
+class UnitDatasource(Datasource):
+    """One read task per unit, in plan order."""
+
+    def __init__(self, units: list[WorkUnit], storage: Storage):
+        self.units, self.storage = units, storage
+
+    def estimate_inmemory_data_size(self) -> Optional[int]:
+        return None
+
+    def get_read_tasks(self, parallelism: int, per_task_row_limit=None, data_context=None) -> list:
+        storage = self.storage
+        return [
+            ReadTask(
+                lambda unit=unit: [read_unit(storage, unit)],
+                BlockMetadata(num_rows=unit.rows, size_bytes=None, input_files=[unit.source], exec_stats=None),
+            )
+            for unit in self.units
+        ]
+
+    def get_name(self) -> str:
+        return "WorkUnits"
