@@ -1,7 +1,7 @@
 """What `ray job submit` runs:
 
     ray job submit --working-dir . --runtime-env jobs/runtime_env.yaml -- \
-        python jobs/entrypoint.py --config CONFIG_URI [--output-uri URI] [--job-id ID] [--restart] [--take-over]
+        python jobs/entrypoint.py --config CONFIG_URI [--output-uri URI] [--job-id ID] [--restart] [--take-over] [--retry-errors]
 
 RAY_ADDRESS, set by the job submission, makes the runner join that cluster.
 """
@@ -21,5 +21,6 @@ if __name__ == "__main__":
     parser.add_argument("--job-id")
     parser.add_argument("--restart", action="store_true", help="wipe the output location and start over")
     parser.add_argument("--take-over", action="store_true", help="take the location over from a run whose lease is stale")
+    parser.add_argument("--retry-errors", action="store_true", help="run again every unit with error rows")
     args = parser.parse_args()
-    sys.exit(run_from_config(args.config, args.output_uri, args.job_id, args.restart, args.take_over))
+    sys.exit(run_from_config(args.config, args.output_uri, args.job_id, args.restart, args.take_over, args.retry_errors))

@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--job-id")
     run.add_argument("--restart", action="store_true", help="wipe the output location and start over")
     run.add_argument("--take-over", action="store_true", help="take the output location over from a run whose lease is stale")
+    run.add_argument("--retry-errors", action="store_true", help="run again every unit with error rows, final ones included")
+    run.add_argument("--verbose", action="store_true", help="show Ray's and vLLM's logs live")
 
     tiny = sub.add_parser("tiny-models", help="the project's tiny model kit")
     tiny.add_argument("action", choices=["build"])
@@ -47,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_demo(args.workdir, rows=args.rows)
     if args.command == "run":
-        return run_from_config(args.config, args.output_uri, args.job_id, args.restart, args.take_over)
+        return run_from_config(
+            args.config, args.output_uri, args.job_id, args.restart, args.take_over, args.retry_errors, args.verbose
+        )
     if args.command == "tiny-models":
         from pipeline.tinykit.build import main as build_main
 
@@ -55,23 +59,42 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+# Exit codes: a RayJob or a scheduler reads them.
+EXIT = {"succeeded": 0, "failed": 1, "refused": 2, "completed_with_errors": 3}
+
+
 def run_from_config(
-    config_uri: str, output_uri: str | None = None, job_id: str | None = None, restart: bool = False, take_over: bool = False
+    config_uri: str,
+    output_uri: str | None = None,
+    job_id: str | None = None,
+    restart: bool = False,
+    take_over: bool = False,
+    retry_errors: bool = False,
+    verbose: bool = False,
 ) -> int:
+    """Exit 0 succeeded, 3 completed_with_errors (over retries.max_error_fraction), 1 failed
+    (the job stopped; `_job.json` says why), 2 refused before it started."""
+    from pipeline.breaker import TooManyErrors
     from pipeline.config import ConfigError, load_config
     from pipeline.drafter_check import DrafterMismatch
+    from pipeline.guard import AcceptanceTooLow
     from pipeline.inputs import InputError
     from pipeline.lease import LeaseHeld
-    from pipeline.runner import LayoutMismatch, ResultsChanged, run_job
+    from pipeline.runner import LayoutMismatch, ResultsChanged, plain_text, run_job
 
     try:
         config = load_config(config_uri, {"output_uri": output_uri} if output_uri else None)
-        manifest = run_job(config, job_id=job_id, restart=restart, take_over=take_over)
+        manifest = run_job(
+            config, job_id=job_id, restart=restart, take_over=take_over, retry_errors=retry_errors, verbose=verbose
+        )
     except (ConfigError, InputError, DrafterMismatch, ResultsChanged, LayoutMismatch, LeaseHeld, FileNotFoundError) as exc:
-        print(f"specbatch: {exc}", file=sys.stderr)
-        return 2
+        print(f"specbatch: refused: {exc}", file=sys.stderr)
+        return EXIT["refused"]
+    except (TooManyErrors, AcceptanceTooLow) as exc:
+        print(f"specbatch: job failed: {plain_text(str(exc))}", file=sys.stderr)
+        return EXIT["failed"]
     print(f"specbatch: job {manifest.job_id} {manifest.status}: {manifest.totals.model_dump_json()}")
-    return 0 if manifest.status == "succeeded" else 1
+    return EXIT.get(manifest.status, EXIT["failed"])
 
 
 if __name__ == "__main__":

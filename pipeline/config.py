@@ -102,6 +102,13 @@ class SamplingConfig(Section):
     seed: Optional[int] = None
     stop: list[str] = Field(default_factory=list)
     ignore_eos: bool = False
+    clip_max_tokens: bool = Field(
+        True,
+        description=(
+            "A row whose max_tokens does not fit beside its prompt in engine.max_model_len: true generates what fits "
+            "and marks the row (max_tokens_clipped, and clipped_rows in its unit's stats); false makes it a final error."
+        ),
+    )
 
 
 class ResourcesConfig(Section):
@@ -122,10 +129,23 @@ class ResourcesConfig(Section):
 
 
 class RetriesConfig(Section):
-    max_actor_restarts: int = Field(4, ge=0, description="Engine actor restarts (crash, preempted node).")
-    max_unit_retries: int = Field(4, ge=0, description="Retries of a unit whose actor died.")
+    max_actor_restarts: int = Field(
+        8, ge=0, description="Engine actor restarts (engine death, crash, preempted node); a poisoned row costs a few."
+    )
+    max_unit_retries: int = Field(8, ge=0, description="Retries of a unit whose actor died.")
     isolate_after_attempts: int = Field(
-        2, ge=1, description="A unit that took its actor down this often runs row by row; a row that crashes again goes to errors/."
+        2,
+        ge=1,
+        description="A unit in flight at this many engine deaths runs its suspects alone in the engine; one that kills it alone goes to errors/.",
+    )
+    max_error_fraction: float = Field(
+        0.05, ge=0, le=1, description="Above this share of error rows a finished job is completed_with_errors, not succeeded."
+    )
+    breaker_window_units: int = Field(
+        8, ge=1, description="The job stops when the error share of this many units in a row is above max_error_fraction."
+    )
+    breaker_consecutive_units: int = Field(
+        3, ge=1, description="The job stops when this many units in a row have retryable (infrastructure) errors."
     )
 
 
@@ -198,7 +218,12 @@ def load_config(uri: str, overrides: Optional[dict[str, Any]] = None) -> JobConf
     else:
         with fsspec.open(uri, "r") as f:
             text = f.read()
-    data = yaml.safe_load(text) or {}
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{uri}, line {mark.line + 1}, column {mark.column + 1}" if mark else uri
+        raise ConfigError(f"{where}: not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{uri}: a job config is a YAML mapping, got {type(data).__name__}")
     data.update(overrides or {})

@@ -73,4 +73,6 @@ def run_demo(workdir: str, rows: int = 256) -> int:
     print(f"  tokens   {t.generated_tokens} generated in {t.wall_seconds:.1f}s = {t.tokens_per_second:,.0f} tok/s")
     if t.acceptance_rate is not None:
         print(f"  drafts   acceptance rate {t.acceptance_rate:.3f}, mean acceptance length {t.mean_acceptance_length:.2f}")
-    return 0 if manifest.status == "succeeded" else 1
+    from pipeline.cli import EXIT
+
+    return EXIT.get(manifest.status, EXIT["failed"])

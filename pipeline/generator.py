@@ -5,11 +5,20 @@ are in flight at once and their requests overlap inside the engine, so the engin
 drain at a unit's tail. Each unit is committed to the output location (its outputs, errors
 and marker with its stats row) off the event loop, and the stats row is returned to the
 driver.
+
+When the engine dies (vLLM's EngineCore process killed by a GPU fault, CUDA OOM or the OOM
+killer; every call then raises EngineDeadError), the actor commits nothing: it records the
+death and, for each unit in flight, its suspects (rows submitted and not finished), then
+exits, so that Ray restarts it with a fresh engine and retries its units. A unit that was in
+flight at `retries.isolate_after_attempts` deaths is isolated: its other rows run as usual,
+its suspects run alone in the engine, half of them at a time, and a row that kills the
+engine when it is the only one in it goes to errors/ as `EngineCrash`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import os
 import time
 from typing import Any
@@ -26,13 +35,12 @@ from pipeline.units import unit_of
 from schemas import ErrorRow, OutputRow, UnitStats, arrow_schema
 
 
-# Fault injection for the resilience tests: ids whose request kills the actor's process, the
-# way a poisoned row that crashes the engine would. Empty unless the variable is set.
-CHAOS_CRASH_IDS = frozenset(filter(None, os.environ.get("SPECBATCH_CHAOS_CRASH_IDS", "").split(",")))
+# Errors of a request that are the row's own (vLLM refused it): retrying cannot help.
+FINAL_GENERATE_ERRORS = (ValueError, TypeError)
 
 
 class EngineCrash(RuntimeError):
-    pass
+    """The row killed the engine when it was the only one in it."""
 
 
 class Generator:
@@ -51,38 +59,93 @@ class Generator:
         self.disabled_by_guard = disabled_by_guard
         context = ray.get_runtime_context()
         self.actor_id, self.node_id = context.get_actor_id() or "driver", context.get_node_id()
-        # An isolated unit runs alone in the engine, so that a crash is the fault of the one
-        # row it was generating: it waits for the units in flight and holds off new ones.
+        # An isolated unit's suspects run alone in the engine: they wait for the units in
+        # flight and hold off new ones.
         self.isolation = asyncio.Lock()
         self.units_generating = 0
+        self.isolated: str | None = None
+        self.in_flight: dict[str, set[int]] = {}  # unit -> rows submitted and not finished
+        self.dying = False
         self.metrics = ReplicaMetrics(job_id, self.actor_id)
 
-    async def _generate(self, request_id: str, row: dict[str, Any]):
+    def __del__(self):
+        # Ray Data calls it when it shuts the pool down: the engine stops before its process
+        # ends, instead of its output handler finding EngineCore gone and logging an error.
+        engine = getattr(self, "engine", None)
+        if engine is not None and not getattr(self, "dying", False):
+            engine.shutdown()
+
+    async def _generate(self, unit_id: str, i: int, row: dict[str, Any]):
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.exceptions import EngineDeadError
 
         params = sampling_params(self.config, row, output_kind=RequestOutputKind.FINAL_ONLY)
-        if row["id"] in CHAOS_CRASH_IDS:
-            os._exit(70)  # fault injection for tests: this row takes the engine's process down
+        self.in_flight.setdefault(unit_id, set()).add(i)
         final = None
-        async for output in self.engine.generate(TokensPrompt(prompt_token_ids=row["prompt_token_ids"]), params, request_id):
-            final = output
+        try:
+            async for output in self.engine.generate(TokensPrompt(prompt_token_ids=row["prompt_token_ids"]), params, f"{unit_id}-{i}"):
+                final = output
+        except EngineDeadError as exc:
+            await self._engine_died(exc)
+        if self.engine.errored:
+            await self._engine_died(RuntimeError("the engine reports an error"))
+        self.in_flight[unit_id].discard(i)
         return final
 
-    async def _generate_isolated(self, unit_id: str, rows: list[dict], todo: list[int]) -> list:
-        """Row by row, each start recorded first: a row that was started and never finished
-        took the engine down with it, and goes to errors/ instead of crashing it again."""
-        results = []
-        for i in todo:
-            marker = f"row-{i}"
-            if await asyncio.to_thread(self.location.start_attempt, unit_id, marker):
-                results.append(EngineCrash(f"the engine died while generating this row (unit {unit_id})"))
-                continue
-            try:
-                results.append(await self._generate(f"{unit_id}-{i}", rows[i]))
-            except Exception as exc:
-                results.append(exc)
-            await asyncio.to_thread(self.location.finish_attempt, unit_id, marker)
+    async def _generate_all(self, unit_id: str, rows: list[dict], todo: list[int]) -> dict[int, Any]:
+        results = await asyncio.gather(*(self._generate(unit_id, i, rows[i]) for i in todo), return_exceptions=True)
+        return dict(zip(todo, results))
+
+    async def _engine_died(self, exc: BaseException) -> None:
+        """Record the death and each unit's suspects, then end the process: nothing of the
+        units in flight is committed, and Ray restarts the actor and retries them."""
+        if self.dying:  # another request of this actor is already recording it
+            await asyncio.Event().wait()
+        self.dying = True
+        suspects = {unit: sorted(rows) for unit, rows in self.in_flight.items() if rows}
+        event = {
+            "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "actor_id": self.actor_id,
+            "node_id": self.node_id,
+            "error": f"{type(exc).__name__}: {exc}",
+            "units": sorted(suspects),
+        }
+
+        def record():
+            for unit, rows in suspects.items():
+                alone = unit == self.isolated and len(rows) == 1
+                self.location.record_suspects(unit, rows, alone)
+            self.location.record_engine_death(event)
+
+        try:
+            await asyncio.to_thread(record)
+        finally:
+            os._exit(1)
+
+    async def _generate_isolated(self, unit_id: str, rows: list[dict], todo: list[int], suspects: dict) -> dict[int, Any]:
+        """Rows that were not in flight at the unit's last engine death run as usual; its
+        suspects run alone in the engine, half of them at a time, so that the next death
+        narrows them down. A suspect that killed the engine alone is not run again."""
+        if suspects["alone"]:
+            (culprit,) = suspects["rows"]
+            crash = EngineCrash(f"the engine died each time this row was in it, the last time alone (unit {unit_id})")
+            results = await self._generate_all(unit_id, rows, [i for i in todo if i != culprit])
+            return {**results, **({culprit: crash} if culprit in todo else {})}
+        suspect_rows = [i for i in todo if i in set(suspects["rows"])]
+        results = await self._generate_all(unit_id, rows, [i for i in todo if i not in set(suspect_rows)])
+        self.units_generating -= 1  # the engine is the suspects' alone: wait for the others
+        try:
+            async with self.isolation:
+                while self.units_generating:
+                    await asyncio.sleep(0.05)
+                self.isolated = unit_id
+                half = max(1, (len(suspect_rows) + 1) // 2)
+                for chunk in (suspect_rows[:half], suspect_rows[half:]):
+                    results.update(await self._generate_all(unit_id, rows, chunk))
+        finally:
+            self.isolated = None
+            self.units_generating += 1
         return results
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
@@ -92,22 +155,20 @@ class Generator:
         todo = [i for i, r in enumerate(rows) if r["error_kind"] is None]
 
         crashes_before = await asyncio.to_thread(self.location.start_attempt, unit_id)
+        suspects = None
         if crashes_before >= self.config.retries.isolate_after_attempts:
-            async with self.isolation:
-                while self.units_generating:
-                    await asyncio.sleep(0.05)
-                started = time.time()
-                results = await self._generate_isolated(unit_id, rows, todo)
-        else:
-            async with self.isolation:  # not while a unit runs isolated
-                self.units_generating += 1
-            started = time.time()
-            try:
-                results = await asyncio.gather(
-                    *(self._generate(f"{unit_id}-{i}", rows[i]) for i in todo), return_exceptions=True
-                )
-            finally:
-                self.units_generating -= 1
+            suspects = await asyncio.to_thread(self.location.read_suspects, unit_id)
+        async with self.isolation:  # not while another unit's suspects run alone
+            self.units_generating += 1
+        started = time.time()
+        try:
+            if suspects is None:
+                results = await self._generate_all(unit_id, rows, todo)
+            else:
+                results = await self._generate_isolated(unit_id, rows, todo, suspects)
+        finally:
+            self.units_generating -= 1
+            self.in_flight.pop(unit_id, None)
         engine_seconds = time.time() - started
 
         outputs, output_index, errors = [], [], []
@@ -116,13 +177,16 @@ class Generator:
         for row in rows:
             if row["error_kind"] is not None:
                 errors.append(self._error(row, "validate", row["error_kind"], row["error_field"], row["error_message"]))
-        for i, result in zip(todo, results):
-            row = rows[i]
+        for i in todo:
+            row, result = rows[i], results[i]
             if isinstance(result, BaseException) or result is None:
-                errors.append(self._error(row, "generate", type(result).__name__, None, str(result)))
+                final = isinstance(result, (EngineCrash, *FINAL_GENERATE_ERRORS))
+                errors.append(self._error(row, "generate", type(result).__name__, None, str(result), retryable=not final))
                 continue
             if not result.finished:
-                errors.append(self._error(row, "generate", "Unfinished", None, "the engine returned no final output"))
+                errors.append(
+                    self._error(row, "generate", "Unfinished", None, "the engine returned no final output", retryable=True)
+                )
                 continue
             completion = result.outputs[0]
             acceptance = Acceptance.from_request(completion.spec_decode_metrics)
@@ -140,6 +204,7 @@ class Generator:
                     accepted_tokens=acceptance.accepted_tokens,
                     num_drafts=acceptance.num_drafts,
                     mean_acceptance_length=acceptance.mean_acceptance_length or 1.0,
+                    max_tokens_clipped=bool(row["max_tokens_clipped"]),
                     model=self.model_id,
                     drafter=self.drafter_id,
                     source=row["source"],
@@ -159,6 +224,9 @@ class Generator:
             rows=len(rows),
             output_rows=len(outputs),
             error_rows=len(errors),
+            retryable_error_rows=sum(e["retryable"] for e in errors),
+            clipped_rows=sum(1 for o in outputs if o["max_tokens_clipped"]),
+            first_error=f"{errors[0]['error_kind']}: {errors[0]['id']}" if errors else None,
             prompt_tokens=prompt_tokens,
             generated_tokens=generated_tokens,
             started_at=started,
@@ -188,8 +256,8 @@ class Generator:
         return await asyncio.to_thread(commit)
 
     @staticmethod
-    def _error(row: dict, stage: str, kind: str, field: str | None, message: str) -> dict:
+    def _error(row: dict, stage: str, kind: str, field: str | None, message: str, retryable: bool = False) -> dict:
         return ErrorRow(
             id=row["id"], source=row["source"], row=row["row"], stage=stage, error_kind=kind, field=field,
-            message=message, unit_id=row["unit_id"],
+            message=message, retryable=retryable, unit_id=row["unit_id"],
         ).model_dump()

@@ -52,7 +52,8 @@ class OutputLease:
         storage = self.location.storage
         return Lease.model_validate(storage.read_json(self.uri)) if storage.exists(self.uri) else None
 
-    def acquire(self, take_over: bool = False) -> None:
+    def acquire(self, take_over: bool = False) -> Optional[Lease]:
+        """Take the lease; returns the stale lease taken over, if any."""
         held = self.current()
         if held is not None:
             age = time.time() - held.heartbeat_at
@@ -75,6 +76,7 @@ class OutputLease:
             raise LeaseHeld(f"{self.location.uri}: another run took the lease at the same moment; it goes on, this one stops")
         self._thread = threading.Thread(target=self._heartbeat, name="specbatch-lease", daemon=True)
         self._thread.start()
+        return held
 
     def _write(self) -> None:
         self.lease.heartbeat_at = time.time()

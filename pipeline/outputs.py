@@ -5,7 +5,8 @@
       errors/<unit_id>.<token>.parquet    its failed rows, if any        (schemas.ErrorRow)
       _commits/<unit_id>.json             commit marker, written last    (schemas.CommitMarker)
       stats/attempt-<n>.parquet           one row per committed unit     (schemas.UnitStats)
-      _attempts/<unit_id>/...             how often a unit (or, in isolation, a row) was started
+      _attempts/<unit_id>/...             how often a unit was started, its suspects at its last engine death
+      _events/engine-death-*.json         engine deaths the actors recorded before they exited
       _lease.json                         the run that owns the location (schemas.Lease)
       _job.json                           job manifest                   (schemas.JobManifest)
 
@@ -23,6 +24,7 @@ those files, so that totals and reports read a few files instead of one marker p
 from __future__ import annotations
 
 import posixpath
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Optional, TypeVar
@@ -35,6 +37,7 @@ from schemas import CommitMarker, UnitStats, arrow_schema
 ROW_TABLES = ("outputs", "errors")
 COMMITS = "_commits"
 ATTEMPTS = "_attempts"
+EVENTS = "_events"
 STATS = "stats"
 MANIFEST = "_job.json"
 LEASE = "_lease.json"
@@ -134,21 +137,29 @@ class OutputLocation:
 
     def write_stats(self, attempt: int, heard: list[dict], committed: Optional[set[str]] = None) -> pa.Table:
         """An attempt's stats file. While it runs (`committed` None): the units it heard of.
-        At its end: those of them and of every committed unit that no other attempt's file
-        holds (from their markers), so that the files hold each committed unit exactly once;
-        then returns the stats of every committed unit."""
+        At its end: those, and every committed unit that no other attempt's file holds (from
+        their markers), so that the files hold every committed unit, each once unless an
+        attempt ran it again (its latest file counts); then returns the stats of every
+        committed unit."""
         name = f"attempt-{attempt:04d}"
         schema = arrow_schema(UnitStats)
         if committed is None:
             self.storage.write_parquet(self.path(STATS, f"{name}.parquet"), pa.Table.from_pylist(heard, schema=schema))
             return pa.Table.from_pylist(heard, schema=schema)
-        others = self._rolled_stats(committed, skip_file=name)
-        known = set(others.column("unit_id").to_pylist())
-        own = [r for r in heard if r["unit_id"] in committed and r["unit_id"] not in known]
-        stragglers = committed - known - {r["unit_id"] for r in own}
+        own = [r for r in heard if r["unit_id"] in committed]
+        mine = {r["unit_id"] for r in own}  # this attempt's rows win: a unit it ran again has new stats
+        others = self._rolled_stats(committed - mine, skip_file=name)
+        stragglers = committed - mine - set(others.column("unit_id").to_pylist())
         table = pa.concat_tables([pa.Table.from_pylist(own, schema=schema), self._marker_stats(stragglers)])
         self.storage.write_parquet(self.path(STATS, f"{name}.parquet"), table)
         return pa.concat_tables([others, table])
+
+    def units_with_errors(self, committed: set[str], retryable_only: bool) -> set[str]:
+        """Committed units with error rows (with `retryable_only`, rows a rerun generates
+        again), from the stats files (and the markers of units none holds yet)."""
+        stats = self.stats_table(committed)
+        column = "retryable_error_rows" if retryable_only else "error_rows"
+        return {u for u, n in zip(stats.column("unit_id").to_pylist(), stats.column(column).to_pylist()) if n}
 
     # ------------------------------------------------------------------ cleanup
 
@@ -183,22 +194,39 @@ class OutputLocation:
 
     # ------------------------------------------------------------------ attempts of a unit
 
-    def start_attempt(self, unit_id: str, row: str | None = None) -> int:
-        """Record that a unit (or one row of it) is being started; returns how many earlier
-        starts never finished (a process that died mid-unit leaves its count behind)."""
-        uri = self.path(ATTEMPTS, unit_id, f"{row or 'unit'}.json")
+    def start_attempt(self, unit_id: str) -> int:
+        """Record that a unit is being started; returns how many earlier starts never finished
+        (an engine death ends its actor mid-unit and leaves the count behind)."""
+        uri = self.path(ATTEMPTS, unit_id, "unit.json")
         before = self.storage.read_json(uri)["started"] if self.storage.exists(uri) else 0
         self.storage.write_json(uri, {"started": before + 1})
         return before
 
-    def finish_attempt(self, unit_id: str, row: str | None = None) -> None:
-        self.storage.delete(self.path(ATTEMPTS, unit_id, f"{row or 'unit'}.json"))
+    def finish_attempt(self, unit_id: str) -> None:
+        self.storage.delete(self.path(ATTEMPTS, unit_id, "unit.json"))
+
+    def record_suspects(self, unit_id: str, rows: list[int], alone: bool) -> None:
+        """The unit's rows that were in the engine, unfinished, when it died; `alone`: one row
+        with nothing else in the engine."""
+        self.storage.write_json(self.path(ATTEMPTS, unit_id, "suspects.json"), {"rows": rows, "alone": alone})
+
+    def read_suspects(self, unit_id: str) -> Optional[dict]:
+        uri = self.path(ATTEMPTS, unit_id, "suspects.json")
+        return self.storage.read_json(uri) if self.storage.exists(uri) else None
+
+    def record_engine_death(self, event: dict) -> None:
+        self.storage.write_json(self.path(EVENTS, f"engine-death-{time.time():.3f}-{event['actor_id'][:12]}.json"), event)
+
+    def engine_deaths(self, since: float = 0.0) -> list[dict]:
+        """Engine deaths recorded by the actors, oldest first; those after `since` (Unix time)."""
+        uris = [u for u in self.storage.list_files(self.path(EVENTS), ".json") if float(u.rsplit("/", 1)[1].split("-")[2]) >= since]
+        return self._read_all(self.storage.read_json, uris)
 
     # ------------------------------------------------------------------ the location as a whole
 
     def clear(self) -> None:
         """Start over: remove everything a previous job wrote here (bulk deletes)."""
-        for name in (*ROW_TABLES, STATS, COMMITS, ATTEMPTS, "report"):
+        for name in (*ROW_TABLES, STATS, COMMITS, ATTEMPTS, EVENTS, "report"):
             self.storage.delete(self.path(name), recursive=True)
         self.storage.delete(self.path(MANIFEST))
 

@@ -27,6 +27,7 @@ PREPARED_SCHEMA_FIELDS = [
     pa.field("temperature", pa.float64()),
     pa.field("top_p", pa.float64()),
     pa.field("seed", pa.int64()),
+    pa.field("max_tokens_clipped", pa.bool_()),
     pa.field("error_kind", pa.string()),
     pa.field("error_field", pa.string()),
     pa.field("error_message", pa.string()),
@@ -106,8 +107,16 @@ class Preprocessor:
                 text_column,
                 f"prompt has {len(token_ids)} tokens; max_model_len is {self.max_model_len}",
             )
+        clipped = sampling["max_tokens"] > room
+        if clipped and not self.sampling.clip_max_tokens:
+            raise RowError(
+                "max_tokens_too_long",
+                "max_tokens",
+                f"max_tokens {sampling['max_tokens']} does not fit beside the prompt's {len(token_ids)} tokens in "
+                f"max_model_len {self.max_model_len} (sampling.clip_max_tokens is false)",
+            )
         sampling["max_tokens"] = min(sampling["max_tokens"], room)
-        return {"prompt_token_ids": token_ids, **sampling}
+        return {"prompt_token_ids": token_ids, **sampling, "max_tokens_clipped": clipped}
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         columns = {f.name: [] for f in PREPARED_SCHEMA_FIELDS}

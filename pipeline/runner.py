@@ -14,9 +14,11 @@ import json
 import logging
 import os
 import platform
+import re
 import sys
 import time
 import uuid
+import warnings
 from importlib import metadata as pkg_metadata
 from pathlib import Path
 from typing import Optional
@@ -24,16 +26,18 @@ from typing import Optional
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.config import JobConfig
+from pipeline.breaker import ErrorBreaker
+from pipeline.config import ConfigError, JobConfig
 from pipeline.drafter_check import check_drafter
 from pipeline.guard import AcceptanceGuard, AcceptanceTooLow
 from pipeline.inputs import InputReport, inspect_inputs
+from pipeline.preflight import check_before_engines
 from pipeline.lease import OutputLease
 from pipeline.outputs import OutputLocation
 from pipeline.stats import Acceptance
 from pipeline.storage import TRANSIENT_ERRORS, Storage
 from pipeline.units import WorkUnit, plan_units
-from schemas import LAYOUT_VERSION, Attempt, GuardEvent, JobManifest, JobTotals, ModelFingerprint, Versions
+from schemas import LAYOUT_VERSION, Attempt, EngineDeath, GuardEvent, JobManifest, JobTotals, Lease, ModelFingerprint, Versions
 
 log = logging.getLogger("specbatch")
 # Files of a model directory whose change changes the results: weights, their index, the
@@ -92,19 +96,28 @@ def model_id(fingerprint: ModelFingerprint) -> str:
     return f"{Path(fingerprint.path).name}@{fingerprint.config_sha256[:12]}"
 
 
-def _ray_init() -> None:
+def _ray_init(verbose: bool = False) -> Optional[str]:
+    """Ray for the job. Its workers' logs (Ray's and vLLM's) stay in Ray's session log folder,
+    which is returned, unless `verbose`; the driver's console shows progress and the summary."""
     import ray
+    from ray.data import DataContext
 
+    DataContext.get_current().enable_progress_bars = verbose
     if ray.is_initialized():
-        return
+        return None
     if os.environ.get("RAY_ADDRESS"):  # set by `ray job submit`: join that cluster
-        ray.init(logging_level=logging.WARNING)
+        ray.init(logging_level=logging.WARNING, log_to_driver=verbose)
     else:
         # A local Ray. Ray Data's listing and read tasks claim a whole logical CPU each, next
         # to the engine and preprocess actors; on a 2-core machine the graph could not be
         # scheduled with one logical CPU per core. The engine's own threads are outside
         # Ray's accounting anyway.
-        ray.init(num_cpus=max(4, os.cpu_count() or 1), logging_level=logging.WARNING, _node_ip_address="127.0.0.1")
+        ray.init(
+            num_cpus=max(4, os.cpu_count() or 1), logging_level=logging.WARNING, log_to_driver=verbose,
+            _node_ip_address="127.0.0.1",
+        )
+    node = ray._private.worker._global_node
+    return node.get_logs_dir_path() if node is not None else None
 
 
 def build_dataset(
@@ -119,9 +132,8 @@ def build_dataset(
     import ray
     from ray.data import ActorPoolStrategy
 
-    from pipeline.generator import Generator
-    from pipeline.preprocess import Preprocessor
     from pipeline.datasource import UnitDatasource
+    from pipeline.preprocess import Preprocessor
 
     storage = Storage.from_config(config.storage)
     context = ray.data.DataContext.get_current()
@@ -143,6 +155,19 @@ def build_dataset(
         compute=ActorPoolStrategy(size=resources.preprocess_concurrency),
         num_cpus=0.5,
     )
+    with warnings.catch_warnings():
+        # Ray 2.60 has no named parameter for actor restarts and task retries, only the
+        # deprecated **ray_remote_args, which warns on every run.
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        return _engine_stage(ds, config, model, drafter, job_id, disabled_by_guard)
+
+
+def _engine_stage(ds, config: JobConfig, model: str, drafter: Optional[str], job_id: str, disabled_by_guard: bool):
+    from ray.data import ActorPoolStrategy
+
+    from pipeline.generator import Generator
+
+    resources = config.resources
     return ds.map_batches(
         Generator,
         fn_constructor_kwargs=dict(
@@ -210,15 +235,22 @@ def _changes(before: dict, after: dict) -> list[str]:
     return changed
 
 
-def _refuse_changes(config: JobConfig, previous: JobManifest, target: ModelFingerprint, drafter: Optional[ModelFingerprint]) -> None:
+def _refuse_changes(
+    config: JobConfig, previous: JobManifest, target: ModelFingerprint, drafter: Optional[ModelFingerprint], location: OutputLocation
+) -> None:
+    """A location holding results of other settings is refused, naming what changed; one
+    where nothing was committed yet is not (the earlier attempt left nothing to mix with)."""
     now = results_decisive(config, target, drafter)
     if previous.results_fingerprint == results_fingerprint(config, target, drafter):
+        return
+    if not location.committed_units():
+        log.info("settings changed since attempt %d, which committed nothing: starting with the new ones", len(previous.attempts))
         return
     before = results_decisive(JobConfig.model_validate(previous.config), previous.model, previous.drafter)
     what = "; ".join(_changes(before, now)) or "the settings that decide the results"
     raise ResultsChanged(
         f"{config.output_uri} holds results of job {previous.job_id} made with other settings ({what}); resuming "
-        "would mix them. Use a new output_uri, or rerun with --restart to start over."
+        "would mix them. Use a new output_uri, or rerun with --restart to start over (it deletes those results)."
     )
 
 
@@ -241,7 +273,8 @@ def totals_from_stats(stats: pa.Table, input_rows: int, wall_seconds: float) -> 
     """Totals over every committed unit (one stats row each), summed column by column: a
     job of 100k units is not turned into 100k Python dicts."""
     total = {name: int(pc.sum(stats.column(name)).as_py() or 0) if stats.num_rows else 0 for name in (
-        "rows", "output_rows", "error_rows", "prompt_tokens", "generated_tokens", "num_drafts", "draft_tokens", "accepted_tokens",
+        "rows", "output_rows", "error_rows", "retryable_error_rows", "clipped_rows", "prompt_tokens", "generated_tokens",
+        "num_drafts", "draft_tokens", "accepted_tokens",
     )}
     acceptance = Acceptance(total["num_drafts"], total["draft_tokens"], total["accepted_tokens"])
     generated = total["generated_tokens"]
@@ -249,6 +282,8 @@ def totals_from_stats(stats: pa.Table, input_rows: int, wall_seconds: float) -> 
         input_rows=input_rows,
         output_rows=total["output_rows"],
         error_rows=total["error_rows"],
+        retryable_error_rows=total["retryable_error_rows"],
+        clipped_rows=total["clipped_rows"],
         units=stats.num_rows,
         prompt_tokens=total["prompt_tokens"],
         generated_tokens=generated,
@@ -272,36 +307,49 @@ def _previous_manifest(location: OutputLocation) -> Optional[JobManifest]:
 
 
 def run_job(
-    config: JobConfig, job_id: Optional[str] = None, progress: bool = True, restart: bool = False, take_over: bool = False
+    config: JobConfig,
+    job_id: Optional[str] = None,
+    progress: bool = True,
+    restart: bool = False,
+    take_over: bool = False,
+    retry_errors: bool = False,
+    verbose: bool = False,
 ) -> JobManifest:
     """Run, or resume, the job at `config.output_uri`. Units already committed there are
-    skipped; a finished job reruns without starting an engine. `restart` wipes the location
-    first; `take_over` takes the lease of a run whose heartbeat is stale."""
+    skipped, except units with retryable error rows (and with `retry_errors`, units with any
+    error rows), which run again; a finished job reruns without starting an engine.
+    `restart` wipes the location first; `take_over` takes the lease of a run whose heartbeat
+    is stale."""
     storage = Storage.from_config(config.storage)
     location = OutputLocation(storage, config.output_uri)
+    _refuse_a_file(location)
     previous = None if restart else _previous_manifest(location)
     number = len(previous.attempts) + 1 if previous else 1
     job_id = previous.job_id if previous else job_id or _new_job_id(config)
     target = model_fingerprint(config.model.path)
     drafter = model_fingerprint(config.speculative.drafter) if config.speculative.enabled else None
     if previous:
-        _refuse_changes(config, previous, target, drafter)
+        _refuse_changes(config, previous, target, drafter, location)
     inputs = inspect_inputs(config.input_uri, storage, previous.input_files if previous else None)
     if previous:
         _refuse_changed_inputs(config, previous, inputs)
+    check_before_engines(config, inputs, storage)  # what one rendering pass and the configs reveal
     if config.speculative.enabled:  # a drafter of another target is refused before any engine starts
         drafter_report = check_drafter(config.model.path, config.speculative.drafter, config.speculative.checks_as_warnings)
         for warning in drafter_report.warnings:
             log.warning("drafter check downgraded to a warning: %s", warning)
 
     lease = OutputLease(location, config.lease, job_id, number)
-    lease.acquire(take_over=take_over)
+    dead_owner = lease.acquire(take_over=take_over)
     try:
         if restart:
             location.clear()
+        if previous:
+            _close_killed_attempt(previous, dead_owner)
         units = plan_units(inputs.files, config.resources.rows_per_unit)
         committed = location.committed_units()
-        todo = [u for u in units if u.unit_id not in committed]
+        again = location.units_with_errors(committed, retryable_only=not retry_errors) if committed else set()
+        todo = [u for u in units if u.unit_id not in committed or u.unit_id in again]
         attempt = Attempt(
             number=number,
             started_at=_now(),
@@ -328,18 +376,60 @@ def run_job(
             guard_events=previous.guard_events if previous else [],
         )
         location.write_manifest(manifest.model_dump(mode="json"))
-        _run_attempt(config, inputs, units, todo, committed, location, manifest, previous, target, drafter, progress)
+        _say(progress, _plan_summary(units, todo, len(again)))
+        _run_attempt(config, inputs, units, todo, committed, location, manifest, previous, target, drafter, progress, verbose)
     finally:
         lease.release()
     return manifest
 
 
-def _run_attempt(config, inputs, units, todo, committed, location, manifest, previous, target, drafter, progress) -> None:
+def _refuse_a_file(location: OutputLocation) -> None:
+    fs, path = location.storage.fs(location.uri)
+    if location.storage.retrying(f"info {location.uri}", lambda: fs.isfile(path)):
+        raise ConfigError(f"output_uri {location.uri!r} is a file; it must be a folder (or prefix) for the job's outputs")
+
+
+def _close_killed_attempt(previous: JobManifest, dead_owner: Optional[Lease]) -> None:
+    """An attempt killed without a chance to write (driver SIGKILL, lost node) is left
+    `running`; its lease's last heartbeat bounds when it ended."""
+    last = previous.attempts[-1] if previous.attempts else None
+    if last is None or last.status != "running":
+        return
+    last.status = "killed"
+    last.error = "ended without closing its attempt (killed driver or lost node); closed by the next attempt"
+    if dead_owner is not None and dead_owner.attempt == last.number:
+        last.ended_at = dt.datetime.fromtimestamp(dead_owner.heartbeat_at, dt.timezone.utc).isoformat(timespec="seconds")
+        started = dt.datetime.fromisoformat(last.started_at).timestamp()
+        last.wall_seconds = max(0.0, dead_owner.heartbeat_at - started)
+
+
+def _plan_summary(units: list[WorkUnit], todo: list[WorkUnit], again: int) -> str:
+    rows, left = sum(u.rows for u in units), sum(u.rows for u in todo)
+    if not todo:
+        return f"all {rows:,} rows ({len(units):,} units) already done, nothing to run"
+    done = f"{rows - left:,} of {rows:,} rows already done; " if left < rows else ""
+    retried = f" ({again:,} of them again, for their error rows)" if again else ""
+    return f"{done}{left:,} rows to run in {len(todo):,} units{retried}"
+
+
+def _say(progress: bool, message: str) -> None:
+    if progress:
+        print(f"[specbatch] {message}", file=sys.stderr, flush=True)
+
+
+def _status(totals: JobTotals, config: JobConfig) -> str:
+    failed = totals.error_rows / totals.input_rows if totals.input_rows else 0.0
+    return "completed_with_errors" if failed > config.retries.max_error_fraction else "succeeded"
+
+
+def _run_attempt(config, inputs, units, todo, committed, location, manifest, previous, target, drafter, progress, verbose) -> None:
     attempt, started = manifest.attempts[-1], time.time()
     heard: dict[str, dict] = {}  # unit -> its stats row, for units this attempt committed
     try:
         if todo:
-            _ray_init()
+            logs = _ray_init(verbose)
+            if logs and not verbose:
+                _say(progress, f"Ray's and vLLM's logs: {logs} (--verbose shows them here)")
             _generate(config, todo, location, manifest, model_id(target), model_id(drafter) if drafter else None, progress, heard)
             committed = location.committed_units()
         missing = [u.unit_id for u in units if u.unit_id not in committed]
@@ -348,14 +438,15 @@ def _run_attempt(config, inputs, units, todo, committed, location, manifest, pre
         attempt.status = manifest.status = "succeeded"
     except BaseException as exc:
         attempt.status = manifest.status = "failed"
-        attempt.error = manifest.error = f"{type(exc).__name__}: {exc}"
+        attempt.error = manifest.error = plain_text(f"{type(exc).__name__}: {exc}")
         raise
     finally:
         if todo:  # what the engines committed, also when this attempt failed
             committed = location.committed_units()
             # also units that stopped engines committed after the driver stopped listening
             attempt.processed_rows = sum(u.rows for u in todo if u.unit_id in committed)
-        clean = previous is not None and previous.status == "succeeded" and not todo
+            attempt.engine_deaths = [EngineDeath.model_validate(e) for e in location.engine_deaths(since=started)]
+        clean = previous is not None and previous.status in ("succeeded", "completed_with_errors") and not todo
         if clean:  # a rerun of a finished job: nothing to tidy, nothing new to count
             stats = location.stats_table(committed)
         else:  # files of commits that never finished or were superseded; this attempt's stats file
@@ -365,7 +456,14 @@ def _run_attempt(config, inputs, units, todo, committed, location, manifest, pre
         manifest.ended_at = attempt.ended_at
         wall = sum(a.wall_seconds for a in manifest.attempts)
         manifest.totals = totals_from_stats(stats, inputs.rows, wall)
+        if manifest.status == "succeeded":
+            attempt.status = manifest.status = _status(manifest.totals, config)
         location.write_manifest(manifest.model_dump(mode="json"))
+
+
+def plain_text(message: str) -> str:
+    """Without terminal colour codes (Ray's tracebacks carry them)."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", message)
 
 
 def _generate(
@@ -386,9 +484,10 @@ def _generate(
     # An earlier attempt's guard turned speculation off: a resume keeps it off.
     disabled = any(e.action == "disable-speculation" for e in manifest.guard_events)
     guard = AcceptanceGuard(guard_config, attempt.number) if guard_config and drafter and not disabled else None
+    breaker = ErrorBreaker(config.retries)
     total_rows = sum(u.rows for u in todo) + attempt.skipped_rows
     started = flushed = time.time()
-    tokens = 0
+    tokens = drafted = accepted = 0
     while True:
         if disabled:
             config, drafter, guard = _without_speculation(config), None, None
@@ -399,10 +498,14 @@ def _generate(
             rows = stats.to_pylist()
             for row in rows:
                 heard[row["unit_id"]] = row
+                breaker.observe(row)
             attempt.processed_rows = sum(r["rows"] for r in heard.values())
             tokens += sum(r["generated_tokens"] for r in rows)
+            drafted += sum(r["draft_tokens"] for r in rows)
+            accepted += sum(r["accepted_tokens"] for r in rows)
             if progress:
-                _print_progress(attempt.skipped_rows + attempt.processed_rows, total_rows, tokens, time.time() - started)
+                done = attempt.skipped_rows + attempt.processed_rows
+                _print_progress(done, total_rows, tokens, accepted / drafted if drafted else None, time.time() - started)
             if time.time() - flushed > STATS_FLUSH_SECONDS:
                 location.write_stats(attempt.number, list(heard.values()))
                 flushed = time.time()
@@ -434,8 +537,14 @@ def _new_job_id(config: JobConfig) -> str:
     return f"{config.job_name}-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
 
 
-def _print_progress(done: int, total: int, tokens: int, elapsed: float) -> None:
+def _print_progress(done: int, total: int, tokens: int, acceptance: Optional[float], elapsed: float) -> None:
+    """One line per committed unit; on a terminal the line is rewritten in place."""
     rate = tokens / elapsed if elapsed else 0.0
     rows_per_s = done / elapsed if elapsed else 0.0
     eta = (total - done) / rows_per_s if rows_per_s else float("nan")
-    print(f"[specbatch] {done}/{total} rows, {rate:,.0f} tok/s, ETA {eta:,.0f}s", file=sys.stderr, flush=True)
+    accepting = f", acceptance {acceptance:.2f}" if acceptance is not None else ""
+    line = f"[specbatch] {done:,}/{total:,} rows ({done / total:.0%}), {rate:,.0f} tok/s{accepting}, ETA {eta:,.0f}s"
+    if sys.stderr.isatty():
+        print(f"\r{line}", end="\n" if done >= total else "", file=sys.stderr, flush=True)
+    else:
+        print(line, file=sys.stderr, flush=True)

@@ -60,6 +60,9 @@ class OutputRow(Contract):
     accepted_tokens: int = Field(description="Draft tokens the target accepted.")
     num_drafts: int = Field(description="Verify steps that carried drafts.")
     mean_acceptance_length: float = Field(description="1 + accepted / drafts (1.0 without speculation).")
+    max_tokens_clipped: bool = Field(
+        False, description="max_tokens did not fit beside the prompt in max_model_len: it generated what fit."
+    )
     model: str
     drafter: Optional[str] = None
     source: str = Field(description="The input file the row came from.")
@@ -81,6 +84,9 @@ class ErrorRow(Contract):
     error_kind: str
     field: Optional[str] = Field(default=None, description="The input column at fault, if any.")
     message: str
+    retryable: bool = Field(
+        False, description="Not the row's own fault (the engine or storage failed it): a rerun generates it again."
+    )
     unit_id: str
 
 
@@ -96,6 +102,9 @@ class UnitStats(Contract):
     rows: int
     output_rows: int
     error_rows: int
+    retryable_error_rows: int = Field(0, description="Error rows a rerun generates again (ErrorRow.retryable).")
+    clipped_rows: int = Field(0, description="Output rows whose max_tokens was clipped to fit max_model_len.")
+    first_error: Optional[str] = Field(None, description="'<error_kind>: <id>' of the unit's first error row.")
     prompt_tokens: int
     generated_tokens: int
     started_at: float = Field(description="Unix time the unit entered the engine.")
@@ -174,6 +183,8 @@ class JobTotals(Contract):
     input_rows: int = 0
     output_rows: int = 0
     error_rows: int = 0
+    retryable_error_rows: int = Field(0, description="Error rows a rerun generates again.")
+    clipped_rows: int = Field(0, description="Output rows whose max_tokens was clipped to fit max_model_len.")
     units: int = 0
     prompt_tokens: int = 0
     generated_tokens: int = 0
@@ -186,7 +197,21 @@ class JobTotals(Contract):
     tokens_per_second: float = 0.0
 
 
-JobStatus = Literal["running", "succeeded", "failed"]
+class EngineDeath(Contract):
+    """An engine actor found its vLLM engine dead; it committed nothing and exited, and Ray
+    restarted it and retried its units."""
+
+    time: str = Field(description="UTC, ISO 8601.")
+    actor_id: str
+    node_id: str
+    error: str
+    units: list[str] = Field(description="Units in flight, retried.")
+
+
+# succeeded: every input row is in outputs/, or has a final error row, within
+# retries.max_error_fraction; completed_with_errors: every row is done, over that fraction;
+# failed: the attempt stopped; killed: the attempt ended without a word (closed by the next).
+JobStatus = Literal["running", "succeeded", "completed_with_errors", "failed", "killed"]
 
 
 class Attempt(Contract):
@@ -203,6 +228,7 @@ class Attempt(Contract):
     processed_rows: int = 0
     wall_seconds: float = 0.0
     error: Optional[str] = None
+    engine_deaths: list[EngineDeath] = Field(default_factory=list, description="Engines that died and were restarted.")
 
 
 GuardAction = Literal["warn", "fail", "disable-speculation"]

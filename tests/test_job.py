@@ -74,9 +74,10 @@ def s3_run(s3_endpoint, ray_local, trained_kit):
     """Spec on with the trained EAGLE-3.1 drafter, reading and writing s3:// on moto."""
     fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_endpoint})
     ids = mixed_input(lambda name, cols: write_prompts(f"specbatch/mixed/{name}", cols, filesystem=fs))
-    config = parse_config(
-        job_config("s3://specbatch/mixed/", "s3://specbatch/out-mixed/", trained_kit, storage={"endpoint_url": s3_endpoint})
-    )
+    config = parse_config(job_config(
+        "s3://specbatch/mixed/", "s3://specbatch/out-mixed/", trained_kit, storage={"endpoint_url": s3_endpoint},
+        retries={"max_error_fraction": 0.5},  # 8 of its 26 rows are bad on purpose
+    ))
     manifest = run_job(config, progress=False)
     return ids, manifest, OutputLocation(Storage.from_config(config.storage), config.output_uri)
 
@@ -86,9 +87,9 @@ def local_run_no_spec(tmp_path_factory, ray_local, trained_kit):
     """The same input from a local folder, speculation off."""
     root = tmp_path_factory.mktemp("no-spec")
     mixed_input(lambda name, cols: write_prompts(root / "in" / name, cols))
-    config = parse_config(
-        job_config(str(root / "in"), str(root / "out"), trained_kit, speculative={"enabled": False})
-    )
+    config = parse_config(job_config(
+        str(root / "in"), str(root / "out"), trained_kit, speculative={"enabled": False}, retries={"max_error_fraction": 0.5}
+    ))
     manifest = run_job(config, progress=False)
     return manifest, OutputLocation(Storage(), config.output_uri)
 
@@ -132,9 +133,10 @@ def test_a_rerun_reads_no_output_file_and_no_input_footer(s3_run, s3_endpoint, t
         return await original(self, method, *args, **kwargs)
 
     monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", recording)
-    config = parse_config(
-        job_config("s3://specbatch/mixed/", "s3://specbatch/out-mixed/", trained_kit, storage={"endpoint_url": s3_endpoint})
-    )
+    config = parse_config(job_config(
+        "s3://specbatch/mixed/", "s3://specbatch/out-mixed/", trained_kit, storage={"endpoint_url": s3_endpoint},
+        retries={"max_error_fraction": 0.5},
+    ))
     rerun = run_job(config, progress=False)
     assert rerun.attempts[-1].units_skipped == rerun.attempts[-1].units_planned == manifest.attempts[-1].units_planned
     assert rerun.attempts[-1].footers_read == 0 and rerun.totals.output_rows == manifest.totals.output_rows

@@ -64,3 +64,71 @@ def test_a_location_of_another_layout_is_refused_untouched(tmp_path):
     with pytest.raises(LayoutMismatch, match=r"output layout 1; this specbatch writes layout 2.*--restart"):
         run_job(config, progress=False)
     assert location.read_manifest() == old and not location.storage.exists(location.path("_lease.json"))
+
+
+# ---------------------------------------------------------------- refused before any engine starts
+
+
+def refused(capsys, config_path, *flags) -> str:
+    from pipeline.cli import run_from_config
+
+    assert run_from_config(str(config_path), *flags) == 2
+    return capsys.readouterr().err
+
+
+def write_job(tmp_path, kit: dict, columns: dict, **overrides):
+    import yaml
+
+    from tests.conftest import write_prompts
+
+    write_prompts(tmp_path / "in" / "chat.parquet", columns)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job_config(str(tmp_path / "in"), str(tmp_path / "out"), kit, **overrides)))
+    return path
+
+
+def test_chat_input_without_a_chat_template_is_refused_naming_model_and_file(tmp_path, capsys):
+    import json
+    import shutil
+
+    from pipeline.tinykit import kit_paths
+
+    kit = kit_paths()
+    target = shutil.copytree(kit["target"], tmp_path / "target-no-template")
+    tokenizer_config = target / "tokenizer_config.json"
+    tokenizer_config.write_text(json.dumps({k: v for k, v in json.loads(tokenizer_config.read_text()).items() if k != "chat_template"}))
+    path = write_job(tmp_path, {"target": str(target), "drafter": kit["drafter_eagle31"]},
+                     {"id": ["c1"], "messages": [[{"role": "user", "content": "hi"}]]}, speculative={"enabled": False})
+    err = refused(capsys, path)
+    assert "chat.parquet" in err and str(target) in err and "no chat template" in err
+    assert not (tmp_path / "out" / "_job.json").exists()  # nothing started, nothing written
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({"sampling": {"max_tokens": 256}}, r"sampling.max_tokens \(256\) leaves no room .* engine.max_model_len \(256\)"),
+    ({"engine": {"max_model_len": 2048}}, r"engine.max_model_len \(2048\) is above what .* allows \(max_position_embeddings 1024\)"),
+])
+def test_lengths_the_model_cannot_hold_are_refused(tmp_path, capsys, overrides, expected):
+    import re
+
+    from pipeline.tinykit import kit_paths
+
+    kit = kit_paths()
+    path = write_job(tmp_path, {"target": kit["target"], "drafter": kit["drafter_eagle31"]}, {"id": ["p"], "prompt": ["x = 1"]},
+                     **overrides)
+    assert re.search(expected, refused(capsys, path))
+
+
+def test_malformed_yaml_and_a_file_as_output_are_refused_by_name(tmp_path, capsys):
+    import re
+
+    from pipeline.tinykit import kit_paths
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("job_name: x\nmodel:\n  path: [unclosed\n")
+    assert re.search(rf"{re.escape(str(bad))}, line \d+, column \d+: not valid YAML", refused(capsys, bad))
+
+    kit = kit_paths()
+    path = write_job(tmp_path, {"target": kit["target"], "drafter": kit["drafter_eagle31"]}, {"id": ["p"], "prompt": ["x = 1"]})
+    (tmp_path / "out").write_text("not a folder")
+    assert "is a file" in refused(capsys, path)

@@ -1,8 +1,10 @@
 """Exactly once under real faults: the job runs as `specbatch run` in its own process (with its
 own local Ray), and the tests kill its engine actor, kill the driver, stop the S3 endpoint,
 and feed it a row that crashes the engine. After each: every input id exactly once across
-outputs/ and errors/, and stats agree with outputs. The killed driver's lease refuses a
-second run until it is stale and taken over."""
+outputs/ and errors/, and stats agree with outputs. Engine faults are real ones: EngineCore
+killed by its process title, and a test-only vLLM plugin (tests/vllm_faults) that kills it on
+a poisoned prompt. The killed driver's lease refuses a second run until it is stale and taken
+over."""
 
 from __future__ import annotations
 
@@ -83,17 +85,49 @@ def engine_actor_pids() -> list[int]:
     ]
 
 
-def test_engine_actor_killed_mid_job(tmp_path, random_kit):
+def kill_engine_cores() -> int:
+    """SIGKILL every vLLM EngineCore process, found by its title, as a GPU fault, a CUDA OOM
+    or the OOM killer ends it; the engine actor's own process stays alive."""
+    cores = [p for p in psutil.process_iter(["name", "cmdline"]) if "VLLM::EngineCore" in (p.info["name"] or "") + " ".join(p.info["cmdline"] or [])]
+    for proc in cores:
+        proc.send_signal(signal.SIGKILL)
+    return len(cores)
+
+
+def assert_engine_death_recovered(location: OutputLocation, ids: list[str]) -> None:
+    """Every id exactly once in outputs/, none failed by the dead engine, and the death and
+    restart recorded in _job.json."""
+    assert_exactly_once(location, ids)
+    errors = location.read_table("errors")
+    assert errors.num_rows == 0, errors.to_pylist()
+    manifest = location.read_manifest()
+    assert manifest["status"] == "succeeded"
+    (death, *_) = manifest["attempts"][-1]["engine_deaths"]
+    assert "EngineDeadError" in death["error"] and death["units"] and death["actor_id"]
+
+
+def test_engine_core_killed_mid_job(tmp_path, random_kit):
     config_path, ids, _ = make_job(tmp_path, random_kit)
     location = OutputLocation(Storage(), str(tmp_path / "out"))
     proc = start_job(config_path)
     wait_for_commits(location, 2, proc)
+    assert kill_engine_cores() >= 1, "no VLLM::EngineCore process found"
+    finish(proc)
+    assert len(location.committed_units()) == N_ROWS // 8
+    assert_engine_death_recovered(location, ids)
+
+
+def test_engine_actor_killed_mid_job(tmp_path, random_kit):
+    """The whole actor process dies (a lost node, an OOM kill of the actor itself)."""
+    config_path, ids, _ = make_job(tmp_path, random_kit, rows=64)
+    location = OutputLocation(Storage(), str(tmp_path / "out"))
+    proc = start_job(config_path)
+    wait_for_commits(location, 1, proc)
     pids = engine_actor_pids()
     assert pids, "engine actor process not found"
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     finish(proc)
-    assert len(location.committed_units()) == N_ROWS // 8
     assert_exactly_once(location, ids)
     manifest = location.read_manifest()
     assert manifest["status"] == "succeeded" and len(manifest["attempts"]) == 1
@@ -104,6 +138,7 @@ def test_driver_killed_then_rerun_completes_and_a_second_rerun_generates_nothing
     lease = {"heartbeat_seconds": 1, "stale_after_seconds": 6}
     config_path, ids, config = make_job(tmp_path, {k: str(v) for k, v in kit.items()}, lease=lease)
     location = OutputLocation(Storage(), str(tmp_path / "out"))
+    first_started = time.time()
     proc = start_job(config_path)
     wait_for_commits(location, 2, proc)
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray it started
@@ -127,7 +162,9 @@ def test_driver_killed_then_rerun_completes_and_a_second_rerun_generates_nothing
     assert_exactly_once(location, ids)
     assert not location.storage.exists(location.path("_lease.json"))  # released at the end
     manifest = location.read_manifest()
-    assert [a["status"] for a in manifest["attempts"]] == ["running", "succeeded"]  # the killed one never ended
+    killed, resumed_attempt = manifest["attempts"]
+    assert (killed["status"], resumed_attempt["status"]) == ("killed", "succeeded")  # closed by the next attempt
+    assert killed["ended_at"] and 0 < killed["wall_seconds"] <= killed_at - first_started + 2  # its last heartbeat
     resumed = manifest["attempts"][1]
     assert resumed["units_skipped"] >= 2 and resumed["skipped_rows"] == 8 * resumed["units_skipped"]
     assert resumed["skipped_rows"] + resumed["processed_rows"] == len(ids)
@@ -185,20 +222,48 @@ def test_storage_endpoint_down_for_seconds(tmp_path, s3_endpoint, random_kit):
     conftest.S3_SERVER = ThreadedMotoServer(ip_address="127.0.0.1", port=port)  # ...and comes back
     conftest.S3_SERVER.start()
     boto3.client("s3", endpoint_url=s3_endpoint).head_bucket(Bucket="specbatch")
+    committed = len(location.committed_units())
+    wait_for_commits(location, committed + 1, proc)
+    assert kill_engine_cores() >= 1  # and then the engine dies too
     finish(proc)
-    assert_exactly_once(location, ids)
+    assert_engine_death_recovered(location, ids)
 
 
-def test_poisoned_row_ends_in_errors(tmp_path, random_kit):
+FAULTS_PLUGIN = str(Path(__file__).parent / "vllm_faults")
+
+
+def test_a_row_that_kills_the_engine_every_time_ends_alone_in_errors_then_retry_errors(tmp_path, random_kit):
+    """A row whose request kills EngineCore every time (tests/vllm_faults): its unit's
+    suspects run alone, half at a time, until the row kills the engine alone; it goes to
+    errors/ as a final EngineCrash and every other row of its unit to outputs/. One error
+    in 24 rows is over retries.max_error_fraction: completed_with_errors, exit code 3. With
+    the fault gone, --retry-errors generates it: every row in outputs/, none in errors/."""
+    from transformers import AutoTokenizer
+
     config_path, ids, _ = make_job(
         tmp_path, random_kit, rows=24,
-        # crash, isolated retry (crashes on the poisoned row), isolated retry (skips it): 2 restarts
-        retries={"max_actor_restarts": 3, "max_unit_retries": 3, "isolate_after_attempts": 1},
+        retries={"isolate_after_attempts": 1, "max_error_fraction": 0.01},
         resources={"rows_per_unit": 8, "units_in_flight": 1},
     )
-    proc = start_job(config_path, env={"SPECBATCH_CHAOS_CRASH_IDS": "id-0013"})
-    finish(proc, timeout=900)
+    poison = AutoTokenizer.from_pretrained(random_kit["target"]).encode("class K13:")  # the prompt of id-0013
+    faults = {"PYTHONPATH": os.pathsep.join(filter(None, [FAULTS_PLUGIN, os.environ.get("PYTHONPATH")])),
+              "SPECBATCH_TEST_POISON_TOKENS": ",".join(map(str, poison))}
+    proc = start_job(config_path, faults)
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 3, out[-4000:]
     location = OutputLocation(Storage(), str(tmp_path / "out"))
     assert_exactly_once(location, ids)
     errors = location.read_table("errors").to_pylist()
-    assert [(e["id"], e["stage"], e["error_kind"]) for e in errors] == [("id-0013", "generate", "EngineCrash")]
+    assert [(e["id"], e["stage"], e["error_kind"], e["retryable"]) for e in errors] == [
+        ("id-0013", "generate", "EngineCrash", False)
+    ]
+    manifest = location.read_manifest()
+    assert manifest["status"] == "completed_with_errors" and manifest["totals"]["error_rows"] == 1
+    deaths = manifest["attempts"][-1]["engine_deaths"]
+    assert 2 <= len(deaths) <= 5  # about log2(8) + 1: the suspects are halved at each death
+
+    finish(start_job(config_path, None, "--retry-errors"))  # the fault is gone
+    assert_exactly_once(location, ids)
+    assert location.read_table("errors").num_rows == 0
+    manifest = location.read_manifest()
+    assert manifest["status"] == "succeeded" and manifest["attempts"][-1]["units_skipped"] == 2

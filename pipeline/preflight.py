@@ -1,0 +1,79 @@
+"""Configuration problems refused before any engine starts, with the fix named: they must
+never become a dataset of row errors.
+
+One rendering pass: the tokenizer loads; the first row of the first file of each input kind
+(`prompt`, `messages`) renders and tokenizes as the job will (chat input needs a chat
+template); `max_tokens` leaves room in `max_model_len`; `max_model_len` is within what the
+model allows.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from pipeline.config import ConfigError, JobConfig
+from pipeline.inputs import InputReport
+from pipeline.storage import Storage
+
+
+def check_before_engines(config: JobConfig, inputs: InputReport, storage: Storage) -> None:
+    _check_lengths(config)
+    tokenizer_path = config.model.tokenizer or config.model.path
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    except Exception as exc:
+        raise ConfigError(f"model.tokenizer: the tokenizer at {tokenizer_path} cannot be loaded ({type(exc).__name__}: {exc})") from None
+    first_of_kind = {}
+    for file in inputs.files:
+        first_of_kind.setdefault(file.text_column, file)
+    for kind, file in first_of_kind.items():
+        if kind == "messages" and not getattr(tokenizer, "chat_template", None):
+            raise ConfigError(
+                f"{file.uri} has chat `messages`, and the tokenizer at {tokenizer_path} has no chat template. Use a "
+                "tokenizer with one (model.tokenizer), add a chat_template to its tokenizer_config.json, or give "
+                "rendered `prompt` text instead."
+            )
+        _render_first_row(tokenizer, tokenizer_path, file.uri, kind, file.size, storage)
+
+
+def _check_lengths(config: JobConfig) -> None:
+    limit = config.engine.max_model_len
+    if config.sampling.max_tokens >= limit:
+        raise ConfigError(
+            f"sampling.max_tokens ({config.sampling.max_tokens}) leaves no room for a prompt in engine.max_model_len "
+            f"({limit}): lower it, or raise engine.max_model_len"
+        )
+    config_file = Path(config.model.path) / "config.json"
+    if config_file.is_file():
+        model = json.loads(config_file.read_text())
+        allowed = model.get("max_position_embeddings") or model.get("text_config", {}).get("max_position_embeddings")
+        if allowed and limit > allowed:
+            raise ConfigError(
+                f"engine.max_model_len ({limit}) is above what {config.model.path} allows (max_position_embeddings "
+                f"{allowed}): set engine.max_model_len to {allowed} or less"
+            )
+
+
+def _render_first_row(tokenizer, tokenizer_path: str, uri: str, kind: str, size: int, storage: Storage) -> None:
+    with storage.open_ranged(uri, size=size) as f:
+        parquet = pq.ParquetFile(f)
+        batch = next(parquet.iter_batches(batch_size=1, columns=[kind]), None)
+    value = batch.column(0)[0].as_py() if batch is not None and batch.num_rows else None
+    if value in (None, "", []):
+        return  # an empty first row is the row's own problem (errors/), not the configuration's
+    try:
+        if kind == "messages":
+            text = tokenizer.apply_chat_template(value, tokenize=False, add_generation_prompt=True)
+            tokenizer.encode(text, add_special_tokens=False)
+        else:
+            tokenizer.encode(value)
+    except Exception as exc:
+        raise ConfigError(
+            f"the first row of {uri} does not render with the tokenizer at {tokenizer_path} "
+            f"({type(exc).__name__}: {exc}); every {kind} row would fail the same way"
+        ) from None
