@@ -333,7 +333,6 @@ def run_job(
     inputs = inspect_inputs(config.input_uri, storage, previous.input_files if previous else None)
     if previous:
         _refuse_changed_inputs(config, previous, inputs)
-    check_before_engines(config, inputs, storage)  # what one rendering pass and the configs reveal
     if config.speculative.enabled:  # a drafter of another target is refused before any engine starts
         drafter_report = check_drafter(config.model.path, config.speculative.drafter, config.speculative.checks_as_warnings)
         for warning in drafter_report.warnings:
@@ -350,6 +349,8 @@ def run_job(
         committed = location.committed_units()
         again = location.units_with_errors(committed, retryable_only=not retry_errors) if committed else set()
         todo = [u for u in units if u.unit_id not in committed or u.unit_id in again]
+        if todo:  # what one rendering pass and the configs reveal, before any engine starts
+            check_before_engines(config, inputs, storage)
         attempt = Attempt(
             number=number,
             started_at=_now(),

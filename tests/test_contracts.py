@@ -158,3 +158,41 @@ def test_acceptance_from_per_request_histogram():
     assert (total.num_drafts, total.draft_tokens, total.accepted_tokens) == (12, 36, 20)
     assert total.accepted_per_position == [9, 6, 5]
     assert Acceptance().acceptance_rate is None and Acceptance().mean_acceptance_length is None
+
+
+def test_max_tokens_beyond_the_room_left_is_clipped_visibly_or_refused():
+    from pipeline.preprocess import Preprocessor, RowError
+    from pipeline.tinykit import kit_paths
+
+    row = {"prompt": "x = 1\n" * 4, "max_tokens": 500}
+    clipping = Preprocessor(kit_paths()["target"], 64, {"max_tokens": 16})
+    prepared = clipping.prepare(row, "prompt")
+    assert prepared["max_tokens_clipped"] and prepared["max_tokens"] == 64 - len(prepared["prompt_token_ids"])
+    assert not clipping.prepare({"prompt": "x = 1"}, "prompt")["max_tokens_clipped"]
+    strict = Preprocessor(kit_paths()["target"], 64, {"max_tokens": 16, "clip_max_tokens": False})
+    with pytest.raises(RowError) as err:
+        strict.prepare(row, "prompt")
+    assert (err.value.kind, err.value.field) == ("max_tokens_too_long", "max_tokens") and "does not fit" in err.value.message
+
+
+def _unit(unit_id, rows=10, errors=0, retryable=0):
+    return {"unit_id": unit_id, "source": "s3://b/in.parquet", "rows": rows, "error_rows": errors,
+            "retryable_error_rows": retryable, "first_error": f"prompt_too_long: id-{unit_id}" if errors else None}
+
+
+def test_circuit_breaker_trips_on_an_error_share_over_its_window_and_on_repeated_infrastructure_errors():
+    from pipeline.breaker import ErrorBreaker, TooManyErrors
+    from pipeline.config import RetriesConfig
+
+    breaker = ErrorBreaker(RetriesConfig(max_error_fraction=0.1, breaker_window_units=3, breaker_consecutive_units=2))
+    for unit in (_unit("a"), _unit("b"), _unit("c"), _unit("d", errors=1), _unit("e", errors=1)):
+        breaker.observe(unit)  # windows of 3 units: 0, 1 and 2 errors of 30 rows, within 10 %
+    with pytest.raises(TooManyErrors, match=r"4 of the 30 rows of the last 3 units failed .* e\.g\. prompt_too_long: id-f in unit f"):
+        breaker.observe(_unit("f", errors=2))
+
+    streak = ErrorBreaker(RetriesConfig(breaker_consecutive_units=2, max_error_fraction=1.0))
+    streak.observe(_unit("a", errors=1, retryable=1))
+    streak.observe(_unit("b"))  # the streak breaks
+    streak.observe(_unit("c", errors=1, retryable=1))
+    with pytest.raises(TooManyErrors, match=r"2 units in a row have errors that are not their rows' own"):
+        streak.observe(_unit("d", errors=1, retryable=1))

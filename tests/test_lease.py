@@ -132,3 +132,28 @@ def test_malformed_yaml_and_a_file_as_output_are_refused_by_name(tmp_path, capsy
     path = write_job(tmp_path, {"target": kit["target"], "drafter": kit["drafter_eagle31"]}, {"id": ["p"], "prompt": ["x = 1"]})
     (tmp_path / "out").write_text("not a folder")
     assert "is a file" in refused(capsys, path)
+
+
+def test_a_changed_setting_blocks_a_resume_only_when_something_was_committed(tmp_path, capsys):
+    """The earlier attempt committed nothing: the changed config goes ahead (here to the next
+    check, which refuses its max_tokens). Once a unit is committed, the change is refused,
+    naming the setting and the flag that starts over."""
+    from pipeline.runner import model_fingerprint, versions
+    from pipeline.tinykit import kit_paths
+    from schemas import LAYOUT_VERSION, JobManifest, JobTotals
+
+    kit = kit_paths()
+    path = write_job(tmp_path, {"target": kit["target"], "drafter": kit["drafter_eagle31"]}, {"id": ["p"], "prompt": ["x = 1"]},
+                     sampling={"max_tokens": 300})
+    earlier = parse_config(job_config(str(tmp_path / "in"), str(tmp_path / "out"), {"target": kit["target"], "drafter": kit["drafter_eagle31"]}))
+    location = OutputLocation(Storage(), str(tmp_path / "out"))
+    location.write_manifest(JobManifest(
+        layout_version=LAYOUT_VERSION, job_id="earlier", status="failed", started_at="2026-11-30T00:00:00+00:00",
+        config=earlier.redacted(), results_fingerprint="0" * 64, versions=versions(), model=model_fingerprint(kit["target"]),
+        drafter=model_fingerprint(kit["drafter_eagle31"]), accelerator="cpu", input_files=[], totals=JobTotals(),
+    ).model_dump(mode="json"))
+    assert "sampling.max_tokens (300) leaves no room" in refused(capsys, path)
+
+    location.storage.write_json(location.path("_commits", "u.json"), {})
+    err = refused(capsys, path)
+    assert "holds results of job earlier made with other settings (sampling: " in err and "--restart" in err
