@@ -112,3 +112,31 @@ def job_config(input_uri: str, output_uri: str, kit: dict, **overrides) -> dict:
         else:
             config[key] = value
     return config
+
+
+@pytest.fixture(params=["local", "s3"])
+def location(request, tmp_path, s3_endpoint):
+    """An empty output location, on local files and on moto S3."""
+    from pipeline.outputs import OutputLocation
+    from pipeline.storage import Storage
+
+    if request.param == "local":
+        return OutputLocation(Storage(), str(tmp_path / "out"))
+    return OutputLocation(Storage(endpoint_url=s3_endpoint), f"s3://specbatch/location-{tmp_path.name}")
+
+
+def record_s3_requests(monkeypatch) -> list[tuple[str, str]]:
+    """Every S3 request s3fs sends from now on, as (operation, key or prefix), recorded at its
+    one entry point (`_call_s3`)."""
+    import s3fs
+
+    calls = []
+    original = s3fs.S3FileSystem._call_s3
+
+    async def recording(self, method, *args, **kwargs):
+        calls.append((method, kwargs.get("Key") or kwargs.get("Prefix") or ""))
+        return await original(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", recording)
+    return calls
+

@@ -14,7 +14,7 @@ from pipeline.config import parse_config
 from pipeline.outputs import OutputLocation
 from pipeline.runner import run_job
 from pipeline.storage import Storage
-from tests.conftest import job_config, write_prompts
+from tests.conftest import job_config, record_s3_requests, write_prompts
 
 GOOD_PROMPTS = [f"def function_{i}(x):\n    return" for i in range(12)]
 GOOD_CHATS = [[{"role": "user", "content": f"import os{i}"}] for i in range(6)]
@@ -122,17 +122,8 @@ def test_bad_rows_carry_file_row_field_and_reason(s3_run):
 def test_a_rerun_reads_no_output_file_and_no_input_footer(s3_run, s3_endpoint, trained_kit, monkeypatch):
     """A finished job rerun: the listings, its own documents and stats, nothing else. Every
     S3 request s3fs sends is recorded at its one entry point."""
-    import s3fs
-
     _, manifest, location = s3_run
-    calls = []
-    original = s3fs.S3FileSystem._call_s3
-
-    async def recording(self, method, *args, **kwargs):
-        calls.append((method, kwargs.get("Key") or kwargs.get("Prefix") or ""))
-        return await original(self, method, *args, **kwargs)
-
-    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", recording)
+    calls = record_s3_requests(monkeypatch)
     config = parse_config(job_config(
         "s3://specbatch/mixed/", "s3://specbatch/out-mixed/", trained_kit, storage={"endpoint_url": s3_endpoint},
         retries={"max_error_fraction": 0.5},

@@ -18,13 +18,6 @@ from tests.conftest import job_config
 FAST = LeaseConfig(heartbeat_seconds=0.2, stale_after_seconds=1.0)
 
 
-@pytest.fixture(params=["local", "s3"])
-def location(request, tmp_path, s3_endpoint):
-    if request.param == "local":
-        return OutputLocation(Storage(), str(tmp_path / "out"))
-    return OutputLocation(Storage(endpoint_url=s3_endpoint), f"s3://specbatch/lease-{tmp_path.name}")
-
-
 def test_a_live_lease_refuses_a_second_run_even_with_take_over(location):
     first = OutputLease(location, FAST, "job-1", 1)
     first.acquire()

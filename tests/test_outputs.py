@@ -14,6 +14,7 @@ import pytest
 from pipeline.outputs import OutputLocation
 from pipeline.storage import Storage
 from schemas import UnitStats
+from tests.conftest import record_s3_requests
 
 
 def stats(unit_id: str, rows: int, outputs: int) -> UnitStats:
@@ -33,13 +34,6 @@ def tables(ids: list[str], failed: set[str] = frozenset()) -> dict[str, pa.Table
 
 def commit_unit(location: OutputLocation, unit: str, ids: list[str], failed: set[str] = frozenset()):
     return location.commit(unit, tables(ids, failed), stats(unit, len(ids), len(ids) - len(failed)))
-
-
-@pytest.fixture(params=["local", "s3"])
-def location(request, tmp_path, s3_endpoint):
-    if request.param == "local":
-        return OutputLocation(Storage(), str(tmp_path / "out"))
-    return OutputLocation(Storage(endpoint_url=s3_endpoint), f"s3://specbatch/commit-{tmp_path.name}")
 
 
 def visible_ids(location):
@@ -134,19 +128,10 @@ def test_stats_count_each_committed_unit_once(location):
 def test_planning_a_resume_reads_no_output_file(s3_endpoint, monkeypatch):
     """What a resume reads of the output location: listings of _commits/, nothing else.
     Every S3 request s3fs sends is recorded (its one entry point, _call_s3)."""
-    import s3fs
-
     location = OutputLocation(Storage(endpoint_url=s3_endpoint), "s3://specbatch/resume-reads")
     for u in range(30):
         commit_unit(location, f"u{u:03d}", [f"{u}-{i}" for i in range(4)], failed={f"{u}-0"})
-    calls = []
-    original = s3fs.S3FileSystem._call_s3
-
-    async def recording(self, method, *args, **kwargs):
-        calls.append((method, kwargs.get("Key") or kwargs.get("Prefix") or ""))
-        return await original(self, method, *args, **kwargs)
-
-    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", recording)
+    calls = record_s3_requests(monkeypatch)
     assert len(location.committed_units()) == 30
     reads = [(m, k) for m, k in calls if m in ("get_object", "head_object")]
     assert not [k for _, k in reads if "/outputs/" in k or "/errors/" in k or k.endswith(".parquet")], reads
