@@ -333,10 +333,17 @@ def run_job(
     inputs = inspect_inputs(config.input_uri, storage, previous.input_files if previous else None)
     if previous:
         _refuse_changed_inputs(config, previous, inputs)
-    if config.speculative.enabled:  # a drafter of another target is refused before any engine starts
-        drafter_report = check_drafter(config.model.path, config.speculative.drafter, config.speculative.checks_as_warnings)
-        for warning in drafter_report.warnings:
-            log.warning("drafter check downgraded to a warning: %s", warning)
+
+    units = plan_units(inputs.files, config.resources.rows_per_unit)
+    committed = set() if restart else location.committed_units()
+    again = location.units_with_errors(committed, retryable_only=not retry_errors) if committed else set()
+    todo = [u for u in units if u.unit_id not in committed or u.unit_id in again]
+    if todo:  # refused before any engine starts: what one rendering pass and the configs reveal, ...
+        check_before_engines(config, inputs, storage)
+        if config.speculative.enabled:  # ... and a drafter of another target
+            report = check_drafter(config.model.path, config.speculative.drafter, config.speculative.checks_as_warnings)
+            for warning in report.warnings:
+                log.warning("drafter check downgraded to a warning: %s", warning)
 
     lease = OutputLease(location, config.lease, job_id, number)
     dead_owner = lease.acquire(take_over=take_over)
@@ -345,12 +352,6 @@ def run_job(
             location.clear()
         if previous:
             _close_killed_attempt(previous, dead_owner)
-        units = plan_units(inputs.files, config.resources.rows_per_unit)
-        committed = location.committed_units()
-        again = location.units_with_errors(committed, retryable_only=not retry_errors) if committed else set()
-        todo = [u for u in units if u.unit_id not in committed or u.unit_id in again]
-        if todo:  # what one rendering pass and the configs reveal, before any engine starts
-            check_before_engines(config, inputs, storage)
         attempt = Attempt(
             number=number,
             started_at=_now(),
