@@ -136,3 +136,15 @@ def test_planning_a_resume_reads_no_output_file(s3_endpoint, monkeypatch):
     reads = [(m, k) for m, k in calls if m in ("get_object", "head_object")]
     assert not [k for _, k in reads if "/outputs/" in k or "/errors/" in k or k.endswith(".parquet")], reads
     assert {m for m, _ in calls} <= {"list_objects_v2", "head_object"}, calls
+
+
+def test_units_with_errors_to_run_again_come_from_the_stats_not_the_output_files(location):
+    """A rerun runs again the units with retryable error rows; --retry-errors, every unit with
+    error rows. Both are found in the stats (files and markers), without opening errors/."""
+    commit_unit(location, "clean", ["a", "b"])
+    commit_unit(location, "final", ["c", "d"], failed={"d"})
+    retryable = stats("retry", 2, 1).model_copy(update={"retryable_error_rows": 1})
+    location.commit("retry", tables(["e", "f"], {"f"}), retryable)
+    committed = location.committed_units()
+    assert location.units_with_errors(committed, retryable_only=True) == {"retry"}
+    assert location.units_with_errors(committed, retryable_only=False) == {"final", "retry"}
