@@ -49,8 +49,10 @@ class OutputLease:
         self._thread: Optional[threading.Thread] = None
 
     def current(self) -> Optional[Lease]:
-        storage = self.location.storage
-        return Lease.model_validate(storage.read_json(self.uri)) if storage.exists(self.uri) else None
+        try:  # one GET; a lease released meanwhile is no lease
+            return Lease.model_validate(self.location.storage.read_json(self.uri))
+        except FileNotFoundError:
+            return None
 
     def acquire(self, take_over: bool = False) -> Optional[Lease]:
         """Take the lease; returns the stale lease taken over, if any."""
