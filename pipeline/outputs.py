@@ -157,9 +157,7 @@ class OutputLocation:
     def units_with_errors(self, committed: set[str], retryable_only: bool) -> set[str]:
         """Committed units with error rows (with `retryable_only`, rows a rerun generates
         again), from the stats files (and the markers of units none holds yet)."""
-        stats = self.stats_table(committed)
-        column = "retryable_error_rows" if retryable_only else "error_rows"
-        return {u for u, n in zip(stats.column("unit_id").to_pylist(), stats.column(column).to_pylist()) if n}
+        return error_units(self.stats_table(committed), retryable_only)
 
     # ------------------------------------------------------------------ cleanup
 
@@ -240,3 +238,7 @@ class OutputLocation:
         return self.storage.read_json(self.path(MANIFEST))
 
 
+def error_units(stats: pa.Table, retryable_only: bool) -> set[str]:
+    """Units of a stats table with error rows (with `retryable_only`, retryable ones)."""
+    column = "retryable_error_rows" if retryable_only else "error_rows"
+    return {u for u, n in zip(stats.column("unit_id").to_pylist(), stats.column(column).to_pylist()) if n}

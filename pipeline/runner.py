@@ -33,7 +33,7 @@ from pipeline.guard import AcceptanceGuard, AcceptanceTooLow
 from pipeline.inputs import InputReport, inspect_inputs
 from pipeline.preflight import check_before_engines
 from pipeline.lease import OutputLease
-from pipeline.outputs import OutputLocation
+from pipeline.outputs import OutputLocation, error_units
 from pipeline.stats import Acceptance
 from pipeline.storage import TRANSIENT_ERRORS, Storage
 from pipeline.units import WorkUnit, plan_units
@@ -336,7 +336,8 @@ def run_job(
 
     units = plan_units(inputs.files, config.resources.rows_per_unit)
     committed = set() if restart else location.committed_units()
-    again = location.units_with_errors(committed, retryable_only=not retry_errors) if committed else set()
+    done = location.stats_table(committed) if committed else None  # read once: units to retry, and a rerun's totals
+    again = error_units(done, retryable_only=not retry_errors) if done is not None else set()
     todo = [u for u in units if u.unit_id not in committed or u.unit_id in again]
     if todo:  # refused before any engine starts: what one rendering pass and the configs reveal, ...
         check_before_engines(config, inputs, storage)
@@ -379,7 +380,7 @@ def run_job(
         )
         location.write_manifest(manifest.model_dump(mode="json"))
         _say(progress, _plan_summary(units, todo, len(again)))
-        _run_attempt(config, inputs, units, todo, committed, location, manifest, previous, target, drafter, progress, verbose)
+        _run_attempt(config, inputs, units, todo, committed, done, location, manifest, previous, target, drafter, progress, verbose)
     finally:
         lease.release()
     return manifest
@@ -424,7 +425,9 @@ def _status(totals: JobTotals, config: JobConfig) -> str:
     return "completed_with_errors" if failed > config.retries.max_error_fraction else "succeeded"
 
 
-def _run_attempt(config, inputs, units, todo, committed, location, manifest, previous, target, drafter, progress, verbose) -> None:
+def _run_attempt(
+    config, inputs, units, todo, committed, done, location, manifest, previous, target, drafter, progress, verbose
+) -> None:
     attempt, started = manifest.attempts[-1], time.time()
     heard: dict[str, dict] = {}  # unit -> its stats row, for units this attempt committed
     try:
@@ -450,7 +453,7 @@ def _run_attempt(config, inputs, units, todo, committed, location, manifest, pre
             attempt.engine_deaths = [EngineDeath.model_validate(e) for e in location.engine_deaths(since=started)]
         clean = previous is not None and previous.status in ("succeeded", "completed_with_errors") and not todo
         if clean:  # a rerun of a finished job: nothing to tidy, nothing new to count
-            stats = location.stats_table(committed)
+            stats = done if done is not None else location.stats_table(committed)
         else:  # files of commits that never finished or were superseded; this attempt's stats file
             location.cleanup(committed)
             stats = location.write_stats(attempt.number, list(heard.values()), committed)
