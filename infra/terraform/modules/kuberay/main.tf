@@ -9,6 +9,7 @@ resource "helm_release" "kuberay_operator" {
   create_namespace = true
   atomic           = true
   wait             = true
+  timeout          = var.helm_timeout_seconds
 
   values = [yamlencode(merge(
     {
@@ -31,6 +32,7 @@ resource "helm_release" "nvidia_device_plugin" {
   namespace        = "nvidia-device-plugin"
   create_namespace = true
   atomic           = true
+  timeout          = var.helm_timeout_seconds
 
   values = [yamlencode({
     tolerations = [{ key = "nvidia.com/gpu", operator = "Exists", effect = "NoSchedule" }]

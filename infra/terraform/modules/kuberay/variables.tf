@@ -5,13 +5,13 @@ variable "namespace" {
 }
 
 variable "kuberay_version" {
-  description = "Version of the kuberay-operator Helm chart (and of the operator). RayJob ray.io/v1 needs 1.1 or later."
+  description = "Version of the kuberay-operator Helm chart (and of the operator). The RayJobs use backoffLimit (KubeRay 1.2) and preRunningDeadlineSeconds (1.6), so 1.6.0 or later. Helm installs the CRDs only once: on a cluster that had an older KubeRay, replace them too (docs/infra.md)."
   type        = string
   default     = "1.6.0"
 
   validation {
-    condition     = can(regex("^1\\.([1-9]|[1-9][0-9])\\.[0-9]+$", var.kuberay_version))
-    error_message = "kuberay_version must be a released 1.x version, 1.1.0 or later (e.g. 1.6.0)."
+    condition     = can(regex("^1\\.([6-9]|[1-9][0-9])\\.[0-9]+$", var.kuberay_version))
+    error_message = "kuberay_version must be a released version 1.6.0 or later (e.g. 1.6.0): older RayJob CRDs have no preRunningDeadlineSeconds (1.6) or backoffLimit (1.2), and the API server would drop them."
   }
 }
 
@@ -43,6 +43,12 @@ variable "nvidia_device_plugin_repository" {
   description = "Helm repository of the nvidia-device-plugin chart."
   type        = string
   default     = "https://nvidia.github.io/k8s-device-plugin"
+}
+
+variable "helm_timeout_seconds" {
+  description = "How long Helm waits for the operator and device plugin to be ready (a new cluster's nodes join first)."
+  type        = number
+  default     = 900
 }
 
 variable "operator_node_selector" {
