@@ -1,5 +1,6 @@
 # IRSA: an IAM role that only the Ray pods' Kubernetes service account can assume,
 # allowed to read the prompts prefix and to read and write the outputs prefix. Nothing else.
+# Optionally a second role for the scheduler pods: read the outputs' _job.json only.
 
 data "aws_iam_policy_document" "trust" {
   statement {
@@ -103,4 +104,66 @@ resource "aws_iam_policy" "data_access" {
 resource "aws_iam_role_policy_attachment" "data_access" {
   role       = aws_iam_role.ray.name
   policy_arn = aws_iam_policy.data_access.arn
+}
+
+# The scheduler pods (modules/workflows) read a dated prefix's _job.json before creating a
+# run, so that a rerun of a finished date starts no GPUs. They may read that file only.
+data "aws_iam_policy_document" "scheduler_trust" {
+  count = var.scheduler_service_account == "" ? 0 : 1
+  statement {
+    sid     = "SchedulerPodsServiceAccount"
+    effect  = "Allow"
+    actions = ["sts:AssumeRoleWithWebIdentity"]
+    principals {
+      type        = "Federated"
+      identifiers = [var.oidc_provider_arn]
+    }
+    condition {
+      test     = "StringEquals"
+      variable = "${var.oidc_issuer}:sub"
+      values   = ["system:serviceaccount:${var.namespace}:${var.scheduler_service_account}"]
+    }
+    condition {
+      test     = "StringEquals"
+      variable = "${var.oidc_issuer}:aud"
+      values   = ["sts.amazonaws.com"]
+    }
+  }
+}
+
+data "aws_iam_policy_document" "scheduler_access" {
+  count = var.scheduler_service_account == "" ? 0 : 1
+  statement {
+    sid       = "ReadJobManifests"
+    effect    = "Allow"
+    actions   = ["s3:GetObject"]
+    resources = ["${var.bucket_arn}/${var.outputs_prefix}*/_job.json"]
+  }
+  statement {
+    sid       = "BucketKeyViaS3"
+    effect    = "Allow"
+    actions   = ["kms:Decrypt"]
+    resources = [var.kms_key_arn]
+    condition {
+      test     = "StringEquals"
+      variable = "kms:ViaService"
+      values   = ["s3.${var.region}.amazonaws.com"]
+    }
+  }
+}
+
+resource "aws_iam_role" "scheduler" {
+  count                = var.scheduler_service_account == "" ? 0 : 1
+  name                 = "${var.name}-scheduler"
+  description          = "Assumed by the specbatch scheduler pods (${var.namespace}/${var.scheduler_service_account}) through IRSA."
+  assume_role_policy   = data.aws_iam_policy_document.scheduler_trust[0].json
+  max_session_duration = 3600
+  tags                 = var.tags
+}
+
+resource "aws_iam_role_policy" "scheduler" {
+  count  = var.scheduler_service_account == "" ? 0 : 1
+  name   = "read-job-manifests"
+  role   = aws_iam_role.scheduler[0].id
+  policy = data.aws_iam_policy_document.scheduler_access[0].json
 }

@@ -3,8 +3,8 @@ variable "name" {
   type        = string
 
   validation {
-    condition     = can(regex("^[A-Za-z0-9+=,.@_-]{1,58}$", var.name))
-    error_message = "name must be 1-58 characters of IAM role name characters."
+    condition     = can(regex("^[A-Za-z0-9+=,.@_-]{1,54}$", var.name))
+    error_message = "name must be 1-54 IAM role name characters (the scheduler's role adds -scheduler)."
   }
 }
 
@@ -31,6 +31,12 @@ variable "namespace" {
 variable "service_account" {
   description = "Kubernetes service account of the Ray head and worker pods; the only subject allowed to assume the role."
   type        = string
+}
+
+variable "scheduler_service_account" {
+  description = "Kubernetes service account of the scheduler pods, given a role that reads the outputs' _job.json and nothing else. Empty: no such role."
+  type        = string
+  default     = ""
 }
 
 variable "bucket_arn" {
