@@ -1,4 +1,5 @@
-"""Static checks of the infrastructure as code under infra/ (no cloud account, no terraform).
+"""Static checks of the infrastructure as code under infra/ (no cloud account, no terraform;
+tests/test_infra_workflow.py runs terraform on the provider-free modules and run.sh).
 
 - every .tf file parses (python-hcl2); modules exist, and each call passes exactly what the
   module declares; every var./local./module. reference resolves; required variables and
@@ -7,9 +8,7 @@
   data, TLS-only bucket policy;
 - identity: the IRSA policy, evaluated on concrete requests, allows reads on prompts/,
   reads and writes on outputs/ and nothing else; the trust policy names one service account;
-- Kubernetes: every YAML parses; the RayJob templates, rendered the way templatefile() and the
-  scheduler render them, carry what KubeRay needs; the scheduler script, run against a fake
-  kubectl, creates the generation RayJob on the dated prefix, then the report RayJob;
+- Kubernetes: every YAML parses; the CronJob and its RBAC;
 - the Dockerfile; the example job config validates against the pipeline's own schema;
 - checkov over infra/ reports no failed check, and every skip is justified in place.
 """
@@ -36,7 +35,7 @@ INFRA = ROOT / "infra"
 TF = INFRA / "terraform"
 MODULES = TF / "modules"
 EXAMPLE = TF / "envs" / "example"
-WORKFLOW_TEMPLATES = MODULES / "workflows" / "templates"
+RAYJOB_TEMPLATES = MODULES / "rayjob" / "templates"
 
 META_ARGS = {"source", "version", "count", "for_each", "providers", "depends_on"}
 
@@ -138,7 +137,7 @@ def test_every_tf_file_parses(path):
 
 
 def test_expected_layout():
-    for name in ("storage", "identity", "cluster", "kuberay", "workflows"):
+    for name in ("storage", "identity", "cluster", "kuberay", "workflows", "rayjob"):
         assert (MODULES / name / "main.tf").is_file(), name
         assert (MODULES / name / "variables.tf").is_file(), name
         assert (MODULES / name / "outputs.tf").is_file(), name
@@ -202,7 +201,7 @@ REQUIRED = {
     "modules/identity": (
         {"name", "oidc_provider_arn", "oidc_issuer", "namespace", "service_account", "bucket_arn",
          "kms_key_arn", "prompts_prefix", "outputs_prefix"},
-        {"role_arn"},
+        {"role_arn", "scheduler_role_arn"},
     ),
     "modules/cluster": (
         {"create_cluster", "cluster_name", "subnet_ids", "gpu_instance_types", "gpu_capacity_type",
@@ -210,18 +209,25 @@ REQUIRED = {
         {"cluster_name", "cluster_endpoint", "cluster_ca_certificate", "oidc_provider_arn", "oidc_issuer",
          "gpu_node_selector"},
     ),
-    "modules/kuberay": ({"kuberay_version", "install_nvidia_device_plugin"}, {"operator_namespace"}),
+    "modules/kuberay": ({"kuberay_version", "install_nvidia_device_plugin", "helm_timeout_seconds"}, {"operator_namespace"}),
     "modules/workflows": (
         {"namespace", "image", "ray_version", "service_account", "ray_role_arn", "bucket_name",
-         "outputs_prefix", "workflows", "gpu_node_selector"},
-        {"namespace", "cron_jobs", "output_uri_templates", "rayjob_manifests"},
+         "outputs_prefix", "workflows", "gpu_node_selector", "gpu_instance_types", "head_instance_types",
+         "ttl_seconds_after_finished", "keep_runs", "scheduler_role_arn"},
+        {"namespace", "cron_jobs", "output_uri_templates", "rayjob_manifests", "worker_sizing"},
+    ),
+    "modules/rayjob": (
+        {"workflow", "schedule", "replicas", "gpus_per_replica", "gpus_per_worker", "worker_cpu", "worker_memory",
+         "shm_size", "gpu_instance_types", "head_instance_types", "timeout_hours", "pre_running_deadline_seconds",
+         "ttl_seconds_after_finished", "env"},
+        {"sizing", "scheduler_seconds", "worker_pods", "generate", "report"},
     ),
     "envs/example": (
         {"region", "bucket_name", "access_log_bucket", "create_cluster", "cluster_name", "subnet_ids",
          "gpu_instance_types", "gpu_capacity_type", "gpu_min_nodes", "gpu_max_nodes", "image", "dataset",
-         "schedule", "replicas", "tensor_parallel_size"},
+         "schedule", "replicas", "tensor_parallel_size", "worker_cpu", "worker_memory", "shm_size", "timeout_hours"},
         {"bucket_name", "cluster_name", "kubeconfig_command", "ray_role_arn", "namespace", "cron_jobs",
-         "output_uri_templates", "rayjob_manifests"},
+         "output_uri_templates", "rayjob_manifests", "worker_sizing"},
     ),
 }
 
@@ -296,6 +302,7 @@ SAMPLE = {
     "region": "us-east-1",
     "namespace": "specbatch",
     "service_account": "specbatch-ray",
+    "scheduler_service_account": "specbatch-scheduler",
     "oidc_issuer": "oidc.eks.us-east-1.amazonaws.com/id/ABC",
     "oidc_provider_arn": "arn:aws:iam::123456789012:oidc-provider/oidc.eks.us-east-1.amazonaws.com/id/ABC",
 }
@@ -426,219 +433,50 @@ def test_every_yaml_parses(path):
     assert docs
 
 
-def _template_var_names() -> set[str]:
-    text = (MODULES / "workflows" / "main.tf").read_text()
-    block = text.split("template_vars = {", 1)[1].split("\n  rayjobs = {", 1)[0]
-    return set(re.findall(r"^\s{6}(\w+)\s+=", block, flags=re.M))
-
-
-def _render_tf_template(path: Path, values: dict) -> str:
-    """templatefile() for templates that only use plain ${name} interpolations."""
-    text = path.read_text()
-    assert "%{" not in text and "$${" not in text, f"{path.name}: keep templates to plain ${{name}}"
-    names = set(re.findall(r"\$\{([^}]*)\}", text))
-    assert all(re.fullmatch(r"\w+", n) for n in names), f"{path.name}: only plain ${{name}} interpolations"
-    assert names <= _template_var_names(), f"{path.name}: not passed by main.tf: {names - _template_var_names()}"
-    missing = names - set(values)
-    assert not missing, f"test sample lacks {missing}"
-    return re.sub(r"\$\{(\w+)\}", lambda m: str(values[m.group(1)]), text)
-
-
-def _sample_template_vars(**overrides) -> dict:
-    """What workflows/main.tf passes to templatefile(), for one sample workflow."""
-    extra_volumes = [{"name": "models", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}}]
-    extra_mounts = [{"name": "models", "mountPath": "/models", "readOnly": True}]
-    values = {
-        "namespace": "specbatch",
-        "workflow": "daily",
-        "image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/specbatch:0.1.0",
-        "ray_version": "2.60.0",
-        "service_account": "specbatch-ray",
-        "job_config_uri": "/etc/specbatch/job.yaml",
-        "output_uri": "s3://acme-data/outputs/support-chats/__RUN_DATE__/",
-        "active_deadline_seconds": 24 * 3600,
-        "head_cpu": "4",
-        "head_memory": "16Gi",
-        "worker_pods": 2,
-        "gpus_per_worker": 1,
-        "worker_cpu": "8",
-        "worker_memory": "48Gi",
-        "head_node_selector_json": json.dumps({"specbatch.io/pool": "system"}),
-        "gpu_node_selector_json": json.dumps({"specbatch.io/pool": "gpu"}),
-        "pod_security_context_json": json.dumps({"runAsNonRoot": True, "runAsUser": 1000,
-                                                 "seccompProfile": {"type": "RuntimeDefault"}}),
-        "container_security_context_json": json.dumps({"allowPrivilegeEscalation": False,
-                                                       "capabilities": {"drop": ["ALL"]}}),
-        "env_json": json.dumps([{"name": "AWS_REGION", "value": "us-east-1"}]),
-        "runtime_env_yaml": json.dumps(json.dumps({"env_vars": {"SPECBATCH_WORKFLOW": "daily",
-                                                                "SPECBATCH_RUN_DATE": "__RUN_DATE__"}})),
-        "head_volumes_json": json.dumps([{"name": "job-config", "configMap": {
-            "name": "specbatch-daily-config", "items": [{"key": "job.yaml", "path": "job.yaml"}]}}] + extra_volumes),
-        "head_volume_mounts_json": json.dumps([{"name": "job-config", "mountPath": "/etc/specbatch",
-                                                "readOnly": True}] + extra_mounts),
-        "worker_volumes_json": json.dumps([{"name": "dshm", "emptyDir": {"medium": "Memory"}}] + extra_volumes),
-        "worker_volume_mounts_json": json.dumps([{"name": "dshm", "mountPath": "/dev/shm"}] + extra_mounts),
-    }
-    values.update(overrides)
-    return values
-
-
-def _rayjob(template: str, run_date="2026-11-29", name="daily-20261129-020000") -> dict:
-    text = _render_tf_template(WORKFLOW_TEMPLATES / template, _sample_template_vars())
-    text = text.replace("__RUN_DATE__", run_date).replace("__RAYJOB_NAME__", name)
-    (doc,) = list(yaml.safe_load_all(text))
-    return doc
-
-
-def _check_pod(pod: dict, container_name: str):
-    spec = pod["spec"]
-    assert spec["serviceAccountName"] == "specbatch-ray"
-    assert spec["securityContext"]["runAsNonRoot"] is True
-    (container,) = [c for c in spec["containers"] if c["name"] == container_name]
-    assert container["image"].endswith("specbatch:0.1.0")
-    assert container["securityContext"]["allowPrivilegeEscalation"] is False
-    mounts = {m["name"] for m in container.get("volumeMounts", [])}
-    volumes = {v["name"] for v in spec.get("volumes", [])}
-    assert mounts <= volumes, mounts - volumes
-    return container
-
-
-def test_generation_rayjob_has_what_kuberay_needs():
-    job = _rayjob("rayjob-generate.yaml")
-    assert job["apiVersion"] == "ray.io/v1" and job["kind"] == "RayJob"
-    assert job["metadata"]["name"] == "daily-20261129-020000" and job["metadata"]["namespace"] == "specbatch"
-    spec = job["spec"]
-
-    entry = spec["entrypoint"].split()
-    assert entry[:2] == ["python", "/opt/specbatch/jobs/entrypoint.py"]
-    assert entry[entry.index("--config") + 1] == "/etc/specbatch/job.yaml"
-    assert entry[entry.index("--output-uri") + 1] == "s3://acme-data/outputs/support-chats/2026-11-29/"
-    runtime_env = yaml.safe_load(spec["runtimeEnvYAML"])  # as Ray reads it
-    assert runtime_env["env_vars"]["SPECBATCH_RUN_DATE"] == "2026-11-29"
-    assert all(isinstance(v, str) for v in runtime_env["env_vars"].values())  # Ray wants Dict[str, str]
-    assert "jsonencode(jsonencode(" in (MODULES / "workflows" / "main.tf").read_text()
-    assert spec["shutdownAfterJobFinishes"] is True and spec["submissionMode"] == "K8sJobMode"
-    assert spec["activeDeadlineSeconds"] > 0
-
-    cluster = spec["rayClusterSpec"]
-    assert cluster["rayVersion"] == "2.60.0"
-    head = cluster["headGroupSpec"]
-    assert "rayStartParams" in head
-    head_container = _check_pod(head["template"], "ray-head")
-    assert "nvidia.com/gpu" not in head_container["resources"]["limits"]
-    # The job config is mounted where --config points.
-    (mount,) = [m for m in head_container["volumeMounts"] if m["name"] == "job-config"]
-    (volume,) = [v for v in head["template"]["spec"]["volumes"] if v["name"] == "job-config"]
-    assert f"{mount['mountPath']}/{volume['configMap']['items'][0]['path']}" == "/etc/specbatch/job.yaml"
-
-    (workers,) = cluster["workerGroupSpecs"]
-    assert workers["groupName"] and "rayStartParams" in workers
-    assert workers["replicas"] == workers["minReplicas"] == workers["maxReplicas"] == 2
-    worker = _check_pod(workers["template"], "ray-worker")
-    gpus = worker["resources"]["limits"]["nvidia.com/gpu"]
-    assert isinstance(gpus, int) and gpus >= 1
-    assert worker["resources"]["requests"]["nvidia.com/gpu"] == gpus
-    assert workers["rayStartParams"]["num-gpus"] == str(gpus)
-    tolerations = workers["template"]["spec"]["tolerations"]
-    assert any(t["key"] == "nvidia.com/gpu" for t in tolerations)
-    assert workers["template"]["spec"]["nodeSelector"] == {"specbatch.io/pool": "gpu"}
-
-
-def test_report_rayjob_runs_specbatch_report_on_the_same_dated_prefix():
-    generate, report = _rayjob("rayjob-generate.yaml"), _rayjob("rayjob-report.yaml", name="daily-report-x")
-    assert report["apiVersion"] == "ray.io/v1" and report["kind"] == "RayJob"
-    out = generate["spec"]["entrypoint"].split("--output-uri ", 1)[1].split()[0]
-    assert report["spec"]["entrypoint"].split() == ["specbatch", "report", out]
-    head = report["spec"]["rayClusterSpec"]["headGroupSpec"]
-    _check_pod(head["template"], "ray-head")
-    assert report["spec"]["rayClusterSpec"]["workerGroupSpecs"] == []
-
-
 def test_cron_job_schedules_runs_without_overlap(tfdirs):
     wf = tfdirs[MODULES / "workflows"]
     cron = wf.nested("resource")[("kubernetes_cron_job_v1", "workflow")]
     spec = cron["spec"][0]
     assert spec["schedule"] == "${each.value.schedule}"
-    assert spec["concurrency_policy"] == "${each.value.concurrency_policy}"
+    # Only Forbid: Replace killed the scheduler pod and left its RayJob running.
+    assert spec["concurrency_policy"] == "Forbid"
+    assert "concurrency_policy" not in (MODULES / "workflows" / "variables.tf").read_text()
     wf_type = wf.variables["workflows"]["type"]
-    assert 'concurrency_policy = optional(string, "Forbid")' in (MODULES / "workflows" / "variables.tf").read_text()
     assert "schedule" in str(wf_type) and "dataset" in str(wf_type)
-    pod = spec["job_template"][0]["spec"][0]["template"][0]["spec"][0]
+    job = spec["job_template"][0]["spec"][0]
+    assert job["active_deadline_seconds"] == "${module.rayjob[each.key].scheduler_seconds}"
+    pod = job["template"][0]["spec"][0]
     (container,) = pod["container"]
     assert container["command"] == ["/bin/sh", "/etc/specbatch-workflow/run.sh"]
     assert container["security_context"][0]["read_only_root_filesystem"] is True
+    assert {e["name"] for e in container["env"]} >= {"WORKFLOW", "NAMESPACE", "OUTPUT_URI", "KEEP_RUNS"}
     assert pod["restart_policy"] == "Never"
     # The dated prefix: OUTPUTS_PREFIX/<dataset>/<run date>/.
     assert "/${var.outputs_prefix}${w.dataset}/__RUN_DATE__/" in wf.text
-    # The scheduler may only create and read RayJobs.
+    # The scheduler may only create, read and delete (old runs') RayJobs.
     (rule,) = wf.nested("resource")[("kubernetes_role_v1", "scheduler")]["rule"]
     assert rule["api_groups"] == ["ray.io"] and rule["resources"] == ["rayjobs"]
-    assert set(rule["verbs"]) <= {"create", "get", "list", "watch"}
+    assert set(rule["verbs"]) == {"create", "get", "list", "watch", "delete"}
 
 
-FAKE_KUBECTL = r"""#!/bin/sh
-# Stands in for kubectl: records calls, stores created manifests, reports RayJob states.
-echo "$*" >> "$FAKE_DIR/calls"
-case "$1" in
-  create) n=$(ls "$FAKE_DIR" | grep -c '^created-'); cat > "$FAKE_DIR/created-$n.yaml" ;;
-  get)
-    case "$*" in
-      *jobDeploymentStatus*) echo Complete ;;
-      *jobStatus*) case "$3" in *-report-*) echo "$FAKE_REPORT_STATUS" ;; *) echo "$FAKE_GENERATE_STATUS" ;; esac ;;
-    esac ;;
-esac
-"""
-
-
-def _run_scheduler(tmp_path: Path, generate_status: str) -> tuple[subprocess.CompletedProcess, list[dict], str]:
-    sh = shutil.which("sh")
-    if sh is None:
-        pytest.skip("no POSIX shell")
-    templates = tmp_path / "templates"
-    templates.mkdir()
-    values = _sample_template_vars()
-    for name in ("rayjob-generate.yaml", "rayjob-report.yaml"):
-        (templates / name).write_text(_render_tf_template(WORKFLOW_TEMPLATES / name, values))
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "kubectl").write_text(FAKE_KUBECTL)
-    (fake / "kubectl").chmod(0o755)
-    state = tmp_path / "state"
-    state.mkdir()
-    env = {
-        "PATH": f"{fake}{os.pathsep}{os.environ.get('PATH', '')}",
-        "WORKFLOW": "daily", "NAMESPACE": "specbatch", "POLL_SECONDS": "0",
-        "TEMPLATES": str(templates), "FAKE_DIR": str(state),
-        "FAKE_GENERATE_STATUS": generate_status, "FAKE_REPORT_STATUS": "SUCCEEDED",
-    }
-    proc = subprocess.run([sh, str(WORKFLOW_TEMPLATES / "run.sh")], env=env, capture_output=True, text=True,
-                          timeout=60)
-    created = [yaml.safe_load(p.read_text()) for p in sorted(state.glob("created-*.yaml"))]
-    return proc, created, (state / "calls").read_text() if (state / "calls").exists() else ""
-
-
-def test_scheduler_creates_generation_then_report_on_the_dated_prefix(tmp_path):
-    before = datetime.now(timezone.utc).strftime("%Y-%m-%d")
-    proc, created, calls = _run_scheduler(tmp_path, "SUCCEEDED")
-    after = datetime.now(timezone.utc).strftime("%Y-%m-%d")
-    assert proc.returncode == 0, proc.stderr
-    assert [j["metadata"]["labels"]["app.kubernetes.io/component"] for j in created] == ["generate", "report"]
-    generate, report = created
-    run_date = generate["metadata"]["labels"]["specbatch.io/run-date"]
-    assert run_date in (before, after)
-    out = f"s3://acme-data/outputs/support-chats/{run_date}/"
-    assert generate["spec"]["entrypoint"].endswith(f"--output-uri {out}")
-    assert report["spec"]["entrypoint"] == f"specbatch report {out}"
-    assert re.fullmatch(r"daily-\d{8}-\d{6}", generate["metadata"]["name"])
-    assert report["metadata"]["name"] == generate["metadata"]["name"].replace("daily-", "daily-report-", 1)
-    assert "__" not in json.dumps(created)
-    assert calls.splitlines()[0].startswith("create -n specbatch -f -")
-
-
-def test_scheduler_skips_the_report_and_fails_when_generation_fails(tmp_path):
-    proc, created, _ = _run_scheduler(tmp_path, "FAILED")
-    assert proc.returncode != 0
-    assert [j["metadata"]["labels"]["app.kubernetes.io/component"] for j in created] == ["generate"]
+def test_scheduler_role_reads_job_manifests_only():
+    (trust,) = _policy("scheduler_trust")
+    conditions = {(t, k): v for t, k, v in trust["conditions"]}
+    issuer = SAMPLE["oidc_issuer"]
+    assert conditions[("StringEquals", f"{issuer}:sub")] == ["system:serviceaccount:specbatch:specbatch-scheduler"]
+    p = _policy("scheduler_access")
+    b = SAMPLE["bucket_arn"]
+    via_s3 = {"kms:ViaService": "s3.us-east-1.amazonaws.com"}
+    assert _allowed(p, "s3:GetObject", f"{b}/outputs/support-chats/2026-11-29/_job.json")
+    assert _allowed(p, "kms:Decrypt", SAMPLE["kms_key_arn"], via_s3)
+    for action, resource in [
+        ("s3:GetObject", f"{b}/outputs/support-chats/2026-11-29/outputs/part-0.parquet"),
+        ("s3:GetObject", f"{b}/prompts/support-chats/part-0.parquet"),
+        ("s3:PutObject", f"{b}/outputs/support-chats/2026-11-29/_job.json"),
+        ("s3:ListBucket", b),
+        ("kms:GenerateDataKey", SAMPLE["kms_key_arn"]),
+    ]:
+        assert not _allowed(p, action, resource, via_s3), (action, resource)
 
 
 # --- Example environment -------------------------------------------------------------------------------
@@ -689,7 +527,7 @@ def test_dockerfile():
     text = "\n".join(instructions)
     assert '".[cuda]"' in text or "'.[cuda]'" in text or ".[cuda]" in text
     assert re.search(r"^COPY .*\bjobs\b", text, flags=re.M)
-    assert "/opt/specbatch/jobs/entrypoint.py" in (WORKFLOW_TEMPLATES / "rayjob-generate.yaml").read_text()
+    assert "/opt/specbatch/jobs/entrypoint.py" in (RAYJOB_TEMPLATES / "rayjob-generate.yaml").read_text()
     assert re.search(r"^WORKDIR /opt/specbatch$", text, flags=re.M)
 
 

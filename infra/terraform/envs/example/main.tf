@@ -2,7 +2,8 @@
 # pods' IRSA role, and one daily dataset-generation workflow with its cost report.
 
 locals {
-  ray_service_account = "specbatch-ray"
+  ray_service_account       = "specbatch-ray"
+  scheduler_service_account = "specbatch-scheduler"
 
   models_volumes = var.models_claim_name == "" ? [] : [{
     name                  = "models"
@@ -52,6 +53,8 @@ module "identity" {
   prompts_prefix    = var.prompts_prefix
   outputs_prefix    = var.outputs_prefix
   tags              = var.tags
+
+  scheduler_service_account = local.scheduler_service_account
 }
 
 module "kuberay" {
@@ -60,6 +63,9 @@ module "kuberay" {
   kuberay_version              = var.kuberay_version
   install_nvidia_device_plugin = var.install_nvidia_device_plugin
   operator_node_selector       = module.cluster.system_node_selector
+
+  # Helm waits (atomic) for the operator pod: on a new cluster, only once the nodes exist.
+  depends_on = [module.cluster]
 }
 
 module "workflows" {
@@ -76,6 +82,11 @@ module "workflows" {
   gpu_node_selector   = module.cluster.gpu_node_selector
   extra_volumes       = local.models_volumes
   extra_volume_mounts = local.models_mounts
+  gpu_instance_types  = var.gpu_instance_types
+  head_instance_types = module.cluster.system_instance_types
+
+  scheduler_service_account = local.scheduler_service_account
+  scheduler_role_arn        = module.identity.scheduler_role_arn
 
   workflows = {
     daily = {
@@ -84,6 +95,10 @@ module "workflows" {
       replicas         = var.replicas
       gpus_per_replica = var.tensor_parallel_size
       gpus_per_worker  = var.gpus_per_node
+      worker_cpu       = var.worker_cpu
+      worker_memory    = var.worker_memory
+      shm_size         = var.shm_size
+      timeout_hours    = var.timeout_hours
       job_config_yaml = templatefile("${path.module}/job-config.yaml", {
         job_name             = "${var.dataset}-daily"
         input_uri            = "${module.storage.prompts_uri}${var.dataset}/"

@@ -52,3 +52,21 @@ output "rayjob_manifests" {
   description = "Generation RayJob of each workflow, for one-off runs."
   value       = module.workflows.rayjob_manifests
 }
+
+output "worker_sizing" {
+  description = "Per workflow: what a GPU node gives a pod, and the worker pods' count and sizes."
+  value       = module.workflows.worker_sizing
+
+  precondition {
+    condition     = alltrue([for w in module.workflows.worker_sizing : w.worker_pods <= var.gpu_max_nodes])
+    error_message = "A run needs ${max([for w in module.workflows.worker_sizing : w.worker_pods]...)} GPU worker pods, one node each, but gpu_max_nodes is ${var.gpu_max_nodes}: raise gpu_max_nodes (and gpu_min_nodes without an autoscaler) or lower replicas."
+  }
+}
+
+# Without a Cluster Autoscaler the pool never grows past gpu_min_nodes.
+check "gpu_nodes_cover_a_run" {
+  assert {
+    condition     = alltrue([for w in module.workflows.worker_sizing : w.worker_pods <= var.gpu_min_nodes])
+    error_message = "gpu_min_nodes (${var.gpu_min_nodes}) is below a run's GPU worker pods: runs wait for nodes unless a Cluster Autoscaler or Karpenter adds them."
+  }
+}

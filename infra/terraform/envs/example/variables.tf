@@ -98,7 +98,7 @@ variable "gpu_capacity_type" {
 }
 
 variable "gpu_min_nodes" {
-  description = "GPU nodes kept running. Without a Cluster Autoscaler (not installed here) it must cover a run's worker pods: ceil(replicas * tensor_parallel_size / gpus_per_node)."
+  description = "GPU nodes kept running. Without a Cluster Autoscaler (not installed here) it must cover a run's worker pods (the worker_sizing output)."
   type        = number
   default     = 1
 }
@@ -110,18 +110,42 @@ variable "gpu_max_nodes" {
 }
 
 variable "gpus_per_node" {
-  description = "GPUs of one GPU instance type (1 for g6e.xlarge, 8 for p4d.24xlarge); a Ray worker pod takes a whole node."
+  description = "GPUs per Ray worker pod. null: the replicas' GPUs up to a whole node of gpu_instance_types (1 on g6e.xlarge, up to 8 on p4d.24xlarge)."
   type        = number
-  default     = 1
+  default     = null
 
   validation {
-    condition     = contains([1, 2, 4, 8], var.gpus_per_node)
-    error_message = "gpus_per_node must be 1, 2, 4 or 8."
+    condition     = var.gpus_per_node == null || try(contains([1, 2, 4, 8], var.gpus_per_node), false)
+    error_message = "gpus_per_node must be null, 1, 2, 4 or 8."
   }
 }
 
+variable "worker_cpu" {
+  description = "CPU of a Ray worker pod, e.g. \"30\". null (recommended): derived from gpu_instance_types; a value that does not fit fails the plan."
+  type        = string
+  default     = null
+}
+
+variable "worker_memory" {
+  description = "Memory of a Ray worker pod, e.g. \"200Gi\" (includes its /dev/shm). null (recommended): derived from gpu_instance_types."
+  type        = string
+  default     = null
+}
+
+variable "shm_size" {
+  description = "/dev/shm of a Ray worker pod. null: 30% of its memory."
+  type        = string
+  default     = null
+}
+
+variable "timeout_hours" {
+  description = "Deadline of a generation run, pending pods included. A daily schedule allows at most 22 (the report and the next day's start need the rest)."
+  type        = number
+  default     = 20
+}
+
 variable "kuberay_version" {
-  description = "KubeRay operator (Helm chart) version."
+  description = "KubeRay operator (Helm chart) version, 1.6.0 or later."
   type        = string
   default     = "1.6.0"
 }

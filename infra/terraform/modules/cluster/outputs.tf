@@ -32,3 +32,8 @@ output "system_node_selector" {
   description = "Node selector of the CPU node group (empty for an existing cluster)."
   value       = var.create_cluster ? { "specbatch.io/pool" = "system" } : {}
 }
+
+output "system_instance_types" {
+  description = "Instance types of the CPU node group that runs the Ray heads (empty for an existing cluster)."
+  value       = var.create_cluster ? var.system_instance_types : []
+}

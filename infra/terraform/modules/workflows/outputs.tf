@@ -20,5 +20,10 @@ output "output_uri_templates" {
 
 output "rayjob_manifests" {
   description = "Generation RayJob of each workflow, for a one-off run: replace __RAYJOB_NAME__ and __RUN_DATE__, then kubectl create -f -."
-  value       = { for name, r in local.rayjobs : name => r.generate }
+  value       = { for name, r in module.rayjob : name => r.generate }
+}
+
+output "worker_sizing" {
+  description = "Per workflow: what a GPU node gives a pod, and the worker pods' count and sizes."
+  value       = { for name, r in module.rayjob : name => r.sizing }
 }

@@ -1,11 +1,13 @@
 # The scheduler: a CronJob per workflow whose pod creates the run's RayJobs and waits for
-# them, with a service account that may only create and read RayJobs in this namespace.
+# them, with a service account that may only create, read and delete RayJobs in this
+# namespace and, through IRSA when scheduler_role_arn is set, read the outputs' _job.json.
 
 resource "kubernetes_service_account_v1" "scheduler" {
   metadata {
-    name      = "specbatch-scheduler"
-    namespace = local.namespace
-    labels    = local.labels
+    name        = var.scheduler_service_account
+    namespace   = local.namespace
+    labels      = local.labels
+    annotations = var.scheduler_role_arn == "" ? {} : { "eks.amazonaws.com/role-arn" = var.scheduler_role_arn }
   }
   automount_service_account_token = false
 }
@@ -19,7 +21,7 @@ resource "kubernetes_role_v1" "scheduler" {
   rule {
     api_groups = ["ray.io"]
     resources  = ["rayjobs"]
-    verbs      = ["create", "get", "list", "watch"]
+    verbs      = ["create", "get", "list", "watch", "delete"] # delete: cleanup of old runs' RayJobs
   }
 }
 
@@ -52,7 +54,7 @@ resource "kubernetes_cron_job_v1" "workflow" {
 
   spec {
     schedule                      = each.value.schedule
-    concurrency_policy            = each.value.concurrency_policy
+    concurrency_policy            = "Forbid" # Replace would kill the scheduler pod and leave its RayJob running
     starting_deadline_seconds     = 3600
     successful_jobs_history_limit = 3
     failed_jobs_history_limit     = 5
@@ -65,7 +67,7 @@ resource "kubernetes_cron_job_v1" "workflow" {
       spec {
         # A failed run is not retried blindly: re-running the same dated prefix resumes it.
         backoff_limit              = 0
-        active_deadline_seconds    = each.value.timeout_hours * 3600 + 7200
+        active_deadline_seconds    = module.rayjob[each.key].scheduler_seconds
         ttl_seconds_after_finished = 7 * 24 * 3600
 
         template {
@@ -100,6 +102,18 @@ resource "kubernetes_cron_job_v1" "workflow" {
               env {
                 name  = "NAMESPACE"
                 value = local.namespace
+              }
+              env {
+                name  = "OUTPUT_URI"
+                value = each.value.output_uri
+              }
+              env {
+                name  = "KEEP_RUNS"
+                value = tostring(var.keep_runs)
+              }
+              env {
+                name  = "AWS_REGION"
+                value = var.aws_region
               }
               env {
                 name  = "HOME"

@@ -100,7 +100,7 @@ variable "extra_volume_mounts" {
 }
 
 variable "scheduler_image" {
-  description = "Image of the scheduler pods that create the RayJobs: needs sh, sed and kubectl. Pin by tag or digest."
+  description = "Image of the scheduler pods that create the RayJobs: needs sh, sed, awk, kubectl, and aws and jq for the _job.json check. Pin by tag or digest."
   type        = string
   default     = "docker.io/alpine/k8s:1.33.4"
 
@@ -120,28 +120,31 @@ variable "workflows" {
       job_config_uri      where the job reads its config; defaults to the mounted file (an s3:// URI must be under a prefix the role can read)
       replicas            engine replicas (resources.replicas of the job config)
       gpus_per_replica    GPUs per replica (resources.gpus_per_replica = engine.tensor_parallel_size)
-      gpus_per_worker     GPUs per Ray worker pod (at most one node's GPUs; a multiple of gpus_per_replica)
-      worker_cpu/memory   CPU and memory of a Ray worker pod; shm_size its /dev/shm
-      concurrency_policy  Forbid (default: a run never overlaps the previous one) or Replace
-      timeout_hours       deadline of one generation RayJob
+      gpus_per_worker     GPUs per Ray worker pod; unset: the replicas' GPUs up to a whole node
+      worker_cpu/memory   CPU and memory of a Ray worker pod, shm_size its /dev/shm; unset: derived
+                          from gpu_instance_types (modules/rayjob/instance_types.tf), and checked when set
+      timeout_hours       deadline of one generation RayJob, from its creation
+      pre_running_deadline_minutes
+                          a RayJob whose pods are not running by then fails (unschedulable, image pull)
       suspend             pause the schedule
       env                 extra environment variables of the Ray job (runtime_env env_vars); no credentials
+    Runs of one workflow never overlap: the CronJob's concurrencyPolicy is Forbid.
   EOT
   type = map(object({
-    schedule           = string
-    dataset            = string
-    job_config_yaml    = optional(string, "")
-    job_config_uri     = optional(string, "/etc/specbatch/job.yaml")
-    replicas           = optional(number, 1)
-    gpus_per_replica   = optional(number, 1)
-    gpus_per_worker    = optional(number, 1)
-    worker_cpu         = optional(string, "8")
-    worker_memory      = optional(string, "48Gi")
-    shm_size           = optional(string, "16Gi")
-    concurrency_policy = optional(string, "Forbid")
-    timeout_hours      = optional(number, 24)
-    suspend            = optional(bool, false)
-    env                = optional(map(string), {})
+    schedule                     = string
+    dataset                      = string
+    job_config_yaml              = optional(string, "")
+    job_config_uri               = optional(string, "/etc/specbatch/job.yaml")
+    replicas                     = optional(number, 1)
+    gpus_per_replica             = optional(number, 1)
+    gpus_per_worker              = optional(number)
+    worker_cpu                   = optional(string)
+    worker_memory                = optional(string)
+    shm_size                     = optional(string)
+    timeout_hours                = optional(number, 20)
+    pre_running_deadline_minutes = optional(number, 30)
+    suspend                      = optional(bool, false)
+    env                          = optional(map(string), {})
   }))
   default = {}
 
@@ -162,15 +165,15 @@ variable "workflows" {
 
   validation {
     condition = alltrue([for w in var.workflows :
-      w.replicas >= 1 && w.gpus_per_replica >= 1 && w.gpus_per_worker >= w.gpus_per_replica &&
-      floor(w.gpus_per_replica) == w.gpus_per_replica && w.gpus_per_worker % w.gpus_per_replica == 0
+      w.replicas >= 1 && w.gpus_per_replica >= 1 && floor(w.gpus_per_replica) == w.gpus_per_replica &&
+      (w.gpus_per_worker == null || try(w.gpus_per_worker >= w.gpus_per_replica && w.gpus_per_worker % w.gpus_per_replica == 0, false))
     ])
     error_message = "Each workflow needs replicas >= 1 and whole gpus_per_replica >= 1 dividing gpus_per_worker (a replica's GPUs are on one pod)."
   }
 
   validation {
-    condition     = alltrue([for w in var.workflows : contains(["Forbid", "Replace"], w.concurrency_policy)])
-    error_message = "concurrency_policy must be Forbid or Replace (Allow would let runs of one dataset and date overlap)."
+    condition     = alltrue([for w in var.workflows : w.pre_running_deadline_minutes >= 1 && w.pre_running_deadline_minutes * 60 < w.timeout_hours * 3600])
+    error_message = "pre_running_deadline_minutes must be at least 1 and shorter than timeout_hours."
   }
 
   validation {
@@ -184,6 +187,53 @@ variable "workflows" {
     ])])
     error_message = "env must not carry credentials: the Ray pods get theirs from IRSA."
   }
+}
+
+variable "gpu_instance_types" {
+  description = "Instance types of the GPU node pool (the cluster module's gpu_instance_types); worker pods are sized to fit the smallest."
+  type        = list(string)
+  default     = ["g6e.xlarge"]
+}
+
+variable "head_instance_types" {
+  description = "Instance types of the nodes that run the Ray heads (the cluster module's system_instance_types); empty skips the head size check."
+  type        = list(string)
+  default     = []
+}
+
+variable "ttl_seconds_after_finished" {
+  description = "Seconds a finished run's Ray cluster (GPU workers included) is kept to read its logs before KubeRay deletes it."
+  type        = number
+  default     = 300
+}
+
+variable "report_timeout_seconds" {
+  description = "Deadline of a cost-report RayJob."
+  type        = number
+  default     = 3600
+}
+
+variable "keep_runs" {
+  description = "RayJobs of the last keep_runs run dates of a workflow are kept (status, submitter logs); finished older ones are deleted at each run."
+  type        = number
+  default     = 14
+
+  validation {
+    condition     = var.keep_runs >= 1
+    error_message = "keep_runs must be at least 1."
+  }
+}
+
+variable "scheduler_service_account" {
+  description = "Name of the scheduler pods' service account."
+  type        = string
+  default     = "specbatch-scheduler"
+}
+
+variable "scheduler_role_arn" {
+  description = "IAM role (IRSA) of the scheduler pods that may read the outputs' _job.json, so that a rerun of a finished date starts no GPUs. Empty: no check, every run creates its RayJob."
+  type        = string
+  default     = ""
 }
 
 variable "labels" {

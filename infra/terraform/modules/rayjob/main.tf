@@ -1,0 +1,150 @@
+# The two RayJobs of one workflow (generation, cost report), rendered with templatefile(),
+# and the sizes of their pods, derived from or checked against the node types they run on.
+# run.sh fills in __RAYJOB_NAME__ and __RUN_DATE__ at run time.
+
+locals {
+  # Quantities in millicores and MiB. An unparsable one is null and fails a check below.
+  mem_units = { "" = 1 / 1048576, Ki = 1 / 1024, Mi = 1, Gi = 1024, Ti = 1048576, K = 1000 / 1048576, M = 1000000 / 1048576, G = 1000000000 / 1048576, T = 1000000000000 / 1048576 }
+  quantity  = "^([0-9]+(?:\\.[0-9]+)?)(Ki|Mi|Gi|Ti|K|M|G|T)?$"
+
+  raw_cpu    = { worker = var.worker_cpu, head = var.head_cpu, reserve = var.daemonset_reserve.cpu }
+  raw_memory = { worker = var.worker_memory, shm = var.shm_size, head = var.head_memory, reserve = var.daemonset_reserve.memory }
+  cpu_m = { for k, v in local.raw_cpu : k => v == null ? null : try(
+    tonumber(regex("^([0-9]+)m$", v)[0]),
+    tonumber(regex("^[0-9]+(?:\\.[0-9]+)?$", v)) * 1000,
+    null,
+  ) }
+  memory_parts = { for k, v in local.raw_memory : k => try(regex(local.quantity, v), null) }
+  memory_mi    = { for k, p in local.memory_parts : k => p == null ? null : tonumber(p[0]) * local.mem_units[p[1] == null ? "" : p[1]] }
+  unparsable = concat(
+    [for k, v in local.raw_cpu : "${k} CPU \"${v}\"" if v != null && local.cpu_m[k] == null],
+    [for k, v in local.raw_memory : "${k} memory \"${v}\"" if v != null && local.memory_mi[k] == null],
+  )
+
+  reserve_cpu_m     = coalesce(local.cpu_m.reserve, 0)
+  reserve_memory_mi = coalesce(local.memory_mi.reserve, 0)
+
+  # The GPU node type that gives a pod the least of each resource; every type must fit a worker.
+  unknown_gpu_types = [for t in var.gpu_instance_types : t if !contains(keys(local.gpu_instance_types), t)]
+  known_gpu_types   = [for t in var.gpu_instance_types : t if contains(keys(local.gpu_instance_types), t)]
+  gpu_node = length(local.known_gpu_types) == 0 ? { cpu_m = 0, memory_mi = 0, gpus = 0 } : {
+    cpu_m     = min([for t in local.known_gpu_types : local.allocatable[t].cpu_m]...) - local.reserve_cpu_m
+    memory_mi = min([for t in local.known_gpu_types : local.allocatable[t].memory_mi]...) - local.reserve_memory_mi
+    gpus      = min([for t in local.known_gpu_types : local.allocatable[t].gpus]...)
+  }
+  unknown_head_types = [for t in var.head_instance_types : t if !contains(keys(local.cpu_instance_types), t)]
+  known_head_types   = [for t in var.head_instance_types : t if contains(keys(local.cpu_instance_types), t)]
+  head_node = length(local.known_head_types) == 0 ? null : {
+    cpu_m     = min([for t in local.known_head_types : local.allocatable[t].cpu_m]...) - local.reserve_cpu_m
+    memory_mi = min([for t in local.known_head_types : local.allocatable[t].memory_mi]...) - local.reserve_memory_mi
+  }
+
+  # Default: the replicas' GPUs, up to a whole node, in whole replicas; CPU and memory in
+  # proportion to the node's GPUs the worker takes, so that smaller workers can share a node.
+  node_gpus           = max(local.gpu_node.gpus, 1)
+  replicas_per_node   = max(floor(local.node_gpus / var.gpus_per_replica), 1)
+  gpus_per_worker     = coalesce(var.gpus_per_worker, min(var.replicas, local.replicas_per_node) * var.gpus_per_replica)
+  worker_share        = min(local.gpus_per_worker / local.node_gpus, 1)
+  worker_cpu_m        = coalesce(local.cpu_m.worker, floor(local.gpu_node.cpu_m * local.worker_share / 100) * 100)
+  worker_memory_mi    = coalesce(local.memory_mi.worker, floor(local.gpu_node.memory_mi * local.worker_share / 1024) * 1024)
+  shm_mi              = coalesce(local.memory_mi.shm, max(floor(local.worker_memory_mi * 0.3 / 1024), 1) * 1024)
+  replicas_per_worker = max(floor(local.gpus_per_worker / var.gpus_per_replica), 1)
+  worker_pods         = ceil(var.replicas / local.replicas_per_worker)
+
+  sizing = {
+    gpu_instance_types = var.gpu_instance_types
+    node_cpu_m         = local.gpu_node.cpu_m
+    node_memory_mi     = local.gpu_node.memory_mi
+    node_gpus          = local.gpu_node.gpus
+    worker_pods        = local.worker_pods
+    gpus_per_worker    = local.gpus_per_worker
+    worker_cpu         = "${local.worker_cpu_m}m"
+    worker_memory      = "${floor(local.worker_memory_mi)}Mi"
+    shm_size           = "${floor(local.shm_mi)}Mi"
+    worker_num_cpus    = max(floor(local.worker_cpu_m / 1000), 1)
+  }
+
+  # How long a scheduler pod can live: the generation deadline (pending pods included), the
+  # report's, and slack for polling and cleanup. Forbid holds the next run until it ends.
+  scheduler_seconds = var.timeout_hours * 3600 + var.report_timeout_seconds + 1800
+  daily             = contains(["@daily", "@midnight"], trimspace(var.schedule)) || can(regex("^[0-9]+ [0-9]+ \\* \\* \\*$", trimspace(var.schedule)))
+
+  # The same offline environment as `ray job submit --runtime-env jobs/runtime_env.yaml`:
+  # the image holds the models' code and the weights are on a volume, never a hub download.
+  offline_env = {
+    HF_HUB_OFFLINE         = "1"
+    TRANSFORMERS_OFFLINE   = "1"
+    TOKENIZERS_PARALLELISM = "false"
+  }
+
+  pod_security_context = {
+    runAsNonRoot   = true
+    runAsUser      = 1000
+    runAsGroup     = 100
+    fsGroup        = 100
+    seccompProfile = { type = "RuntimeDefault" }
+  }
+  container_security_context = {
+    allowPrivilegeEscalation = false
+    privileged               = false
+    capabilities             = { drop = ["ALL"] }
+  }
+  pod_env = concat(
+    [
+      { name = "AWS_REGION", value = var.aws_region },
+      { name = "AWS_DEFAULT_REGION", value = var.aws_region },
+    ],
+    [for k, v in local.offline_env : { name = k, value = v }],
+  )
+
+  template_vars = {
+    namespace                       = var.namespace
+    workflow                        = var.workflow
+    image                           = var.image
+    ray_version                     = var.ray_version
+    service_account                 = var.service_account
+    job_config_uri                  = var.job_config_uri
+    output_uri                      = var.output_uri
+    active_deadline_seconds         = var.timeout_hours * 3600
+    pre_running_deadline_seconds    = var.pre_running_deadline_seconds
+    ttl_seconds_after_finished      = var.ttl_seconds_after_finished
+    report_timeout_seconds          = var.report_timeout_seconds
+    head_cpu                        = var.head_cpu
+    head_memory                     = var.head_memory
+    worker_pods                     = local.worker_pods
+    gpus_per_worker                 = local.gpus_per_worker
+    worker_cpu                      = local.sizing.worker_cpu
+    worker_memory                   = local.sizing.worker_memory
+    worker_num_cpus                 = local.sizing.worker_num_cpus
+    head_node_selector_json         = jsonencode(var.head_node_selector)
+    gpu_node_selector_json          = jsonencode(var.gpu_node_selector)
+    pod_security_context_json       = jsonencode(local.pod_security_context)
+    container_security_context_json = jsonencode(local.container_security_context)
+    env_json                        = jsonencode(local.pod_env)
+    # JSON (a subset of YAML) keeps every value a quoted string, also once run.sh has put
+    # the date in (a bare 2026-11-29 would load as a date, which Ray's env_vars refuse).
+    runtime_env_yaml = jsonencode(jsonencode({
+      env_vars = merge(local.offline_env, var.env, {
+        SPECBATCH_WORKFLOW = var.workflow
+        SPECBATCH_DATASET  = var.dataset
+        SPECBATCH_RUN_DATE = "__RUN_DATE__"
+      })
+    }))
+    head_volumes_json = jsonencode(concat(
+      [{ name = "job-config", configMap = { name = var.job_config_map, items = [{ key = "job.yaml", path = "job.yaml" }] } }],
+      var.extra_volumes,
+    ))
+    head_volume_mounts_json = jsonencode(concat(
+      [{ name = "job-config", mountPath = "/etc/specbatch", readOnly = true }],
+      var.extra_volume_mounts,
+    ))
+    worker_volumes_json = jsonencode(concat(
+      [{ name = "dshm", emptyDir = { medium = "Memory", sizeLimit = local.sizing.shm_size } }],
+      var.extra_volumes,
+    ))
+    worker_volume_mounts_json = jsonencode(concat(
+      [{ name = "dshm", mountPath = "/dev/shm" }],
+      var.extra_volume_mounts,
+    ))
+  }
+}

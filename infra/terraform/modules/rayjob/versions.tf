@@ -1,0 +1,4 @@
+# No provider: `terraform plan` of this module runs anywhere, offline, without a cluster.
+terraform {
+  required_version = ">= 1.6"
+}
