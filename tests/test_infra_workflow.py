@@ -1,0 +1,787 @@
+"""The scheduled workflow under infra/terraform, checked without a cloud account or a cluster.
+
+- modules/rayjob has no provider, so `terraform apply` runs on it alone, offline, with its state
+  in a temporary folder: the RayJobs below are rendered by terraform's own templatefile() and
+  jsonencode(), for the example environment and for an edge case (8 GPUs per worker with
+  tensor parallelism, env values with quotes and colons). Its preconditions are what
+  `terraform plan` of an environment reports when pods cannot fit.
+- The rendered pods' requests are checked against the node types' allocatable resources,
+  computed here again from the table (a second implementation of the same formula).
+- The RayJobs are checked against the fields and rules of KubeRay 1.6.0's RayJob (its CRD and
+  the operator's validation), written out below by hand as a reference; their pod templates,
+  and the CronJob, Role, RoleBinding, ServiceAccount and ConfigMaps of modules/workflows, by the
+  kubernetes-validate package against Kubernetes' own schemas.
+- run.sh runs for real against a stand-in kubectl: a script first on PATH that keeps RayJobs
+  as files and plays scripted states, since no Kubernetes cluster can run here (and a stand-in
+  aws for the _job.json check). Every terminal state, a vanished RayJob, a duplicate of the
+  date, a finished date and the cleanup of old runs are played.
+
+Needs terraform on PATH (or $TERRAFORM); the tests that use it skip without it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_infra import EXAMPLE, MODULES, ROOT, TfDir, _load  # noqa: E402
+
+RAYJOB = MODULES / "rayjob"
+RUN_SH = MODULES / "workflows" / "templates" / "run.sh"
+
+
+# --- terraform on the provider-free module --------------------------------------------------------
+
+
+def _terraform() -> str | None:
+    exe = os.environ.get("TERRAFORM") or shutil.which("terraform")
+    return exe if exe and Path(exe).is_file() else None
+
+
+def _tf_env(tmp: Path) -> dict:
+    return dict(os.environ, TF_DATA_DIR=str(tmp / ".terraform"), TF_CLI_CONFIG_FILE=os.devnull,
+                CHECKPOINT_DISABLE="1", TF_IN_AUTOMATION="1")
+
+
+def _apply(tmp: Path, values: dict) -> tuple[bool, dict | str]:
+    """`terraform apply` of modules/rayjob: (True, outputs) or (False, the error text)."""
+    exe = _terraform()
+    if exe is None:
+        pytest.skip("terraform not found (install Terraform >= 1.6 or set TERRAFORM)")
+    tmp.mkdir(parents=True, exist_ok=True)
+    var_file, state = tmp / "values.tfvars.json", tmp / "terraform.tfstate"
+    var_file.write_text(json.dumps(values))
+    env = _tf_env(tmp)
+    proc = subprocess.run([exe, f"-chdir={RAYJOB}", "apply", "-auto-approve", "-input=false", "-no-color",
+                           f"-state={state}", f"-var-file={var_file}"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    if proc.returncode != 0:
+        return False, re.sub(r"\s+", " ", proc.stdout + proc.stderr)
+    out = subprocess.run([exe, "output", "-json", f"-state={state}"], capture_output=True, text=True, env=env,
+                         timeout=60, check=True)
+    return True, {k: v["value"] for k, v in json.loads(out.stdout).items()}
+
+
+def _example_values(**overrides) -> dict:
+    """What envs/example passes to modules/rayjob (through modules/workflows) with
+    terraform.tfvars.example: the tfvars, else the variables' defaults."""
+    tfvars = _load(EXAMPLE / "terraform.tfvars.example")
+    defaults = {k: v.get("default") for k, v in TfDir(EXAMPLE).variables.items()}
+    cluster_defaults = {k: v.get("default") for k, v in TfDir(MODULES / "cluster").variables.items()}
+    wf_defaults = {k: v.get("default") for k, v in TfDir(MODULES / "workflows").variables.items()}
+    v = {**defaults, **tfvars}
+    volumes, mounts = [], []
+    if v["models_claim_name"]:
+        volumes = [{"name": "models", "persistentVolumeClaim": {"claimName": v["models_claim_name"], "readOnly": True}}]
+        mounts = [{"name": "models", "mountPath": "/models", "readOnly": True}]
+    values = {
+        "workflow": "daily", "schedule": v["schedule"], "namespace": v["namespace"], "image": v["image"],
+        "ray_version": wf_defaults["ray_version"], "service_account": "specbatch-ray", "aws_region": v["region"],
+        "dataset": v["dataset"], "output_uri": f"s3://{v['bucket_name']}/{v['outputs_prefix']}{v['dataset']}/__RUN_DATE__/",
+        "job_config_map": "specbatch-daily-config", "replicas": v["replicas"],
+        "gpus_per_replica": v["tensor_parallel_size"], "gpus_per_worker": v["gpus_per_node"],
+        "worker_cpu": v["worker_cpu"], "worker_memory": v["worker_memory"], "shm_size": v["shm_size"],
+        "timeout_hours": v["timeout_hours"], "gpu_instance_types": v["gpu_instance_types"],
+        "head_instance_types": cluster_defaults["system_instance_types"],
+        "head_node_selector": {"specbatch.io/pool": "system"}, "gpu_node_selector": cluster_defaults["gpu_node_labels"],
+        "extra_volumes": volumes, "extra_volume_mounts": mounts,
+    }
+    values.update(overrides)
+    return values
+
+
+EDGE_ENV = {"NOTE": 'say "hi": then # stop', "ENDPOINT": "http://10.0.0.1:8080/v1?a=b:c", "EMPTY": ""}
+EDGE = dict(gpu_instance_types=["p4d.24xlarge"], replicas=4, gpus_per_replica=4, gpus_per_worker=None,
+            head_instance_types=["m6i.4xlarge"], env=EDGE_ENV, schedule="30 1 * * *", workflow="nightly-chats-p4d-tp4")
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> dict[str, dict]:
+    """{case: outputs of modules/rayjob}, each applied once."""
+    out = {}
+    for case, values in {"example": _example_values(), "edge": _example_values(**EDGE)}.items():
+        ok, result = _apply(tmp_path_factory.mktemp(case), values)
+        assert ok, result
+        out[case] = result
+    return out
+
+
+def _manifest(text: str, name: str, run_date: str = "2026-11-29") -> dict:
+    """As run.sh fills it in."""
+    (doc,) = yaml.safe_load_all(text.replace("__RUN_DATE__", run_date).replace("__RAYJOB_NAME__", name))
+    return doc
+
+
+def _jobs(outputs: dict, workflow: str = "daily") -> tuple[dict, dict]:
+    name = f"{workflow}-20261129-1"
+    return _manifest(outputs["generate"], name), _manifest(outputs["report"], f"{name}-report")
+
+
+def _runtime_env_vars() -> dict:
+    return yaml.safe_load((ROOT / "jobs" / "runtime_env.yaml").read_text())["env_vars"]
+
+
+def _container(pod_template: dict) -> dict:
+    return pod_template["spec"]["containers"][0]
+
+
+# --- Rendering --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["example", "edge"])
+def test_rendered_rayjobs_release_gpus_soon_and_fail_fast(rendered, case):
+    out = rendered[case]
+    workflow = "daily" if case == "example" else EDGE["workflow"]
+    generate, report = _jobs(out, workflow)
+    for job in (generate, report):
+        spec = job["spec"]
+        assert spec["shutdownAfterJobFinishes"] is True
+        assert 0 < spec["ttlSecondsAfterFinished"] <= 600  # GPUs free minutes after the job, not a day
+        assert 0 < spec["preRunningDeadlineSeconds"] < spec["activeDeadlineSeconds"]
+        assert job["metadata"]["labels"]["specbatch.io/run-date"] == "2026-11-29"
+    assert generate["spec"]["activeDeadlineSeconds"] == 20 * 3600
+    assert out["scheduler_seconds"] >= generate["spec"]["activeDeadlineSeconds"] + report["spec"]["activeDeadlineSeconds"]
+    assert report["spec"]["entrypoint"].split() == ["specbatch", "report", generate["spec"]["entrypoint"].split()[-1]]
+
+
+@pytest.mark.parametrize("case", ["example", "edge"])
+def test_rayjobs_have_the_job_submit_paths_offline_environment(rendered, case):
+    generate, report = _jobs(rendered[case], "daily" if case == "example" else EDGE["workflow"])
+    offline = _runtime_env_vars()
+    assert {"HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"} <= set(offline)
+    for job in (generate, report):
+        env_vars = yaml.safe_load(job["spec"]["runtimeEnvYAML"])["env_vars"]  # as Ray reads it
+        assert all(isinstance(v, str) for v in env_vars.values())  # Ray wants Dict[str, str]
+        assert offline.items() <= env_vars.items()
+        assert env_vars["SPECBATCH_RUN_DATE"] == "2026-11-29"
+        cluster = job["spec"]["rayClusterSpec"]
+        pods = [cluster["headGroupSpec"]["template"]] + [g["template"] for g in cluster["workerGroupSpecs"]]
+        for pod in pods:
+            env = {e["name"]: e["value"] for e in _container(pod)["env"]}
+            assert offline.items() <= env.items()
+
+
+def test_env_values_with_quotes_and_colons_reach_ray_unchanged(rendered):
+    generate, _ = _jobs(rendered["edge"], EDGE["workflow"])
+    env_vars = yaml.safe_load(generate["spec"]["runtimeEnvYAML"])["env_vars"]
+    for key, value in EDGE_ENV.items():
+        assert env_vars[key] == value
+
+
+def test_edge_case_puts_8_gpus_and_two_tp4_replicas_on_each_worker(rendered):
+    out = rendered["edge"]
+    generate, _ = _jobs(out, EDGE["workflow"])
+    (workers,) = generate["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    worker = _container(workers["template"])
+    assert worker["resources"]["requests"]["nvidia.com/gpu"] == worker["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert workers["rayStartParams"]["num-gpus"] == "8"
+    assert workers["replicas"] == workers["minReplicas"] == workers["maxReplicas"] == 2 == out["worker_pods"]
+    assert out["sizing"]["gpus_per_worker"] == 8
+
+
+def test_example_sizes_one_l40s_worker_per_g6e_xlarge(rendered):
+    sizing = rendered["example"]["sizing"]
+    assert sizing["gpus_per_worker"] == 1 and sizing["worker_pods"] == 2
+    generate, _ = _jobs(rendered["example"])
+    (workers,) = generate["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    # Ray's CPU count is whole CPUs the container really has.
+    assert int(workers["rayStartParams"]["num-cpus"]) * 1000 <= _cpu_m(_container(workers["template"])["resources"]["requests"]["cpu"])
+    assert workers["template"]["spec"]["nodeSelector"] == {"specbatch.io/pool": "gpu"}
+    assert any(t["key"] == "nvidia.com/gpu" for t in workers["template"]["spec"]["tolerations"])
+
+
+# --- Pods against the nodes' allocatable resources ---------------------------------------------------
+
+
+def _cpu_m(q) -> float:
+    q = str(q)
+    return float(q[:-1]) if q.endswith("m") else float(q) * 1000
+
+
+def _mi(q) -> float:
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1024 ** 2, "K": 1e3 / 2 ** 20, "M": 1e6 / 2 ** 20,
+             "G": 1e9 / 2 ** 20, "T": 1e12 / 2 ** 20, "": 1 / 2 ** 20}
+    number, unit = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(q)).groups()
+    return float(number) * units[unit]
+
+
+def _node_table() -> dict[str, dict]:
+    locals_ = TfDir(RAYJOB).locals
+    return {**locals_["gpu_instance_types"], **locals_["cpu_instance_types"]}
+
+
+def _allocatable(instance_type: str) -> dict:
+    """EKS AL2023's kubelet reservations, implemented again here (independently of the HCL):
+    kube-reserved CPU 6% / 1% / 0.5% / 0.5% / 0.25% per further core; memory 255Mi + 11Mi per
+    pod, 100Mi eviction threshold, 94% of the nominal memory visible; minus the DaemonSets'
+    250m and 512Mi."""
+    t = _node_table()[instance_type]
+    cores = t["vcpu"]
+    reserved_m = 60 + 10 + 5 * (min(cores, 4) - 2) + math.ceil(2.5 * max(0, cores - 4))
+    memory = math.floor(t["memory_gib"] * 1024 * 0.94) - (255 + 11 * t["max_pods"]) - 100
+    return {"cpu_m": cores * 1000 - reserved_m - 250, "memory_mi": memory - 512, "gpus": t["gpus"]}
+
+
+@pytest.mark.parametrize("case", ["example", "edge"])
+def test_rendered_pods_fit_their_node_types(rendered, case):
+    values = _example_values(**(EDGE if case == "edge" else {}))
+    generate, report = _jobs(rendered[case], values["workflow"])
+    (workers,) = generate["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    worker = _container(workers["template"])
+    for instance_type in values["gpu_instance_types"]:
+        node = _allocatable(instance_type)
+        requests, limits = worker["resources"]["requests"], worker["resources"]["limits"]
+        assert requests == limits  # Guaranteed QoS: a worker is never the first evicted
+        assert _cpu_m(requests["cpu"]) <= node["cpu_m"], (instance_type, requests, node)
+        assert _mi(requests["memory"]) <= node["memory_mi"], (instance_type, requests, node)
+        assert requests["nvidia.com/gpu"] <= node["gpus"]
+        # Little of the node is left idle: the worker takes its GPUs' share, less rounding.
+        share = requests["nvidia.com/gpu"] / node["gpus"]
+        assert _cpu_m(requests["cpu"]) >= node["cpu_m"] * share - 100
+        assert _mi(requests["memory"]) >= node["memory_mi"] * share - 1024
+    (shm,) = [v for v in workers["template"]["spec"]["volumes"] if v["name"] == "dshm"]
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert _mi(shm["emptyDir"]["sizeLimit"]) <= _mi(worker["resources"]["limits"]["memory"]) / 2
+    for job in (generate, report):
+        head = _container(job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"])["resources"]["requests"]
+        for instance_type in values["head_instance_types"]:
+            node = _allocatable(instance_type)
+            assert _cpu_m(head["cpu"]) <= node["cpu_m"] and _mi(head["memory"]) <= node["memory_mi"]
+
+
+def test_the_terraform_table_agrees_with_this_tests_formula(rendered):
+    sizing = rendered["example"]["sizing"]
+    node = _allocatable("g6e.xlarge")
+    assert (sizing["node_cpu_m"], sizing["node_memory_mi"], sizing["node_gpus"]) == (node["cpu_m"], node["memory_mi"], 1)
+    # The shipped worker size of the issue did not fit: 8 CPU, 48Gi on a 4 vCPU, 32 GiB node.
+    assert _cpu_m("8") > node["cpu_m"] and _mi("48Gi") > node["memory_mi"]
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (dict(worker_cpu="8", worker_memory="48Gi"),
+     ["g6e.xlarge gives a pod at most", "Leave worker_cpu and worker_memory unset", "choose a larger instance type"]),
+    (dict(worker_memory="40Gi"), ["would stay Pending", "Leave worker_cpu and worker_memory unset"]),
+    (dict(gpu_instance_types=["g6e.xlarge", "g4dn.xlarge"]), ['"g4dn.xlarge"', "modules/rayjob/instance_types.tf"]),
+    (dict(gpus_per_replica=2), ["a replica needs 2 GPUs on one pod", "lower tensor_parallel_size"]),
+    (dict(shm_size="20Gi"), ["counts against the worker's memory", "Lower shm_size"]),
+    (dict(worker_cpu="lots"), ['cannot read worker CPU "lots"', '"3500m"']),
+    (dict(timeout_hours=24), ["runs daily", "Lower timeout_hours to at most 22"]),
+    (dict(head_cpu="16"), ["the Ray head asks for 16 CPU", "system_instance_types"]),
+], ids=["issue-8cpu-48Gi", "memory", "unknown-type", "tp-over-node", "shm", "unparsable", "daily-24h", "head"])
+def test_pods_that_cannot_fit_fail_the_plan_naming_the_fix(tmp_path, overrides, says):
+    ok, error = _apply(tmp_path, _example_values(**overrides))
+    assert not ok, "the plan should have failed"
+    for phrase in says:
+        assert phrase in error, (phrase, error[-1500:])
+
+
+def test_sizes_that_fit_pass(tmp_path):
+    ok, out = _apply(tmp_path, _example_values(worker_cpu="3", worker_memory="24Gi", shm_size="6Gi"))
+    assert ok, out
+    assert out["sizing"]["worker_cpu"] == "3000m" and out["sizing"]["worker_memory"] == "24576Mi"
+
+
+# --- KubeRay 1.6.0's RayJob, as a reference ----------------------------------------------------------
+
+# Written out by hand from KubeRay 1.6.0's RayJob and RayCluster API (ray.io/v1: the CRD's
+# OpenAPI schema and the operator's ValidateRayJobSpec / ValidateRayClusterSpec), for the
+# fields this project may use. Types are JSON types; "required" as in the CRD.
+INT32 = (-(2 ** 31), 2 ** 31 - 1)
+RAYJOB_SPEC = {
+    "activeDeadlineSeconds": int, "backoffLimit": int, "rayClusterSpec": dict, "submitterPodTemplate": dict,
+    "metadata": dict, "clusterSelector": dict, "submitterConfig": dict, "managedBy": str,
+    "deletionStrategy": dict, "entrypoint": str, "runtimeEnvYAML": str, "jobId": str, "submissionMode": str,
+    "entrypointResources": str, "entrypointNumCpus": (int, float), "entrypointNumGpus": (int, float),
+    "ttlSecondsAfterFinished": int, "preRunningDeadlineSeconds": int, "shutdownAfterJobFinishes": bool,
+    "suspend": bool,
+}
+RAYCLUSTER_SPEC = {
+    "upgradeStrategy": dict, "authOptions": dict, "suspend": bool, "managedBy": str, "autoscalerOptions": dict,
+    "headServiceAnnotations": dict, "enableInTreeAutoscaling": bool, "gcsFaultToleranceOptions": dict,
+    "headGroupSpec": dict, "rayVersion": str, "workerGroupSpecs": list,
+}
+HEAD_GROUP = {"template": dict, "headService": dict, "enableIngress": bool, "resources": dict, "labels": dict,
+              "rayStartParams": dict, "serviceType": str}
+WORKER_GROUP = {"suspend": bool, "groupName": str, "replicas": int, "minReplicas": int, "maxReplicas": int,
+                "idleTimeoutSeconds": int, "resources": dict, "labels": dict, "rayStartParams": dict,
+                "template": dict, "scaleStrategy": dict, "numOfHosts": int}
+REQUIRED = {"headGroupSpec": ["template"], "workerGroupSpecs": ["groupName", "template"]}
+SUBMISSION_MODES = {"K8sJobMode", "HTTPMode", "InteractiveMode", "SidecarMode"}
+MAX_RAYJOB_NAME = 47  # KubeRay's MaxRayJobNameLength: the RayCluster's name adds a suffix
+
+
+def _fields(obj: dict, allowed: dict, where: str) -> list[str]:
+    problems = []
+    for key, value in obj.items():
+        if key not in allowed:
+            problems.append(f"{where}.{key}: unknown field (the API server drops it)")
+        elif not isinstance(value, allowed[key]) or (allowed[key] is int and isinstance(value, bool)):
+            problems.append(f"{where}.{key}: {type(value).__name__}, want {allowed[key]}")
+        elif isinstance(value, int) and not isinstance(value, bool) and not INT32[0] <= value <= INT32[1]:
+            problems.append(f"{where}.{key}: out of int32")
+    return problems
+
+
+def kuberay_1_6_problems(job: dict) -> list[str]:
+    """What KubeRay 1.6.0 (API server with its CRD, then the operator) refuses or silently drops."""
+    p = []
+    if job.get("apiVersion") != "ray.io/v1" or job.get("kind") != "RayJob":
+        p.append("apiVersion/kind must be ray.io/v1 RayJob")
+    name = job.get("metadata", {}).get("name", "")
+    if len(name) > MAX_RAYJOB_NAME or not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name):
+        p.append(f"metadata.name {name!r}: a DNS-1035 label of at most {MAX_RAYJOB_NAME} characters")
+    spec = job.get("spec", {})
+    p += _fields(spec, RAYJOB_SPEC, "spec")
+    if spec.get("submissionMode", "K8sJobMode") not in SUBMISSION_MODES:
+        p.append("spec.submissionMode: not an accepted mode")
+    if spec.get("ttlSecondsAfterFinished", 0) < 0:
+        p.append("spec.ttlSecondsAfterFinished must be >= 0")
+    if spec.get("ttlSecondsAfterFinished", 0) > 0 and not spec.get("shutdownAfterJobFinishes"):
+        p.append("spec.ttlSecondsAfterFinished needs shutdownAfterJobFinishes")
+    if "preRunningDeadlineSeconds" in spec and spec["preRunningDeadlineSeconds"] < 1:
+        p.append("spec.preRunningDeadlineSeconds: minimum 1")
+    if "activeDeadlineSeconds" in spec and spec["activeDeadlineSeconds"] <= 0:
+        p.append("spec.activeDeadlineSeconds must be positive")
+    if spec.get("backoffLimit", 0) < 0:
+        p.append("spec.backoffLimit must be >= 0")
+    if "deletionStrategy" in spec:
+        p.append("spec.deletionStrategy needs the RayJobDeletionPolicy feature gate, off by default")
+    if spec.get("suspend") and not spec.get("shutdownAfterJobFinishes"):
+        p.append("spec.suspend needs shutdownAfterJobFinishes")
+    if "rayClusterSpec" not in spec and not spec.get("clusterSelector"):
+        p.append("spec: one of rayClusterSpec or clusterSelector")
+    try:
+        runtime_env = yaml.safe_load(spec.get("runtimeEnvYAML", "")) or {}
+        if not isinstance(runtime_env, dict):
+            p.append("spec.runtimeEnvYAML: not a YAML mapping")
+    except yaml.YAMLError as exc:
+        p.append(f"spec.runtimeEnvYAML: not YAML ({exc})")
+    cluster = spec.get("rayClusterSpec")
+    if isinstance(cluster, dict):
+        p += _fields(cluster, RAYCLUSTER_SPEC, "rayClusterSpec")
+        head = cluster.get("headGroupSpec")
+        groups = [("headGroupSpec", head, HEAD_GROUP, REQUIRED["headGroupSpec"])] if isinstance(head, dict) else []
+        if head is None:
+            p.append("rayClusterSpec.headGroupSpec: required")
+        groups += [(f"workerGroupSpecs[{i}]", g, WORKER_GROUP, REQUIRED["workerGroupSpecs"])
+                   for i, g in enumerate(cluster.get("workerGroupSpecs", []))]
+        for where, group, allowed, required in groups:
+            p += _fields(group, allowed, where)
+            p += [f"{where}.{r}: required" for r in required if r not in group]
+            params = group.get("rayStartParams", {})
+            p += [f"{where}.rayStartParams.{k}: must be a string" for k, v in params.items() if not isinstance(v, str)]
+            if "labels" in params:
+                p.append(f"{where}.rayStartParams.labels: not supported, use labels")
+            if group.get("resources") and any(params.get(k) for k in ("num-cpus", "num-gpus", "memory", "resources")):
+                p.append(f"{where}: resources in both rayStartParams and resources")
+            if not group.get("template", {}).get("spec", {}).get("containers"):
+                p.append(f"{where}.template: at least one container")
+            if "minReplicas" in group and not group["minReplicas"] <= group.get("replicas", group["minReplicas"]) <= group.get("maxReplicas", 2 ** 31 - 1):
+                p.append(f"{where}: minReplicas <= replicas <= maxReplicas")
+        if not cluster.get("enableInTreeAutoscaling") and isinstance(head, dict):
+            env = {e.get("name"): e.get("value") for e in _container(head["template"]).get("env", [])}
+            if env.get("RAY_enable_autoscaler_v2") in ("1", "true"):
+                p.append("RAY_enable_autoscaler_v2 without enableInTreeAutoscaling")
+    return p
+
+
+@pytest.mark.parametrize("case", ["example", "edge"])
+def test_rayjobs_pass_kuberay_1_6_fields_and_rules(rendered, case):
+    workflow = "daily" if case == "example" else EDGE["workflow"]
+    for job in _jobs(rendered[case], workflow):
+        assert kuberay_1_6_problems(job) == [], job["metadata"]["name"]
+
+
+def test_longest_run_names_fit_kuberay():
+    longest = "a" * 20  # the workflows variable's limit
+    for name in (f"{longest}-20261129-999", f"{longest}-20261129-999-report"):
+        assert kuberay_1_6_problems({"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": name},
+                                     "spec": {"clusterSelector": {"ray.io/cluster": "x"}}}) == []
+
+
+def test_the_reference_check_catches_what_kuberay_refuses(rendered):
+    generate, _ = _jobs(rendered["example"])
+    bad = json.loads(json.dumps(generate))
+    bad["spec"]["shutdownAfterJobFinishes"] = False
+    bad["spec"]["preRunningDeadlineSeconds"] = 0
+    bad["spec"]["ttlSecondsAfterFinshed"] = 60
+    bad["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["rayStartParams"]["num-gpus"] = 1
+    del bad["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["groupName"]
+    bad["metadata"]["name"] = "Daily-" + "x" * 50
+    problems = "\n".join(kuberay_1_6_problems(bad))
+    for expected in ("ttlSecondsAfterFinished needs shutdownAfterJobFinishes", "preRunningDeadlineSeconds: minimum 1",
+                     "ttlSecondsAfterFinshed: unknown field", "num-gpus: must be a string", "groupName: required",
+                     "metadata.name"):
+        assert expected in problems, (expected, problems)
+
+
+# --- Kubernetes' own schemas --------------------------------------------------------------------------
+
+K8S_VERSION = "1.33"
+
+
+def _kubernetes_validate():
+    return pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate (a test dependency)")
+
+
+@pytest.mark.parametrize("case", ["example", "edge"])
+def test_rayjob_pod_templates_pass_kubernetes_schema(rendered, case):
+    kv = _kubernetes_validate()
+    for job in _jobs(rendered[case], "daily" if case == "example" else EDGE["workflow"]):
+        cluster = job["spec"]["rayClusterSpec"]
+        for group in [cluster["headGroupSpec"]] + cluster["workerGroupSpecs"]:
+            kv.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
+                         "template": group["template"]}, K8S_VERSION, strict=True)
+
+
+# HCL block names of the kubernetes provider that are lists in the Kubernetes API, and their names there.
+LIST_BLOCKS = {"container": "containers", "env": "env", "volume": "volumes", "volume_mount": "volumeMounts",
+               "rule": "rules", "subject": "subjects", "port": "ports", "toleration": "tolerations"}
+PROVIDER_ONLY = {"for_each", "count", "depends_on", "lifecycle"}
+KINDS = {
+    "kubernetes_cron_job_v1": ("batch/v1", "CronJob"),
+    "kubernetes_role_v1": ("rbac.authorization.k8s.io/v1", "Role"),
+    "kubernetes_role_binding_v1": ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    "kubernetes_service_account_v1": ("v1", "ServiceAccount"),
+    "kubernetes_config_map_v1": ("v1", "ConfigMap"),
+    "kubernetes_namespace_v1": ("v1", "Namespace"),
+}
+
+
+def _camel(key: str) -> str:
+    head, *rest = key.split("_")
+    return head + "".join(w.title() for w in rest)
+
+
+def _evaluate(text: str, context: dict):
+    """The few HCL expressions modules/workflows uses, evaluated with the example's values."""
+    whole = re.fullmatch(r"\$\{(.*)\}", text, flags=re.S)
+    if whole is None:  # a string with interpolations in it
+        return re.sub(r"\$\{([^}]*)\}", lambda m: str(_evaluate("${" + m.group(1) + "}", context)), text)
+    expr = whole.group(1).strip()
+    if expr in context:
+        return context[expr]
+    merge = re.fullmatch(r"merge\(local\.labels, \{(.*)\}\)", expr, flags=re.S)
+    if merge:
+        pairs = re.findall(r'"([^"]+)" = ("[^"]*"|[\w.]+)', merge.group(1))
+        return {**context["local.labels"], **{k: v.strip('"') if v.startswith('"') else context[v] for k, v in pairs}}
+    raise AssertionError(f"the test cannot evaluate {text!r}: add it to the context")
+
+
+def _to_k8s(value, context: dict):
+    if isinstance(value, dict):
+        out = {}
+        for key, v in value.items():
+            if key in PROVIDER_ONLY:
+                continue
+            if isinstance(v, list) and v and all(isinstance(x, dict) for x in v) and key in LIST_BLOCKS:
+                out[LIST_BLOCKS[key]] = [_to_k8s(x, context) for x in v]
+            elif isinstance(v, list) and len(v) == 1 and isinstance(v[0], dict):
+                out[_camel(key)] = _to_k8s(v[0], context)
+            elif key in ("labels", "annotations", "data", "requests", "limits", "node_selector"):
+                m = _to_k8s(v, context)
+                out[_camel(key)] = {k: str(x) for k, x in m.items()} if key in ("labels", "annotations", "data") else m
+            else:
+                out[_camel(key)] = _to_k8s(v, context)
+        return out
+    if isinstance(value, list):
+        return [_to_k8s(x, context) for x in value]
+    if isinstance(value, str) and "${" in value:
+        return _evaluate(value, context)
+    return value
+
+
+def test_workflow_objects_pass_kubernetes_schema(rendered):
+    kv = _kubernetes_validate()
+    out = rendered["example"]
+    wf = TfDir(MODULES / "workflows")
+    labels = {"app.kubernetes.io/name": "specbatch", "app.kubernetes.io/managed-by": "terraform"}
+    context = {
+        "each.key": "daily", "each.value.schedule": "0 2 * * *", "each.value.suspend": False,
+        "each.value.config_map": "specbatch-daily-config", "each.value.job_config_yaml": "job_name: x\n",
+        "each.value.output_uri": "s3://acme/outputs/support-chats/__RUN_DATE__/",
+        "local.labels": labels, "local.namespace": "specbatch", "var.namespace": "specbatch",
+        "var.create_namespace ? 1 : 0": 1, "var.service_account": "specbatch-ray",
+        "var.scheduler_service_account": "specbatch-scheduler", "var.ray_role_arn": "arn:aws:iam::1:role/ray",
+        'var.scheduler_role_arn == "" ? {} : {"eks.amazonaws.com/role-arn" = var.scheduler_role_arn}':
+            {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/scheduler"},
+        "var.scheduler_image": "docker.io/alpine/k8s:1.33.4", "var.head_node_selector": {"specbatch.io/pool": "system"},
+        "var.aws_region": "us-east-1", "tostring(var.keep_runs)": "14", "7 * 24 * 3600": 7 * 24 * 3600,
+        "module.rayjob[each.key].scheduler_seconds": out["scheduler_seconds"],
+        "module.rayjob[each.key].generate": out["generate"], "module.rayjob[each.key].report": out["report"],
+        'file("${path.module}/templates/run.sh")': RUN_SH.read_text(),
+        "kubernetes_config_map_v1.scheduler[each.key].metadata[0].name": "specbatch-daily-scheduler",
+        "kubernetes_role_v1.scheduler.metadata[0].name": "specbatch-scheduler",
+        "kubernetes_service_account_v1.scheduler.metadata[0].name": "specbatch-scheduler",
+    }
+    kinds = set()
+    for (rtype, _), body in wf.nested("resource").items():
+        api_version, kind = KINDS[rtype]
+        manifest = {"apiVersion": api_version, "kind": kind, **_to_k8s(body, context)}
+        kv.validate(manifest, K8S_VERSION, strict=True)
+        kinds.add(kind)
+        if kind == "CronJob":
+            assert manifest["spec"]["concurrencyPolicy"] == "Forbid"
+            assert manifest["spec"]["jobTemplate"]["spec"]["activeDeadlineSeconds"] == out["scheduler_seconds"]
+        if kind == "ConfigMap" and "run.sh" in manifest["data"]:
+            assert yaml.safe_load(manifest["data"]["rayjob-generate.yaml"])["kind"] == "RayJob"
+    assert kinds == {"CronJob", "Role", "RoleBinding", "ServiceAccount", "ConfigMap", "Namespace"}
+
+
+# --- run.sh against a stand-in kubectl -----------------------------------------------------------------
+
+FAKE_KUBECTL = r'''#!{python}
+"""Stands in for kubectl (no cluster can run here): RayJobs are JSON files in $FAKE_DIR/rayjobs;
+each status read of a RayJob plays the next state of $FAKE_<COMPONENT> ("Initializing,Running,
+Complete:SUCCEEDED"; GONE deletes it). Every call is appended to $FAKE_DIR/calls."""
+import json, os, re, sys
+from pathlib import Path
+import yaml
+
+d = Path(os.environ["FAKE_DIR"]); jobs = d / "rayjobs"; jobs.mkdir(exist_ok=True)
+args = sys.argv[1:]
+with open(d / "calls", "a") as f:
+    f.write(" ".join(args) + "\n")
+
+def opt(flag):
+    return args[args.index(flag) + 1] if flag in args else None
+
+def lookup(obj, path):
+    for part in re.split(r"(?<!\\)\.", path.strip(".")):
+        obj = obj.get(part.replace("\\.", "."), "") if isinstance(obj, dict) else ""
+    return "" if obj is None else str(obj)
+
+def jsonpath(template, obj):
+    template = template.replace('{"\\n"}', "\n")
+    m = re.fullmatch(r"\{range \.items\[\*\]\}(.*)\{end\}", template, flags=re.S)
+    if m:
+        return "".join(jsonpath(m.group(1), item) for item in obj["items"])
+    return re.sub(r"\{(\.[^}]*)\}", lambda g: lookup(obj, g.group(1)), template)
+
+def not_found(name):
+    sys.stderr.write(f'Error from server (NotFound): rayjobs.ray.io "{name}" not found\n'); sys.exit(1)
+
+if args[0] == "create":
+    job = yaml.safe_load(sys.stdin.read())
+    name = job["metadata"]["name"]
+    if os.environ.get("FAKE_RACE") or (jobs / name).exists():
+        sys.stderr.write(f'Error from server (AlreadyExists): error when creating "STDIN": rayjobs.ray.io "{name}" already exists\n')
+        sys.exit(1)
+    if os.environ.get("FAKE_STALE_CRD"):
+        job["spec"].pop("preRunningDeadlineSeconds", None)
+    job["status"] = {}
+    (jobs / name).write_text(json.dumps({"job": job, "reads": 0}))
+    print(f"rayjob.ray.io/{name} created")
+elif args[0] == "delete":
+    (jobs / args[2]).unlink(missing_ok=True)
+    print(f'rayjob.ray.io "{args[2]}" deleted')
+elif args[0] == "get" and opt("-l") is not None:
+    want = dict(kv.split("=", 1) for kv in opt("-l").split(","))
+    items = [json.loads(p.read_text())["job"] for p in sorted(jobs.iterdir())]
+    items = [j for j in items if all(j["metadata"]["labels"].get(k) == v for k, v in want.items())]
+    sys.stdout.write(jsonpath(opt("-o")[len("jsonpath="):], {"items": items}))
+elif args[0] == "get":
+    name, path = args[2], jobs / args[2]
+    if not path.exists():
+        not_found(name)
+    state = json.loads(path.read_text())
+    template = opt("-o")[len("jsonpath="):]
+    if "jobDeploymentStatus" in template:
+        errors = int(os.environ.get("FAKE_READ_ERRORS", "0"))
+        state["reads"] += 1
+        path.write_text(json.dumps(state))
+        if state["reads"] <= errors:
+            sys.stderr.write("The connection to the server 10.0.0.1:443 was refused - did you specify the right host or port?\n")
+            sys.exit(1)
+        component = state["job"]["metadata"]["labels"]["app.kubernetes.io/component"].upper()
+        plan = os.environ.get(f"FAKE_{component}", "Complete:SUCCEEDED").split(",")
+        step = plan[min(state["reads"] - errors, len(plan)) - 1]
+        if step == "GONE":
+            path.unlink(); not_found(name)
+        deployment, _, job_status = step.partition(":")
+        state["job"]["status"] = {"jobDeploymentStatus": deployment, "jobStatus": job_status,
+                                  "reason": "AppFailed" if job_status == "FAILED" else "", "message": "scripted"}
+        path.write_text(json.dumps(state))
+    sys.stdout.write(jsonpath(template, state["job"]))
+'''
+
+FAKE_AWS = r'''#!/bin/sh
+# Stands in for the aws CLI: `aws s3 cp URI -` prints $FAKE_JOB_JSON when URI is $FAKE_JOB_URI.
+echo "aws $*" >> "$FAKE_DIR/calls"
+if [ "$1 $2" = "s3 cp" ] && [ "$3" = "$FAKE_JOB_URI" ] && [ -f "$FAKE_JOB_JSON" ]; then cat "$FAKE_JOB_JSON"; exit 0; fi
+echo "fatal error: An error occurred (404) when calling the HeadObject operation: Not Found" >&2
+exit 1
+'''
+
+RUN_DATE = "2026-11-29"
+OUT = f"s3://acme-specbatch-data/outputs/support-chats/{RUN_DATE}/"
+
+
+class Scheduler:
+    def __init__(self, tmp: Path, rendered: dict):
+        self.tmp = tmp
+        self.templates = tmp / "templates"
+        self.templates.mkdir(parents=True)
+        (self.templates / "rayjob-generate.yaml").write_text(rendered["generate"])
+        (self.templates / "rayjob-report.yaml").write_text(rendered["report"])
+        self.bin = tmp / "bin"
+        self.bin.mkdir()
+        (self.bin / "kubectl").write_text(FAKE_KUBECTL.replace("{python}", sys.executable))
+        (self.bin / "aws").write_text(FAKE_AWS)
+        for exe in self.bin.iterdir():
+            exe.chmod(0o755)
+        self.state = tmp / "state"
+        (self.state / "rayjobs").mkdir(parents=True)
+
+    def existing(self, name: str, run_date: str, deployment: str, component="generate", workflow="daily"):
+        job = {"metadata": {"name": name, "labels": {"specbatch.io/workflow": workflow, "specbatch.io/run-date": run_date,
+                                                     "app.kubernetes.io/component": component}},
+               "spec": {}, "status": {"jobDeploymentStatus": deployment}}
+        (self.state / "rayjobs" / name).write_text(json.dumps({"job": job, "reads": 0}))
+
+    def finished_manifest(self, status: str, retryable: int):
+        path = self.tmp / "_job.json"
+        path.write_text(json.dumps({"job_id": "x", "status": status, "totals": {"retryable_error_rows": retryable}}))
+        return {"FAKE_JOB_JSON": str(path), "FAKE_JOB_URI": f"{OUT}_job.json"}
+
+    def run(self, **env) -> subprocess.CompletedProcess:
+        full = {
+            "PATH": f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}", "WORKFLOW": "daily", "NAMESPACE": "specbatch",
+            "OUTPUT_URI": "s3://acme-specbatch-data/outputs/support-chats/__RUN_DATE__/", "RUN_DATE": RUN_DATE,
+            "POLL_SECONDS": "0", "TEMPLATES": str(self.templates), "FAKE_DIR": str(self.state),
+        }
+        full.update({k: str(v) for k, v in env.items()})
+        # An endless wait would show as this timeout.
+        return subprocess.run(["/bin/sh", str(RUN_SH)], env=full, capture_output=True, text=True, timeout=60)
+
+    @property
+    def jobs(self) -> dict[str, dict]:
+        return {p.name: json.loads(p.read_text())["job"] for p in (self.state / "rayjobs").iterdir()}
+
+    @property
+    def calls(self) -> list[str]:
+        path = self.state / "calls"
+        return path.read_text().splitlines() if path.exists() else []
+
+    def created(self) -> list[str]:
+        return [c.split()[2] for c in self.calls if c.startswith("get rayjob ") and "preRunningDeadlineSeconds" in c]
+
+
+@pytest.fixture
+def scheduler(tmp_path, rendered) -> Scheduler:
+    if shutil.which("sh") is None:
+        pytest.skip("no POSIX shell")
+    return Scheduler(tmp_path, rendered["example"])
+
+
+def test_scheduler_runs_generation_then_report_on_the_dated_prefix(scheduler):
+    proc = scheduler.run(FAKE_GENERATE="Initializing,Initializing,Running,Complete:SUCCEEDED")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert scheduler.created() == ["daily-20261129-1", "daily-20261129-1-report"]
+    generate, report = scheduler.jobs["daily-20261129-1"], scheduler.jobs["daily-20261129-1-report"]
+    assert generate["spec"]["entrypoint"].endswith(f"--output-uri {OUT}")
+    assert report["spec"]["entrypoint"] == f"specbatch report {OUT}"
+    assert generate["metadata"]["labels"]["specbatch.io/run-date"] == RUN_DATE
+    assert "__" not in json.dumps(scheduler.jobs)
+    assert "WARNING" not in proc.stdout
+
+
+@pytest.mark.parametrize("states", [
+    "Initializing,Failed",                 # e.g. PreRunningDeadlineExceeded, DeadlineExceeded
+    "ValidationFailed",                    # the operator refused the spec: no cluster, no jobStatus
+    "Initializing,Running,Complete:FAILED",
+    "Running,Complete:STOPPED",
+    "Initializing,Running,GONE",           # someone deleted the RayJob
+])
+def test_scheduler_ends_on_every_terminal_state_and_skips_the_report(scheduler, states):
+    proc = scheduler.run(FAKE_GENERATE=states)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert scheduler.created() == ["daily-20261129-1"]
+    if states.endswith("GONE"):
+        assert "is gone" in proc.stdout
+    else:
+        assert "reason:" in proc.stdout
+
+
+def test_scheduler_fails_when_the_report_fails(scheduler):
+    proc = scheduler.run(FAKE_REPORT="ValidationFailed")
+    assert proc.returncode == 1
+    assert scheduler.created() == ["daily-20261129-1", "daily-20261129-1-report"]
+
+
+def test_scheduler_rides_out_api_blips_but_not_an_outage(tmp_path, rendered):
+    blips = Scheduler(tmp_path / "blips", rendered["example"]).run(FAKE_READ_ERRORS=3, MAX_READ_ERRORS=5)
+    assert blips.returncode == 0, blips.stdout + blips.stderr
+    outage = Scheduler(tmp_path / "outage", rendered["example"]).run(FAKE_READ_ERRORS=50, MAX_READ_ERRORS=5)
+    assert outage.returncode == 1 and "giving up" in outage.stdout
+
+
+def test_a_duplicate_of_an_active_run_is_refused(scheduler):
+    scheduler.existing("daily-20261129-1", RUN_DATE, "Running")
+    proc = scheduler.run()
+    assert proc.returncode == 1 and "still running" in proc.stdout
+    assert not any(c.startswith("create") for c in scheduler.calls)
+
+
+def test_a_racing_duplicate_is_refused_by_the_api(scheduler):
+    proc = scheduler.run(FAKE_RACE=1)
+    assert proc.returncode == 1 and "already exists" in proc.stdout
+    assert scheduler.jobs == {}
+
+
+def test_a_rerun_after_a_failed_attempt_is_the_next_attempt(scheduler):
+    scheduler.existing("daily-20261129-1", RUN_DATE, "Failed")
+    scheduler.existing("daily-20261129-2", RUN_DATE, "ValidationFailed")
+    proc = scheduler.run()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert scheduler.created() == ["daily-20261129-3", "daily-20261129-3-report"]
+
+
+def test_a_finished_date_starts_no_gpus(scheduler):
+    if shutil.which("jq") is None:
+        pytest.skip("jq not found (run.sh reads _job.json with jq, as in the scheduler image)")
+    for status in ("succeeded", "completed_with_errors"):
+        proc = scheduler.run(**scheduler.finished_manifest(status, retryable=0))
+        assert proc.returncode == 0 and "no GPU started" in proc.stdout, proc.stdout + proc.stderr
+        assert not any(c.startswith("create") for c in scheduler.calls)
+    # Error rows a rerun would generate again, or a failed run: it runs.
+    proc = scheduler.run(**scheduler.finished_manifest("succeeded", retryable=5))
+    assert proc.returncode == 0 and scheduler.created() == ["daily-20261129-1", "daily-20261129-1-report"]
+
+
+def test_a_date_without_job_json_runs(scheduler):
+    proc = scheduler.run()
+    assert proc.returncode == 0
+    assert any(c.startswith(f"aws s3 cp {OUT}_job.json") for c in scheduler.calls) == bool(shutil.which("jq"))
+
+
+def test_old_runs_rayjobs_are_deleted_active_and_recent_ones_kept(scheduler):
+    for day in range(1, 21):  # 2026-11-01 .. 2026-11-20, generation and report each
+        date = f"2026-11-{day:02d}"
+        scheduler.existing(f"daily-202611{day:02d}-1", date, "Complete")
+        scheduler.existing(f"daily-202611{day:02d}-1-report", date, "Failed", component="report")
+    scheduler.existing("daily-20261102-2", "2026-11-02", "Running")  # never deleted while running
+    scheduler.existing("other-20261101-1", "2026-11-01", "Complete", workflow="other")
+    proc = scheduler.run(KEEP_RUNS=3)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    kept_dates = sorted({j["metadata"]["labels"]["specbatch.io/run-date"] for n, j in scheduler.jobs.items()
+                         if n.startswith("daily-") and n != "daily-20261102-2"})
+    # The 3 newest dates before this run, then this run's; older finished ones deleted.
+    assert kept_dates == ["2026-11-18", "2026-11-19", "2026-11-20", RUN_DATE]
+    assert "daily-20261102-2" in scheduler.jobs and "other-20261101-1" in scheduler.jobs
+
+
+def test_a_stale_crd_is_reported(scheduler):
+    proc = scheduler.run(FAKE_STALE_CRD=1)
+    assert proc.returncode == 0
+    assert "WARNING: the cluster's RayJob CRD dropped preRunningDeadlineSeconds" in proc.stdout
