@@ -72,6 +72,19 @@ def _apply(tmp: Path, values: dict) -> tuple[bool, dict | str]:
     return True, {k: v["value"] for k, v in json.loads(out.stdout).items()}
 
 
+def test_terraform_is_formatted_and_the_rayjob_module_valid(tmp_path):
+    exe = _terraform()
+    if exe is None:
+        pytest.skip("terraform not found (install Terraform >= 1.6 or set TERRAFORM)")
+    env = _tf_env(tmp_path)
+    fmt = subprocess.run([exe, "fmt", "-check", "-recursive", "-diff", str(MODULES.parent)], capture_output=True,
+                         text=True, env=env, timeout=60)
+    assert fmt.returncode == 0, "terraform fmt -recursive infra/terraform:\n" + fmt.stdout
+    valid = subprocess.run([exe, f"-chdir={RAYJOB}", "validate", "-no-color"], capture_output=True, text=True,
+                           env=env, timeout=60)
+    assert valid.returncode == 0, valid.stdout + valid.stderr
+
+
 def _example_values(**overrides) -> dict:
     """What envs/example passes to modules/rayjob (through modules/workflows) with
     terraform.tfvars.example: the tfvars, else the variables' defaults."""
