@@ -512,6 +512,24 @@ def test_example_wires_the_workflow(tfdirs):
     assert (EXAMPLE / "terraform.tfvars.example").is_file()
 
 
+def test_example_authenticates_with_fresh_tokens_and_orders_the_operator_after_the_nodes(tfdirs):
+    example = tfdirs[EXAMPLE]
+    assert ("aws_eks_cluster_auth", "this") not in example.nested("data")  # a 15-minute token
+    text = (EXAMPLE / "providers.tf").read_text()
+    assert "token" not in re.sub(r"get-token", "", text.split("locals {", 1)[1])
+    exec_ = example.locals["eks_exec"]
+    assert exec_["command"] == "aws" and exec_["args"][:2] == ["eks", "get-token"]
+    providers = {list(p)[0]: list(p.values())[0] for p in _load(EXAMPLE / "providers.tf")["provider"]}
+    assert providers["kubernetes"]["exec"][0]["command"] == "${local.eks_exec.command}"
+    assert providers["helm"]["kubernetes"]["exec"] == "${local.eks_exec}"
+    assert example.modules["kuberay"]["depends_on"] == ["${module.cluster}"]
+    # KubeRay >= 1.6: preRunningDeadlineSeconds (1.6) and backoffLimit (1.2) exist in its CRD.
+    condition = tfdirs[MODULES / "kuberay"].variables["kuberay_version"]["validation"][0]["condition"]
+    pattern = re.search(r'regex\("(.+?)", var', condition).group(1).replace("\\\\", "\\")
+    assert [v for v in ("1.1.0", "1.2.2", "1.5.1", "1.6.0", "1.7.1", "1.10.0") if re.fullmatch(pattern, v)] == [
+        "1.6.0", "1.7.1", "1.10.0"]
+
+
 # --- Dockerfile ---------------------------------------------------------------------------------------
 
 
