@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from pipeline.config import ConfigError, JobConfig, load_config, parse_config
+from pipeline.engine import schedule_text
 from pipeline.inputs import InputError, inspect_inputs
 from pipeline.prices import load_prices
 from pipeline.report import format_terminal_table, per_million, to_csv
@@ -104,9 +105,40 @@ def sample_prompts(config: JobConfig, storage: Storage, n: int, seed: int = 0) -
 # ---------------------------------------------------------------- one depth, in its own process
 
 
-def measure_depth(config: JobConfig, depth: int, prompts: Sequence[dict[str, Any]], repeats: int = 1) -> dict[str, Any]:
-    """Runs in a fresh process: one engine at this depth, a warm-up, then the sample `repeats`
-    times; the fastest run is kept (the others were disturbed by something else)."""
+def concurrency_sample(prompts: Sequence[Any], concurrency: Optional[int]) -> list:
+    """The prompts measured at one concurrency: all of them at once (None), or enough to keep
+    `concurrency` sequences running for a while (twice as many, at least 8)."""
+    if concurrency is None:
+        return list(prompts)
+    return list(prompts[: max(2 * concurrency, 8)])
+
+
+def generate_at_concurrency(llm, token_prompts: list, params: list, concurrency: Optional[int]) -> list:
+    """Outputs in prompt order, with at most `concurrency` requests in the engine: a new one is
+    added as soon as one finishes, as in an offline job's steady state. None: all at once."""
+    if concurrency is None or concurrency >= len(token_prompts):
+        return llm.generate(token_prompts, params, use_tqdm=False)
+    engine, waiting, outputs = llm.llm_engine, list(range(len(token_prompts))), {}
+    running = 0
+    while waiting or running:
+        while waiting and running < concurrency:
+            i = waiting.pop(0)
+            engine.add_request(f"calibrate-{i}", token_prompts[i], params[i])
+            running += 1
+        for output in engine.step():
+            if output.finished:
+                outputs[int(output.request_id.split("-", 1)[1])] = output
+                running -= 1
+    return [outputs[i] for i in range(len(token_prompts))]
+
+
+def measure_depth(
+    config: JobConfig, depth: Optional[int], prompts: Sequence[dict[str, Any]], repeats: int = 1,
+    concurrencies: Sequence[Optional[int]] = (None,),
+) -> list[dict[str, Any]]:
+    """Runs in a fresh process: one engine at this depth (0 = off), a warm-up, then per
+    concurrency the sample `repeats` times; the fastest run is kept (the others were disturbed
+    by something else). With a depth schedule in the config, depth None measures it."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -114,44 +146,56 @@ def measure_depth(config: JobConfig, depth: int, prompts: Sequence[dict[str, Any
 
     prepare_process_env(config)
     engine_started = time.perf_counter()
-    llm = LLM(**engine_kwargs(config, speculative=depth > 0, num_speculative_tokens=depth or None))
+    llm = LLM(**engine_kwargs(config, speculative=depth != 0, num_speculative_tokens=depth or None))
     engine_start_seconds = time.perf_counter() - engine_started
-    params = [sampling_params(config, p) for p in prompts]
-    token_prompts = [TokensPrompt(prompt_token_ids=p["prompt_token_ids"]) for p in prompts]
-    llm.generate(token_prompts[:WARMUP_PROMPTS], SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)
-    best = None
-    for _ in range(repeats):
-        started = time.perf_counter()
-        outputs = llm.generate(token_prompts, params, use_tqdm=False)
-        seconds = time.perf_counter() - started
-        if best is None or seconds < best[0]:
-            best = (seconds, outputs)
-    seconds, outputs = best
-    acceptance = Acceptance()
-    for output in outputs:
-        acceptance = acceptance + Acceptance.from_request(output.outputs[0].spec_decode_metrics)
-    return {
-        "depth": depth,
-        "prompts": len(outputs),
-        "prompt_tokens": sum(len(o.prompt_token_ids) for o in outputs),
-        "generated_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
-        "seconds": seconds,
-        "num_drafts": acceptance.num_drafts,
-        "draft_tokens": acceptance.draft_tokens,
-        "accepted_tokens": acceptance.accepted_tokens,
-        "accepted_per_position": acceptance.accepted_per_position,
-        "engine_start_seconds": engine_start_seconds,
-    }
+    llm.generate([TokensPrompt(prompt_token_ids=p["prompt_token_ids"]) for p in prompts[:WARMUP_PROMPTS]],
+                 SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)
+    results = []
+    for concurrency in concurrencies:
+        sample = concurrency_sample(prompts, concurrency)
+        params = [sampling_params(config, p) for p in sample]
+        token_prompts = [TokensPrompt(prompt_token_ids=p["prompt_token_ids"]) for p in sample]
+        best = None
+        for _ in range(repeats):
+            started = time.perf_counter()
+            outputs = generate_at_concurrency(llm, token_prompts, params, concurrency)
+            seconds = time.perf_counter() - started
+            if best is None or seconds < best[0]:
+                best = (seconds, outputs)
+        seconds, outputs = best
+        acceptance = Acceptance()
+        for output in outputs:
+            acceptance = acceptance + Acceptance.from_request(output.outputs[0].spec_decode_metrics)
+        results.append({
+            "depth": depth,
+            "concurrency": concurrency or len(outputs),
+            "prompts": len(outputs),
+            "prompt_tokens": sum(len(o.prompt_token_ids) for o in outputs),
+            "generated_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
+            "seconds": seconds,
+            "num_drafts": acceptance.num_drafts,
+            "draft_tokens": acceptance.draft_tokens,
+            "accepted_tokens": acceptance.accepted_tokens,
+            "accepted_per_position": acceptance.accepted_per_position,
+            "engine_start_seconds": engine_start_seconds,
+        })
+    llm.llm_engine.engine_core.shutdown()  # the engine's processes and memory go now, not at interpreter exit
+    return results
 
 
-def run_depth_in_subprocess(config: JobConfig, depth: int, prompts: Sequence[dict[str, Any]], repeats: int, workdir: Path) -> dict[str, Any]:
-    request, result, log = workdir / f"depth-{depth}.request.json", workdir / f"depth-{depth}.result.json", workdir / f"depth-{depth}.log"
-    request.write_text(json.dumps({"config": config.model_dump(mode="json"), "depth": depth, "prompts": list(prompts), "repeats": repeats}))
+def run_depth_in_subprocess(
+    config: JobConfig, depth: Optional[int], prompts: Sequence[dict[str, Any]], repeats: int, workdir: Path,
+    concurrencies: Sequence[Optional[int]] = (None,),
+) -> list[dict[str, Any]]:
+    name = "schedule" if depth is None else f"depth-{depth}"
+    request, result, log = workdir / f"{name}.request.json", workdir / f"{name}.result.json", workdir / f"{name}.log"
+    request.write_text(json.dumps({"config": config.model_dump(mode="json"), "depth": depth, "prompts": list(prompts),
+                                   "repeats": repeats, "concurrencies": list(concurrencies)}))
     with log.open("w") as out:
         code = subprocess.call([sys.executable, "-m", "pipeline.calibrate", "--measure", str(request), str(result)], stdout=out, stderr=subprocess.STDOUT)
     if code != 0 or not result.exists():
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-        raise CalibrationError(f"depth {depth}: the measuring process failed (exit {code}):\n{tail}")
+        raise CalibrationError(f"{name}: the measuring process failed (exit {code}):\n{tail}")
     return json.loads(result.read_text())
 
 
@@ -159,25 +203,27 @@ def run_depth_in_subprocess(config: JobConfig, depth: int, prompts: Sequence[dic
 
 
 def calibration_rows(measured: Sequence[dict[str, Any]], gpus_per_replica: float, price: Optional[float]) -> list[CalibrationRow]:
-    """Figures per depth; the recommended row has the highest tokens/s per GPU (ties: the
-    shallower depth), i.e. the lowest cost per million tokens."""
-    off = next((m for m in measured if m["depth"] == 0), None)
-    off_rate = off["generated_tokens"] / off["seconds"] if off else None
+    """Figures per depth and concurrency; at each concurrency the row with the highest tokens/s
+    per GPU (ties: the shallower depth), i.e. the lowest cost per million tokens, is recommended."""
+    off_rate = {m["concurrency"]: m["generated_tokens"] / m["seconds"] for m in measured if m["depth"] == 0}
     rows = []
-    for m in sorted(measured, key=lambda m: m["depth"]):
+    for m in sorted(measured, key=lambda m: (m["concurrency"], m.get("schedule") is not None, m["depth"])):
         rate = m["generated_tokens"] / m["seconds"]
         acceptance = Acceptance(m["num_drafts"], m["draft_tokens"], m["accepted_tokens"], list(m["accepted_per_position"]))
         dollars = price * gpus_per_replica * m["seconds"] / 3600 if price is not None else None
+        off = off_rate.get(m["concurrency"])
         rows.append(
             CalibrationRow(
                 depth=m["depth"],
+                schedule=m.get("schedule"),
+                concurrency=m["concurrency"],
                 prompts=m["prompts"],
                 prompt_tokens=m["prompt_tokens"],
                 generated_tokens=m["generated_tokens"],
                 seconds=m["seconds"],
                 tokens_per_second=rate,
                 tokens_per_second_per_gpu=rate / gpus_per_replica,
-                speedup_vs_off=rate / off_rate if off_rate else None,
+                speedup_vs_off=rate / off if off else None,
                 **acceptance.summary(),
                 accepted_per_position=acceptance.rate_per_position,
                 cost_per_million_generated_tokens=per_million(dollars, m["generated_tokens"]),
@@ -185,26 +231,77 @@ def calibration_rows(measured: Sequence[dict[str, Any]], gpus_per_replica: float
                 recommended=False,
             )
         )
-    best = max(rows, key=lambda r: (r.tokens_per_second_per_gpu, -r.depth))
-    best.recommended = True
+    for concurrency in {r.concurrency for r in rows}:
+        fixed = [r for r in rows if r.concurrency == concurrency and r.schedule is None]
+        max(fixed, key=lambda r: (r.tokens_per_second_per_gpu, -r.depth)).recommended = True
     return rows
 
 
-def config_snippet(depth: int) -> str:
+def best_depths(rows: Sequence[CalibrationRow]) -> dict[int, int]:
+    """concurrency -> the recommended depth there."""
+    return {r.concurrency: r.depth for r in rows if r.recommended}
+
+
+def schedule_pays(rows: Sequence[CalibrationRow]) -> bool:
+    """The measured schedule is at least as fast as the best single depth at the highest
+    concurrency, the job's steady state (it wins the tail by construction)."""
+    top = max(r.concurrency for r in rows)
+    scheduled = next((r for r in rows if r.concurrency == top and r.schedule), None)
+    single = next(r for r in rows if r.concurrency == top and r.recommended)
+    return scheduled is not None and scheduled.tokens_per_second_per_gpu >= single.tokens_per_second_per_gpu
+
+
+def schedule_from(best: dict[int, int], max_num_seqs: int) -> Optional[list[tuple[int, int, int]]]:
+    """The measured points as inclusive ranges over 1..max_num_seqs: each concurrency's depth
+    holds up to the geometric middle between it and the next one measured (speculation's
+    payoff changes with the order of magnitude of concurrency, not its difference). Adjacent
+    ranges of one depth merge. None when one depth wins everywhere."""
+    points = sorted((c, k) for c, k in best.items() if c <= max_num_seqs)
+    if len({k for _, k in points}) < 2:
+        return None
+    schedule: list[tuple[int, int, int]] = []
+    lo = 1
+    for i, (c, k) in enumerate(points):
+        hi = max_num_seqs if i == len(points) - 1 else max(lo, int((c * points[i + 1][0]) ** 0.5))
+        if schedule and schedule[-1][2] == k:
+            schedule[-1] = (schedule[-1][0], hi, k)
+        else:
+            schedule.append((lo, hi, k))
+        lo = hi + 1
+        if lo > max_num_seqs:
+            break
+    return schedule if len(schedule) > 1 else None
+
+
+def config_snippet(depth: int, schedule: Optional[list[tuple[int, int, int]]] = None) -> str:
+    if schedule:
+        return (f"speculative:\n  enabled: true\n  num_speculative_tokens: {max(k for _, _, k in schedule)}\n"
+                f"  depth_schedule: {schedule_yaml(schedule)}\n")
     if depth == 0:
         return "speculative:\n  enabled: false\n"
     return f"speculative:\n  enabled: true\n  num_speculative_tokens: {depth}\n"
 
 
-def apply_depth(text: str, depth: int) -> str:
-    """The job config's YAML text with the chosen depth: edits the `speculative:` block in
-    place (comments and layout kept); falls back to re-writing the YAML if it is not a plain
-    block mapping."""
+def schedule_yaml(schedule: Sequence[Sequence[int]]) -> str:
+    return "[" + ", ".join(f"[{lo}, {hi}, {k}]" for lo, hi, k in schedule) + "]"
+
+
+def apply_depth(text: str, depth: int, schedule: Optional[list[tuple[int, int, int]]] = None) -> str:
+    """The job config's YAML text with the chosen depth, or schedule: edits the `speculative:`
+    block in place (comments and layout kept); falls back to re-writing the YAML if it is not a
+    plain block mapping."""
     data = yaml.safe_load(text) or {}
     spec = dict(data.get("speculative") or {})
-    spec["enabled"] = depth > 0
-    if depth > 0:
+    spec.pop("depth_schedule", None)
+    updates: dict[str, str] = {"enabled": "true" if depth > 0 or schedule else "false"}
+    spec["enabled"] = depth > 0 or bool(schedule)
+    if schedule:
+        spec["num_speculative_tokens"] = max(k for _, _, k in schedule)
+        spec["depth_schedule"] = [list(r) for r in schedule]
+        updates.update(num_speculative_tokens=str(spec["num_speculative_tokens"]), depth_schedule=schedule_yaml(schedule))
+    elif depth > 0:
         spec["num_speculative_tokens"] = depth
+        updates["num_speculative_tokens"] = str(depth)
     expected = {**data, "speculative": spec}
 
     lines = text.splitlines(keepends=True)
@@ -215,9 +312,8 @@ def apply_depth(text: str, depth: int) -> str:
             end += 1
         block = lines[start + 1 : end]
         indent = next((re.match(r"^(\s+)\S", ln).group(1) for ln in block if re.match(r"^\s+[^\s#]", ln)), "  ")
-        updates = {"enabled": "true" if depth > 0 else "false"}
-        if depth > 0:
-            updates["num_speculative_tokens"] = str(depth)
+        if not schedule:  # a single depth replaces a schedule
+            block = [ln for ln in block if not re.match(rf"^{re.escape(indent)}depth_schedule:", ln)]
         for key, value in updates.items():
             pattern = re.compile(rf"^({re.escape(indent)}{key}:[ \t]*)([^#\n]*?)([ \t]*#.*)?(\n?)$")
             for i, ln in enumerate(block):
@@ -245,10 +341,10 @@ def _num(value: Optional[float], fmt: str) -> str:
 
 def table(report: CalibrationReport) -> tuple[list[str], list[list[str]]]:
     c = report.currency
-    header = ["depth", "tokens/s", "tokens/s per GPU", "vs off", "acceptance rate", "mean acceptance length",
-              "accepted per position", f"{c} / 1M generated", f"{c} / 1M total", "recommended"]
+    header = ["concurrency", "depth", "tokens/s", "tokens/s per GPU", "vs off", "acceptance rate", "mean acceptance length",
+              "accepted per position", f"{c} / 1M generated", f"{c} / 1M total", "best here"]
     rows = [
-        [("off" if r.depth == 0 else str(r.depth)), f"{r.tokens_per_second:,.1f}", f"{r.tokens_per_second_per_gpu:,.1f}",
+        [str(r.concurrency), (f"schedule {r.schedule}" if r.schedule else "off" if r.depth == 0 else str(r.depth)), f"{r.tokens_per_second:,.1f}", f"{r.tokens_per_second_per_gpu:,.1f}",
          _num(r.speedup_vs_off, ".2f") + ("x" if r.speedup_vs_off is not None else ""), _num(r.acceptance_rate, ".3f"),
          _num(r.mean_acceptance_length, ".2f"), " ".join(f"{p:.2f}" for p in r.accepted_per_position) or "–",
          _num(r.cost_per_million_generated_tokens, ",.4f"), _num(r.cost_per_million_total_tokens, ",.4f"), "<-" if r.recommended else ""]
@@ -270,8 +366,12 @@ def to_markdown(report: CalibrationReport) -> str:
         "|" + "|".join("---" for _ in header) + "|",
         *("| " + " | ".join(r) + " |" for r in rows),
         "",
-        f"Recommended: {'speculation off' if report.recommended_depth == 0 else f'depth {report.recommended_depth}'} "
-        "(highest generated tokens/s per GPU = lowest cost per million tokens).",
+        f"Best single depth: {'speculation off' if report.recommended_depth == 0 else f'depth {report.recommended_depth}'} "
+        f"(highest generated tokens/s per GPU at concurrency {report.concurrencies[-1]} = lowest cost per million tokens)."
+        + (f" Recommended: the schedule by concurrency `{schedule_yaml(report.recommended_schedule)}`."
+           if report.recommended_schedule else
+           f" The schedule `{schedule_yaml(report.schedule_candidate)}` was measured and is not recommended."
+           if report.schedule_candidate else ""),
         "",
         "```yaml",
         report.config_snippet.rstrip("\n"),
@@ -280,6 +380,27 @@ def to_markdown(report: CalibrationReport) -> str:
     if report.warnings:
         lines += ["", "Warnings:", ""] + [f"- {w}" for w in report.warnings]
     return "\n".join(lines) + "\n"
+
+
+def to_html(report: CalibrationReport) -> str:
+    from html import escape
+
+    from pipeline import plots
+    from pipeline.report import calibration_plots
+
+    header, rows = table(report)
+    return "\n".join([
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>specbatch calibration</title>',
+        "<style>body{font-family:sans-serif;margin:24px}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
+        "padding:3px 8px;font-size:13px;text-align:right}" + plots.STYLE + "</style></head><body>",
+        "<h1>specbatch calibration</h1>",
+        "<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in header) + "</tr>",
+        *("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in rows),
+        "</table>",
+        f"<pre>{escape(report.config_snippet)}</pre>",
+        *(f"<figure>{svg}</figure>" for svg in calibration_plots(report)),
+        "</body></html>",
+    ]) + "\n"
 
 
 # ---------------------------------------------------------------- command
@@ -311,25 +432,42 @@ def calibrate(args: argparse.Namespace) -> CalibrationReport:
     if skipped:
         warnings.append(f"{skipped} sampled rows skipped: the job would refuse them")
     in_flight = min(config.engine.max_num_seqs, config.resources.rows_per_unit * config.resources.units_in_flight)
-    if len(prompts) < in_flight:
+    concurrencies = parse_concurrencies(args.concurrency, in_flight)
+    top = min(concurrencies[-1], len(prompts))
+    if top < in_flight:
         warnings.append(
-            f"measured {len(prompts)} prompts at once, the job keeps up to {in_flight} in flight per engine: "
-            "speculation looks better at small batches than at the job's; use a larger --sample"
+            f"measured at most {top} prompts at once, the job keeps up to {in_flight} in flight per engine: "
+            "speculation looks better at small batches than at the job's; add 'max' to --concurrency and use a "
+            "--sample of at least that many"
         )
     measured = []
     with tempfile.TemporaryDirectory(prefix="specbatch-calibrate-") as workdir:
         for depth in depths:
-            print(f"[calibrate] depth {depth}: {len(prompts)} prompts ...", file=sys.stderr, flush=True)
-            measured.append(run_depth_in_subprocess(config, depth, prompts, args.repeats, Path(workdir)))
-            m = measured[-1]
+            print(f"[calibrate] depth {depth}: concurrency {', '.join(map(str, concurrencies))} ...", file=sys.stderr, flush=True)
+            results = run_depth_in_subprocess(config, depth, prompts, args.repeats, Path(workdir), concurrencies)
+            measured += results
             print(
-                f"[calibrate] depth {depth}: engine ready in {m['engine_start_seconds']:.0f} s, "
-                f"{m['generated_tokens']} tokens in {m['seconds']:.2f} s",
+                f"[calibrate] depth {depth}: engine ready in {results[0]['engine_start_seconds']:.0f} s; tokens/s "
+                + ", ".join(f"{m['generated_tokens'] / m['seconds']:,.0f} at {m['concurrency']}" for m in results),
                 file=sys.stderr,
                 flush=True,
             )
+        best = best_depths(calibration_rows(measured, units, price))
+        candidate = schedule_from(best, config.engine.max_num_seqs)
+        if candidate:  # measured in its own engine: a range with k=0 still runs the drafter's forward pass
+            print(f"[calibrate] schedule {schedule_text(candidate)} ...", file=sys.stderr, flush=True)
+            scheduled = config.model_copy(update={"speculative": config.speculative.model_copy(
+                update={"enabled": True, "depth_schedule": candidate, "num_speculative_tokens": max(k for *_, k in candidate)})})
+            for m in run_depth_in_subprocess(scheduled, None, prompts, args.repeats, Path(workdir), concurrencies):
+                measured.append({**m, "depth": max(k for *_, k in candidate), "schedule": schedule_text(candidate)})
     rows = calibration_rows(measured, units, price)
-    chosen = next(r.depth for r in rows if r.recommended)
+    chosen = best[max(best)]
+    schedule = candidate if candidate and schedule_pays(rows) else None
+    if candidate and not schedule:
+        warnings.append(
+            f"the schedule {schedule_text(candidate)} measured slower than depth {chosen} at {max(best)} sequences at once "
+            "(a range with k=0 still runs the drafter's forward pass in vLLM): not recommended"
+        )
     return CalibrationReport(
         config_uri=args.config,
         measured_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -340,11 +478,26 @@ def calibrate(args: argparse.Namespace) -> CalibrationReport:
         max_num_seqs=config.engine.max_num_seqs,
         sample_requested=args.sample,
         sample_measured=len(prompts),
+        concurrencies=sorted(best),
         rows=rows,
         recommended_depth=chosen,
-        config_snippet=config_snippet(chosen),
+        schedule_candidate=candidate,
+        recommended_schedule=schedule,
+        config_snippet=config_snippet(chosen, schedule),
         warnings=warnings,
     )
+
+
+def parse_concurrencies(text: str, in_flight: int) -> list[int]:
+    """`1,4,16,max`: max is what the job keeps in flight per engine; values above it are dropped."""
+    try:
+        values = {in_flight if part.strip() == "max" else int(part) for part in text.split(",") if part.strip()}
+    except ValueError:
+        raise CalibrationError(f"--concurrency {text!r}: a comma-separated list of integers and 'max', e.g. 1,4,16,max") from None
+    values = sorted(v for v in values if 1 <= v <= in_flight)
+    if not values:
+        raise CalibrationError(f"--concurrency {text!r}: no value in 1..{in_flight} (the job's sequences in flight per engine)")
+    return values
 
 
 def write_results(storage: Storage, out_uri: str, report: CalibrationReport) -> None:
@@ -353,13 +506,14 @@ def write_results(storage: Storage, out_uri: str, report: CalibrationReport) -> 
         "calibration.csv": to_csv(report.rows),
         "calibration.md": to_markdown(report),
         "speculative.yaml": report.config_snippet,
+        "calibration.html": to_html(report),
     }
     for name, text in files.items():
         storage.write_bytes(storage.join(out_uri, name), text.encode())
 
 
-def write_config_depth(storage: Storage, config_uri: str, depth: int) -> None:
-    edited = apply_depth(storage.read_bytes(config_uri).decode(), depth)
+def write_config_depth(storage: Storage, config_uri: str, depth: int, schedule=None) -> None:
+    edited = apply_depth(storage.read_bytes(config_uri).decode(), depth, schedule)
     parse_config(yaml.safe_load(edited), source=config_uri)  # never write a config the job would refuse
     storage.write_bytes(config_uri, edited.encode())
 
@@ -369,6 +523,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("config", nargs="?", help="the job config (YAML, local path or URI)")
     parser.add_argument("--sample", type=int, default=256, help="prompts to measure (default 256)")
     parser.add_argument("--depths", default="0,1,2,3,4,5", help="speculation depths to measure; 0 = off (default 0,1,2,3,4,5)")
+    parser.add_argument("--concurrency", default="1,4,16,max",
+                        help="sequences running at once to measure each depth at; max = the job's in flight per engine "
+                        "(default 1,4,16,max)")
     parser.add_argument("--prices", help="YAML prices adding to / replacing pipeline/prices.yaml")
     parser.add_argument("--out", help="where the table and snippet go (default OUTPUT_URI/calibration)")
     parser.add_argument("--apply", action="store_true", help="write the recommended depth into the job config")
@@ -380,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.measure:  # the measuring child process
         request = json.loads(Path(args.measure[0]).read_text())
         config = JobConfig.model_validate(request["config"])
-        result = measure_depth(config, request["depth"], request["prompts"], request["repeats"])
+        result = measure_depth(config, request["depth"], request["prompts"], request["repeats"], request["concurrencies"])
         Path(args.measure[1]).write_text(json.dumps(result))
         return 0
     if not args.config or args.sample < 1 or args.repeats < 1:
@@ -392,13 +549,14 @@ def main(argv: list[str] | None = None) -> int:
         out_uri = (args.out or storage.join(config.output_uri, "calibration")).rstrip("/")
         write_results(storage, out_uri, report)
         if args.apply:
-            write_config_depth(storage, args.config, report.recommended_depth)
+            write_config_depth(storage, args.config, report.recommended_depth, report.recommended_schedule)
     except (CalibrationError, ConfigError, InputError, FileNotFoundError) as exc:
         print(f"specbatch calibrate: {exc}", file=sys.stderr)
         return 2
     header, rows = table(report)
     print(format_terminal_table(header, rows))
-    print(f"\nrecommended: {'speculation off' if report.recommended_depth == 0 else f'depth {report.recommended_depth}'}")
+    print(f"\nbest single depth: {'speculation off' if report.recommended_depth == 0 else report.recommended_depth}"
+          + (f"; schedule by concurrency: {schedule_yaml(report.recommended_schedule)}" if report.recommended_schedule else ""))
     print(report.config_snippet, end="")
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)

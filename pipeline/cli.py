@@ -94,6 +94,8 @@ def run_from_config(
         print(f"specbatch: job failed: {plain_text(str(exc))}", file=sys.stderr)
         return EXIT["failed"]
     print(f"specbatch: job {manifest.job_id} {manifest.status}: {manifest.totals.model_dump_json()}")
+    for flag in manifest.speculation.flags if manifest.speculation else []:
+        print(f"specbatch: warning: speculation: {flag}", file=sys.stderr)
     return EXIT.get(manifest.status, EXIT["failed"])
 
 

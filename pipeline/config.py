@@ -36,16 +36,26 @@ class ModelConfig(Section):
     tokenizer: Optional[str] = Field(None, description="Defaults to the model path.")
 
 
+# Mean acceptance length (1 + accepted / drafts) below which a drafter is refused by the probe
+# and the guard acts. Measured on the kit at k=3 (docs/speculation.md): the matched EAGLE-3.1
+# drafter 3.2, a same-shape drafter of another target 1.03. Speculation pays only well above it.
+ACCEPTANCE_FLOOR = 1.3
+
+
 class GuardConfig(Section):
     """A floor on acceptance over the last `window_units` units that drafted, checked by the
-    driver as units commit (pipeline/guard.py). At least one floor."""
+    driver as units commit (pipeline/guard.py). At least one floor. On by default; `guard: null`
+    turns it off."""
 
     min_acceptance_rate: Optional[float] = Field(None, ge=0, le=1, description="Accepted / draft tokens.")
-    min_mean_acceptance_length: Optional[float] = Field(None, ge=1, description="1 + accepted / drafts.")
+    min_mean_acceptance_length: Optional[float] = Field(ACCEPTANCE_FLOOR, ge=1, description="1 + accepted / drafts.")
     window_units: int = Field(4, ge=1, description="Units that drafted, pooled by their draft tokens.")
     action: GuardAction = Field(
-        "warn",
-        description="warn: log it; fail: stop the job; disable-speculation: restart the engines without the drafter and go on.",
+        "disable-speculation",
+        description=(
+            "disable-speculation: restart the engines without the drafter and go on (speculation at acceptance near "
+            "zero only costs); warn: log it; fail: stop the job."
+        ),
     )
 
     @model_validator(mode="after")
@@ -55,16 +65,34 @@ class GuardConfig(Section):
         return self
 
 
+class ProbeConfig(Section):
+    """Before the full run, `rows` of the job's own input go through one engine with the drafter
+    at the job's lengths (pipeline/probe.py); a drafter below the floor is refused."""
+
+    rows: int = Field(64, ge=0, description="Rows probed; 0 turns the probe off.")
+    min_mean_acceptance_length: float = Field(ACCEPTANCE_FLOOR, ge=1, description="The floor: 1 + accepted / drafts.")
+
+
 class SpeculativeConfig(Section):
     enabled: bool = True
     method: Literal["eagle3"] = "eagle3"
     drafter: Optional[str] = Field(None, description="Path of the EAGLE-3 / EAGLE-3.1 drafter.")
-    num_speculative_tokens: int = Field(3, ge=1, le=16)
+    num_speculative_tokens: int = Field(3, ge=1, le=16, description="Draft depth; with depth_schedule, its largest k.")
+    depth_schedule: Optional[list[tuple[int, int, int]]] = Field(
+        None,
+        description=(
+            "Depth by running sequences, vLLM's num_speculative_tokens_per_batch_size: [(lo, hi, k), ...], inclusive "
+            "ranges covering 1..engine.max_num_seqs, k in 0..16 (0: no drafting). `specbatch calibrate --apply` writes it."
+        ),
+    )
+    probe: ProbeConfig = Field(default_factory=ProbeConfig)
     checks_as_warnings: list[str] = Field(
         default_factory=list,
         description="Drafter compatibility checks (pipeline/drafter_check.py) downgraded to warnings; for experts.",
     )
-    guard: Optional[GuardConfig] = Field(None, description="Acceptance guard while the job runs; off when not set.")
+    guard: Optional[GuardConfig] = Field(
+        default_factory=GuardConfig, description="Acceptance guard while the job runs; null turns it off."
+    )
 
     @model_validator(mode="after")
     def _known_checks(self):
@@ -77,6 +105,28 @@ class SpeculativeConfig(Section):
     def _drafter_when_enabled(self):
         if self.enabled and not self.drafter:
             raise ValueError("speculative.drafter is required when speculative.enabled is true")
+        return self
+
+    @model_validator(mode="after")
+    def _schedule_ranges(self):
+        schedule = self.depth_schedule
+        if schedule is None:
+            return self
+        if not schedule:
+            raise ValueError("speculative.depth_schedule: empty; leave it out for a single depth")
+        expected_lo = 1
+        for lo, hi, k in schedule:
+            where = f"speculative.depth_schedule entry ({lo}, {hi}, {k})"
+            if lo != expected_lo:
+                raise ValueError(f"{where}: starts at {lo}, expected {expected_lo} (ranges start at 1, in order, no gap or overlap)")
+            if hi < lo:
+                raise ValueError(f"{where}: ends before it starts")
+            if not 0 <= k <= 16:
+                raise ValueError(f"{where}: k must be 0..16")
+            expected_lo = hi + 1
+        if max(k for _, _, k in schedule) == 0:
+            raise ValueError("speculative.depth_schedule: k is 0 everywhere; set speculative.enabled: false instead")
+        self.num_speculative_tokens = max(k for _, _, k in schedule)
         return self
 
 
@@ -174,6 +224,16 @@ class JobConfig(Section):
     storage: StorageConfig = Field(default_factory=StorageConfig)
     retries: RetriesConfig = Field(default_factory=RetriesConfig)
     lease: LeaseConfig = Field(default_factory=LeaseConfig)
+
+    @model_validator(mode="after")
+    def _schedule_covers_max_num_seqs(self):
+        schedule = self.speculative.depth_schedule
+        if schedule and schedule[-1][1] < self.engine.max_num_seqs:
+            raise ValueError(
+                f"speculative.depth_schedule ends at {schedule[-1][1]}; it must cover 1..engine.max_num_seqs "
+                f"({self.engine.max_num_seqs})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _gpus_match_tensor_parallel(self):

@@ -36,6 +36,8 @@ def engine_kwargs(config: JobConfig, *, speculative: bool | None = None, num_spe
             "model": spec.drafter,
             "num_speculative_tokens": num_speculative_tokens or spec.num_speculative_tokens,
         }
+        if spec.depth_schedule and not num_speculative_tokens:  # a fixed depth asked for replaces the schedule
+            kwargs["speculative_config"]["num_speculative_tokens_per_batch_size"] = [list(r) for r in spec.depth_schedule]
     kwargs.update(engine.extra_args)
     return kwargs
 
@@ -54,6 +56,11 @@ def sampling_params(config: JobConfig, row: dict[str, Any], **extra):
         ignore_eos=config.sampling.ignore_eos,
         **extra,
     )
+
+
+def schedule_text(schedule) -> str:
+    """`1-8:3,9-64:0`: a depth schedule as one readable string (stats, reports)."""
+    return ",".join(f"{lo}-{hi}:{k}" for lo, hi, k in schedule)
 
 
 def prepare_process_env(config: JobConfig) -> None:

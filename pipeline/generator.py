@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 
 from pipeline.config import JobConfig
-from pipeline.engine import engine_kwargs, prepare_process_env, sampling_params
+from pipeline.engine import engine_kwargs, prepare_process_env, sampling_params, schedule_text
 from pipeline.metrics import ReplicaMetrics
 from pipeline.outputs import OutputLocation
 from pipeline.stats import Acceptance
@@ -235,6 +235,7 @@ class Generator:
             tokens_per_second=generated_tokens / engine_seconds if engine_seconds > 0 else 0.0,
             speculative=spec.enabled,
             num_speculative_tokens=spec.num_speculative_tokens if spec.enabled else 0,
+            depth_schedule=schedule_text(spec.depth_schedule) if spec.enabled and spec.depth_schedule else None,
             **total.summary(),
             accepted_per_position=total.accepted_per_position,
             speculation_disabled_by_guard=self.disabled_by_guard,

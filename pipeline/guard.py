@@ -13,9 +13,10 @@ import datetime as dt
 from collections import deque
 from typing import Optional
 
-from pipeline.config import GuardConfig
+from pipeline.config import GuardConfig, JobConfig
 from pipeline.stats import Acceptance
-from schemas import GuardEvent
+from schemas import GuardEvent, JobTotals, SpeculationVerdict
+from schemas.report import CalibrationReport
 
 
 class AcceptanceTooLow(RuntimeError):
@@ -73,3 +74,55 @@ class AcceptanceGuard:
             unit_ids=[unit_id for unit_id, _ in self.window],
             message=message,
         )
+
+
+def depth_at(config: JobConfig, concurrency: int) -> int:
+    """The depth the job drafts at with `concurrency` sequences running."""
+    spec = config.speculative
+    for lo, hi, k in spec.depth_schedule or []:
+        if lo <= concurrency <= hi:
+            return k
+    return spec.num_speculative_tokens
+
+
+def speculation_verdict(
+    config: JobConfig, totals: JobTotals, events: list[GuardEvent], calibration: Optional[CalibrationReport] = None
+) -> Optional[SpeculationVerdict]:
+    """Did speculation pay over the committed units? None when the job did not speculate. A
+    calibration of the job (OUTPUT_URI/calibration) decides whether its depth at the job's
+    steady concurrency (the highest measured) was slower than off."""
+    spec = config.speculative
+    if not spec.enabled:
+        return None
+    guard = spec.guard
+    floor = guard.min_mean_acceptance_length if guard and guard.min_mean_acceptance_length else spec.probe.min_mean_acceptance_length
+    mal = totals.mean_acceptance_length
+    below = mal is not None and mal < floor
+    flags = []
+    if below:
+        flags.append(
+            f"mean acceptance length {mal:.2f} is below the floor {floor}: speculation cost more than it saved "
+            "(a drafter trained for another base model looks like this)"
+        )
+    flags += [f"the acceptance guard acted ({e.action}): {e.message}" for e in events]
+    cost = True if below else None
+    if calibration and not below:
+        top = max(calibration.concurrencies)
+        depth = depth_at(config, top)
+        row = next((r for r in calibration.rows if r.concurrency == top and r.depth == depth), None)
+        if row and row.speedup_vs_off is not None:
+            cost = row.speedup_vs_off < 1
+            if cost:
+                flags.append(
+                    f"the job's calibration measured depth {depth} at {top} sequences at once at {row.speedup_vs_off:.2f}x "
+                    "the speed of speculation off: it cost more than it saved (apply the calibrated schedule)"
+                )
+    if mal is None and totals.units:
+        flags.append("speculation was on but nothing was drafted (a depth schedule with k=0 at the job's concurrency?)")
+    return SpeculationVerdict(
+        floor=floor,
+        mean_acceptance_length=mal,
+        below_floor=below,
+        cost_more_than_saved=cost,
+        flags=flags,
+    )

@@ -29,11 +29,12 @@ from pydantic import ValidationError
 
 from pipeline import plots
 from pipeline.outputs import OutputLocation
+from pipeline.config import ACCEPTANCE_FLOOR
 from pipeline.prices import Prices, load_prices
 from pipeline.stats import Acceptance
 from pipeline.storage import Storage
 from schemas import JobManifest
-from schemas.report import CostReport, JobFigures, ReportTotals, SpeculationComparison
+from schemas.report import CalibrationReport, CostReport, JobFigures, ReportTotals, SpeculationComparison
 
 MILLION = 1_000_000
 REPORT_FILES = ("report.md", "report.html", "report.json", "report.csv")
@@ -44,6 +45,7 @@ class JobData:
     uri: str
     manifest: JobManifest
     stats: list[dict[str, Any]]
+    calibration: Optional[CalibrationReport] = None  # `specbatch calibrate` of this job, when it wrote to the job's output
 
 
 def read_job(storage: Storage, uri: str) -> JobData:
@@ -56,7 +58,10 @@ def read_job(storage: Storage, uri: str) -> JobData:
         fields = ", ".join(".".join(str(p) for p in e["loc"]) + f" ({e['msg']})" for e in exc.errors()[:5])
         raise ReportError(f"{uri}: _job.json does not match the job manifest contract: {fields}") from None
     stats = sorted(location.read_table("stats").to_pylist(), key=lambda r: r["started_at"])
-    return JobData(uri=location.uri, manifest=manifest, stats=stats)
+    calibration_uri = storage.join(location.uri, "calibration", "calibration.json")
+    calibration = (CalibrationReport.model_validate_json(storage.read_bytes(calibration_uri))
+                   if storage.exists(calibration_uri) else None)
+    return JobData(uri=location.uri, manifest=manifest, stats=stats, calibration=calibration)
 
 
 class ReportError(ValueError):
@@ -109,6 +114,10 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
     busy_gpu_hours = units * busy / 3600
     cost = gpu_hours * price if price is not None else None
     speculative = bool(spec.get("enabled", any(r["speculative"] for r in stats)))
+    flags = list(m.speculation.flags) if m.speculation else []
+    mal = acceptance.mean_acceptance_length
+    if not m.speculation and mal is not None and mal < ACCEPTANCE_FLOOR:  # a job written before verdicts were
+        flags.append(f"mean acceptance length {mal:.2f} is below the floor {ACCEPTANCE_FLOOR}: speculation cost more than it saved")
     return JobFigures(
         job_id=m.job_id,
         output_uri=job.uri,
@@ -142,6 +151,7 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
         busy_tokens_per_second_per_gpu=_ratio(generated_tokens, busy_gpu_hours * 3600),
         **acceptance.summary(),
         accepted_per_position=acceptance.rate_per_position,
+        speculation_flags=flags,
     )
 
 
@@ -217,6 +227,15 @@ def build_report(jobs: Sequence[JobData], prices: Prices) -> CostReport:
                 f"{f.job_id}: the drafter ran for {f.speculative_units} of {f.units} units (turned off by the "
                 "acceptance guard); left out of the speculation on/off comparison"
             )
+    comparisons = speculation_comparisons(figures)
+    for c in comparisons:
+        if c.saving_fraction < 0:
+            for f in figures:
+                if f.job_id in c.jobs_on:
+                    f.speculation_flags.append(
+                        f"speculation k={c.num_speculative_tokens} cost {-c.saving_fraction:.1%} more per million generated "
+                        f"tokens than the jobs with it off on the same model and accelerator"
+                    )
     return CostReport(
         generated_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         currency=prices.currency,
@@ -224,7 +243,7 @@ def build_report(jobs: Sequence[JobData], prices: Prices) -> CostReport:
         output_uris=[j.uri for j in jobs],
         jobs=figures,
         overall=totals(figures),
-        speculation=speculation_comparisons(figures),
+        speculation=comparisons,
         warnings=warnings,
     )
 
@@ -285,6 +304,10 @@ def tables(report: CostReport) -> dict[str, Table]:
           _num(s.cost_per_million_generated_tokens_on, 4), _num(s.cost_per_million_generated_tokens_off, 4),
           _num(s.saving_per_million_generated_tokens, 4), f"{s.saving_fraction:+.1%}",
           f"{s.tokens_per_second_per_gpu_on:,.1f} / {s.tokens_per_second_per_gpu_off:,.1f}"] for s in report.speculation],
+    )
+    out["Speculation flags"] = (
+        ["job", "speculation", "mean acceptance length", "flag"],
+        [[j.job_id, _depth(j), _num(j.mean_acceptance_length, 2), flag] for j in jobs for flag in j.speculation_flags],
     )
     return out
 
@@ -348,7 +371,35 @@ def report_plots(report: CostReport, jobs: Sequence[JobData]) -> list[str]:
         [(j.job_id, j.cost_per_million_generated_tokens, f"speculation {_depth(j)}") for j in report.jobs],
         f"{report.currency} per 1M generated tokens",
     )
-    return [acceptance, throughput, cost]
+    calibrations = [plot for job in jobs if job.calibration for plot in calibration_plots(job.calibration, job.manifest.job_id)]
+    return [acceptance, throughput, cost, *calibrations]
+
+
+def calibration_plots(calibration: CalibrationReport, name: str = "") -> list[str]:
+    """Where depth stops paying: tokens/s against concurrency, one line per depth, and the
+    acceptance by draft position of each depth at the highest concurrency measured."""
+    suffix = f" ({name})" if name else ""
+    settings = list(dict.fromkeys((r.depth, r.schedule) for r in sorted(calibration.rows, key=lambda r: (r.schedule is not None, r.depth))))
+    label = lambda d, schedule: f"schedule {schedule}" if schedule else "off" if d == 0 else f"k={d}"  # noqa: E731
+    speed = plots.line_chart(
+        f"calibration-speed{'-' + name if name else ''}",
+        "Calibration: tokens/s by concurrency and depth" + suffix,
+        [(label(d, sch), [(r.concurrency, r.tokens_per_second) for r in calibration.rows if (r.depth, r.schedule) == (d, sch)])
+         for d, sch in settings],
+        "sequences running at once",
+        "generated tokens/s",
+    )
+    top = max(r.concurrency for r in calibration.rows)
+    positions = plots.line_chart(
+        f"calibration-positions{'-' + name if name else ''}",
+        f"Calibration: acceptance by draft position at concurrency {top}" + suffix,
+        [(label(r.depth, None), [(i + 1, a) for i, a in enumerate(r.accepted_per_position)])
+         for r in calibration.rows if r.concurrency == top and r.depth and not r.schedule],
+        "draft position",
+        "share of drafts accepted",
+        integer_x=True,
+    )
+    return [speed, positions]
 
 
 def to_html(report: CostReport, jobs: Sequence[JobData]) -> str:
@@ -414,6 +465,8 @@ def terminal_summary(report: CostReport) -> str:
     rows.append(["overall", "", "", _num(o.generated_tokens), _num(o.gpu_hours, 4), _num(o.cost, 4),
                  _num(o.cost_per_million_generated_tokens, 4), _num(o.tokens_per_second_per_gpu, 1), "", _num(o.failed_rows)])
     text = format_terminal_table(header, rows)
+    for j in report.jobs:
+        text += "".join(f"\nWARNING {j.job_id}: {flag}" for flag in j.speculation_flags)
     for s in report.speculation:
         verdict = "saves" if s.saving_fraction >= 0 else "costs"
         text += (f"\nspeculation k={s.num_speculative_tokens} on {s.accelerator} {verdict} "

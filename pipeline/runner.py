@@ -29,7 +29,8 @@ import pyarrow.compute as pc
 from pipeline.breaker import ErrorBreaker
 from pipeline.config import ConfigError, JobConfig
 from pipeline.drafter_check import check_drafter
-from pipeline.guard import AcceptanceGuard, AcceptanceTooLow
+from pipeline.probe import probe_job_input
+from pipeline.guard import AcceptanceGuard, AcceptanceTooLow, speculation_verdict
 from pipeline.inputs import InputReport, inspect_inputs
 from pipeline.preflight import check_before_engines
 from pipeline.lease import OutputLease
@@ -37,7 +38,8 @@ from pipeline.outputs import OutputLocation, error_units
 from pipeline.stats import Acceptance
 from pipeline.storage import TRANSIENT_ERRORS, Storage
 from pipeline.units import WorkUnit, plan_units
-from schemas import LAYOUT_VERSION, Attempt, EngineDeath, GuardEvent, JobManifest, JobTotals, Lease, ModelFingerprint, Versions
+from schemas.report import CalibrationReport
+from schemas import LAYOUT_VERSION, Attempt, EngineDeath, GuardEvent, JobManifest, JobTotals, Lease, ModelFingerprint, ProbeResult, Versions
 
 log = logging.getLogger("specbatch")
 # Files of a model directory whose change changes the results: weights, their index, the
@@ -349,6 +351,11 @@ def run_job(
     lease = OutputLease(location, config.lease, job_id, number)
     dead_owner = lease.acquire(take_over=take_over)
     try:
+        if todo:
+            logs = _ray_init(verbose)
+            if logs and not verbose:
+                _say(progress, f"Ray's and vLLM's logs: {logs} (--verbose shows them here)")
+        probe = _probe_drafter(config, storage, todo, previous, progress)
         if restart:
             location.clear()
         if previous:
@@ -377,6 +384,7 @@ def run_job(
             totals=previous.totals if previous else JobTotals(input_rows=inputs.rows),
             attempts=[*(previous.attempts if previous else []), attempt],
             guard_events=previous.guard_events if previous else [],
+            probe=probe,
         )
         location.write_manifest(manifest.model_dump(mode="json"))
         _say(progress, _plan_summary(units, todo, len(again)))
@@ -384,6 +392,24 @@ def run_job(
     finally:
         lease.release()
     return manifest
+
+
+def _probe_drafter(
+    config: JobConfig, storage: Storage, todo: list[WorkUnit], previous: Optional[JobManifest], progress: bool
+) -> Optional[ProbeResult]:
+    """The drafter probe before the first run; a resume keeps the passing result (the drafter,
+    target and settings are the same, or the resume was refused)."""
+    if previous and previous.probe:
+        return previous.probe
+    disabled = previous is not None and any(e.action == "disable-speculation" for e in previous.guard_events)
+    if not (todo and config.speculative.enabled and config.speculative.probe.rows) or disabled:
+        return None
+    _say(progress, f"probing the drafter on {config.speculative.probe.rows} rows of the input ...")
+    result = probe_job_input(config, storage, todo)
+    if result:
+        _say(progress, f"probe passed: mean acceptance length {result.mean_acceptance_length:.2f} "
+                       f"(floor {result.floor}), acceptance rate {result.acceptance_rate:.3f}")
+    return result
 
 
 def _refuse_a_file(location: OutputLocation) -> None:
@@ -432,9 +458,6 @@ def _run_attempt(
     heard: dict[str, dict] = {}  # unit -> its stats row, for units this attempt committed
     try:
         if todo:
-            logs = _ray_init(verbose)
-            if logs and not verbose:
-                _say(progress, f"Ray's and vLLM's logs: {logs} (--verbose shows them here)")
             _generate(config, todo, location, manifest, model_id(target), model_id(drafter) if drafter else None, progress, heard)
             committed = location.committed_units()
         missing = [u.unit_id for u in units if u.unit_id not in committed]
@@ -461,9 +484,22 @@ def _run_attempt(
         manifest.ended_at = attempt.ended_at
         wall = sum(a.wall_seconds for a in manifest.attempts)
         manifest.totals = totals_from_stats(stats, inputs.rows, wall)
+        manifest.speculation = speculation_verdict(config, manifest.totals, manifest.guard_events, _calibration(location))
         if manifest.status == "succeeded":
             attempt.status = manifest.status = _status(manifest.totals, config)
         location.write_manifest(manifest.model_dump(mode="json"))
+
+
+def _calibration(location: OutputLocation) -> Optional[CalibrationReport]:
+    """`specbatch calibrate`'s report for this job, when it wrote it to the job's output."""
+    uri = location.storage.join(location.uri, "calibration", "calibration.json")
+    try:
+        return CalibrationReport.model_validate_json(location.storage.read_bytes(uri))
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:  # another version's or a damaged report: say so, decide without it
+        log.warning("%s: not read (%s)", uri, str(exc).splitlines()[0])
+        return None
 
 
 def plain_text(message: str) -> str:

@@ -112,7 +112,10 @@ class UnitStats(Contract):
     engine_seconds: float = Field(description="From the first request submitted to the last finished.")
     tokens_per_second: float = Field(description="generated_tokens / engine_seconds.")
     speculative: bool
-    num_speculative_tokens: int
+    num_speculative_tokens: int = Field(description="The draft depth; with a depth schedule, its largest k.")
+    depth_schedule: Optional[str] = Field(
+        None, description="The depth schedule in force, '<lo>-<hi>:<k>,...' by running sequences; null: a fixed depth."
+    )
     num_drafts: int
     draft_tokens: int
     accepted_tokens: int
@@ -247,6 +250,23 @@ class GuardEvent(Contract):
     message: str
 
 
+class SpeculationVerdict(Contract):
+    """Did speculation pay in this job? Written with the totals at the end of every attempt;
+    `specbatch report` and the console summary show its flags."""
+
+    floor: float = Field(description="The mean acceptance length floor (speculative.guard, else speculative.probe).")
+    mean_acceptance_length: Optional[float] = Field(description="Over every committed unit that drafted.")
+    below_floor: bool
+    cost_more_than_saved: Optional[bool] = Field(
+        description=(
+            "true: acceptance below the floor (each step yields about one token for k drafter passes and a k+1-token "
+            "verify), or a calibration at the job's concurrency measured its depth slower than off; false: the "
+            "calibration measured it faster; null: not measured (run specbatch calibrate)."
+        )
+    )
+    flags: list[str] = Field(description="What a reader of the job must know, one sentence each; empty when it paid.")
+
+
 LAYOUT_VERSION = 2  # 1: per-batch files named by id hashes; 2: work units by input position
 
 
@@ -267,6 +287,8 @@ class JobManifest(Contract):
     totals: JobTotals = Field(description="Over everything committed at the output location, all attempts.")
     attempts: list[Attempt] = Field(default_factory=list)
     guard_events: list[GuardEvent] = Field(default_factory=list, description="What the acceptance guard saw and did.")
+    probe: Optional[ProbeResult] = Field(None, description="The drafter probe before the first run (null: not run).")
+    speculation: Optional[SpeculationVerdict] = Field(None, description="Did speculation pay? Null without speculation.")
 
 
 TABLES: dict[str, type[Contract]] = {
@@ -322,6 +344,7 @@ DOCUMENTS.update(cost_report=CostReport, calibration_report=CalibrationReport)
 
 # ---------------------------------------------------------------- check-drafter
 
-from schemas.drafter import DrafterReport  # noqa: E402  (imports Contract)
+from schemas.drafter import DrafterReport, ProbeResult  # noqa: E402  (imports Contract)
 
 DOCUMENTS.update(drafter_report=DrafterReport)
+JobManifest.model_rebuild()  # its `probe` field is a ProbeResult

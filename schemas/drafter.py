@@ -14,6 +14,10 @@ from pydantic import Field
 from schemas import Contract
 
 CheckStatus = Literal["pass", "fail", "warn", "skip"]
+# verified: the drafter declares its target (name or config fingerprint) and it is this one;
+# mismatch: it declares another; unverified: it declares nothing, so only shapes were compared
+# and a drafter of another target with the same shapes passes them (the probe can tell).
+TargetIdentity = Literal["verified", "mismatch", "unverified"]
 
 
 class DraftVocabMap(Contract):
@@ -91,8 +95,40 @@ class DrafterReport(Contract):
     """Refused (`ok` false) when any check has status 'fail'."""
 
     ok: bool
+    target_identity: TargetIdentity = Field(
+        description="verified: a declared target name or fingerprint matches; mismatch: one does not; unverified: none declared."
+    )
     target: TargetInfo
     drafter: DrafterInfo
     checks: list[CheckResult]
     warnings: list[str] = Field(description="Messages of the checks downgraded to warnings.")
     notes: list[str] = Field(default_factory=list, description="Information that is not a check.")
+    probe: Optional["ProbeResult"] = Field(None, description="With --probe: acceptance measured on the job's rows.")
+
+
+class ProbeResult(Contract):
+    """The drafter probe (pipeline/probe.py): the job's own rows through one engine with the
+    drafter at the job's lengths, before the full run. Refused below `floor`."""
+
+    measured_at: str = Field(description="UTC, ISO 8601.")
+    rows: int = Field(description="Rows generated, in one batch.")
+    near_limit_rows_skipped: int = Field(
+        0, description="Rows read but left out: they end within 2k tokens of max_model_len, where vLLM stops drafting."
+    )
+    num_speculative_tokens: int = Field(description="The depth probed.")
+    max_model_len: int
+    prompt_tokens: int
+    generated_tokens: int
+    seconds: float
+    tokens_per_second: float
+    num_drafts: int
+    draft_tokens: int
+    accepted_tokens: int
+    acceptance_rate: Optional[float] = Field(description="Accepted / draft tokens; null without drafts.")
+    mean_acceptance_length: Optional[float] = Field(description="1 + accepted / drafts; null without drafts.")
+    accepted_per_position: list[float] = Field(description="Share of drafts whose i-th token was accepted.")
+    floor: float = Field(description="speculative.probe.min_mean_acceptance_length.")
+    passed: bool
+
+
+DrafterReport.model_rebuild()

@@ -61,6 +61,10 @@ class JobFigures(Contract):
     acceptance_rate: Optional[float] = Field(description="accepted / draft tokens; null without drafts.")
     mean_acceptance_length: Optional[float] = Field(description="1 + accepted / drafts; null without drafts.")
     accepted_per_position: list[float] = Field(description="Share of drafts whose position i (0-based) was accepted.")
+    speculation_flags: list[str] = Field(
+        default_factory=list,
+        description="Acceptance below the floor, guard actions, or speculation slower than off: one sentence each.",
+    )
 
 
 class ReportTotals(Contract):
@@ -111,16 +115,22 @@ class CostReport(Contract):
 
 
 class CalibrationRow(Contract):
-    """One speculation depth measured on a sample of the job's own prompts."""
+    """One speculation depth at one concurrency, measured on a sample of the job's own prompts."""
 
-    depth: int = Field(description="num_speculative_tokens; 0 = speculation off.")
+    depth: int = Field(description="num_speculative_tokens; 0 = speculation off; with a schedule, its largest k.")
+    schedule: Optional[str] = Field(
+        None, description="The depth schedule measured ('<lo>-<hi>:<k>,...'); null: the fixed depth `depth`."
+    )
+    concurrency: int = Field(description="Sequences kept running in the engine at once (a new one starts as one ends).")
     prompts: int
     prompt_tokens: int
     generated_tokens: int
     seconds: float = Field(description="Wall time of generating the sample (engine warm).")
     tokens_per_second: float = Field(description="Generated tokens per second of one replica.")
     tokens_per_second_per_gpu: float
-    speedup_vs_off: Optional[float] = Field(description="tokens_per_second / that of depth 0, when 0 was measured.")
+    speedup_vs_off: Optional[float] = Field(
+        description="tokens_per_second / that of depth 0 at the same concurrency, when 0 was measured."
+    )
     num_drafts: int
     draft_tokens: int
     accepted_tokens: int
@@ -129,7 +139,7 @@ class CalibrationRow(Contract):
     accepted_per_position: list[float] = Field(description="Share of drafts whose position i (0-based) was accepted.")
     cost_per_million_generated_tokens: Optional[float]
     cost_per_million_total_tokens: Optional[float]
-    recommended: bool
+    recommended: bool = Field(description="The fastest depth at this concurrency (ties: the shallower).")
 
 
 class CalibrationReport(Contract):
@@ -142,7 +152,22 @@ class CalibrationReport(Contract):
     max_num_seqs: int
     sample_requested: int
     sample_measured: int
+    concurrencies: list[int] = Field(description="The concurrencies measured, ascending.")
     rows: list[CalibrationRow]
-    recommended_depth: int
+    recommended_depth: int = Field(description="The best single depth: the fastest at the highest concurrency measured.")
+    schedule_candidate: Optional[list[tuple[int, int, int]]] = Field(
+        None,
+        description=(
+            "The fastest depth per concurrency as speculative.depth_schedule [(lo, hi, k), ...] over 1..max_num_seqs, "
+            "measured in its own engine; null when one concurrency was measured or one depth wins everywhere."
+        ),
+    )
+    recommended_schedule: Optional[list[tuple[int, int, int]]] = Field(
+        None,
+        description=(
+            "The candidate, when measured at least as fast as the best single depth at the highest concurrency (the "
+            "job's steady state); in vLLM a range with k=0 still runs the drafter's forward pass, so it is not free."
+        ),
+    )
     config_snippet: str
     warnings: list[str] = Field(default_factory=list)

@@ -95,13 +95,16 @@ def write_prompts(path: Path | str, columns: dict, filesystem=None) -> None:
 
 
 def job_config(input_uri: str, output_uri: str, kit: dict, **overrides) -> dict:
-    """A job config on the tiny models in eager fp32 (what the tests run)."""
+    """A job config on the tiny models in eager fp32 (what the tests run). The drafter probe and
+    the acceptance guard are off: the random kit accepts nothing, a probe costs an engine start
+    per job, and both have their own tests (test_probe.py, test_guard.py)."""
     config = {
         "job_name": "test",
         "input_uri": input_uri,
         "output_uri": output_uri,
         "model": {"path": kit["target"]},
-        "speculative": {"enabled": True, "drafter": kit["drafter"], "num_speculative_tokens": 3},
+        "speculative": {"enabled": True, "drafter": kit["drafter"], "num_speculative_tokens": 3, "probe": {"rows": 0},
+                        "guard": None},
         "engine": {"dtype": "float32", "max_model_len": 256, "max_num_seqs": 32, "enforce_eager": True},
         "sampling": {"max_tokens": 16, "temperature": 0.0},
         "resources": {"replicas": 1, "rows_per_unit": 16, "units_in_flight": 2},

@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.calibrate import apply_depth, calibration_rows, main as calibrate_main, parse_depths, sample_prompts, CalibrationError
+from pipeline.calibrate import (
+    CalibrationError, apply_depth, best_depths, calibration_rows, main as calibrate_main, parse_concurrencies, parse_depths,
+    sample_prompts, schedule_from, schedule_pays,
+)
 from pipeline.config import load_config, parse_config
 from pipeline.demo import sample_prompts as stdlib_lines
 from pipeline.storage import Storage
@@ -57,11 +60,13 @@ def test_apply_depth_edits_the_block_and_keeps_comments():
     assert flow["speculative"] == {"enabled": False, "drafter": "/d"}
 
 
-def test_recommendation_is_the_highest_throughput_per_gpu():
-    def measured(depth, tokens, seconds, drafts=0, per_pos=()):
-        return {"depth": depth, "prompts": 8, "prompt_tokens": 800, "generated_tokens": tokens, "seconds": seconds,
-                "num_drafts": drafts, "draft_tokens": drafts * depth, "accepted_tokens": sum(per_pos), "accepted_per_position": list(per_pos)}
+def measured(depth, tokens, seconds, drafts=0, per_pos=(), concurrency=8):
+    return {"depth": depth, "concurrency": concurrency, "prompts": 8, "prompt_tokens": 800, "generated_tokens": tokens,
+            "seconds": seconds, "num_drafts": drafts, "draft_tokens": drafts * depth, "accepted_tokens": sum(per_pos),
+            "accepted_per_position": list(per_pos)}
 
+
+def test_recommendation_is_the_highest_throughput_per_gpu():
     rows = calibration_rows([measured(2, 1200, 1.0, 100, (80, 40)), measured(0, 1000, 1.0), measured(4, 1100, 1.0, 60, (50, 30, 10, 5))],
                             gpus_per_replica=2, price=3.6)
     assert [r.depth for r in rows] == [0, 2, 4] and [r.recommended for r in rows] == [False, True, False]
@@ -73,6 +78,61 @@ def test_recommendation_is_the_highest_throughput_per_gpu():
     assert best.accepted_per_position == pytest.approx([0.8, 0.4]) and best.mean_acceptance_length == pytest.approx(2.2)
     assert min(rows, key=lambda r: r.cost_per_million_generated_tokens).recommended
     assert rows[0].acceptance_rate is None and rows[0].accepted_per_position == []
+
+
+def test_each_concurrency_gets_its_best_depth_and_the_schedule_covers_every_batch_size():
+    # Speculation pays at 1 and 4 sequences, costs at 64 (the shape measured on the kit).
+    figures = {1: {0: 100, 3: 160}, 4: {0: 300, 3: 900}, 16: {0: 1000, 3: 1100}, 64: {0: 2000, 3: 1800}}
+    rows = calibration_rows([measured(k, rate, 1.0, concurrency=c) for c, by_k in figures.items() for k, rate in by_k.items()],
+                            gpus_per_replica=1, price=None)
+    assert best_depths(rows) == {1: 3, 4: 3, 16: 3, 64: 0}
+    assert [r.speedup_vs_off for r in rows if r.concurrency == 64] == pytest.approx([1.0, 0.9])  # vs off at its own concurrency
+    assert schedule_from(best_depths(rows), 64) == [(1, 32, 3), (33, 64, 0)]  # 32 = sqrt(16 x 64)
+    assert schedule_from({1: 2, 4: 0, 16: 2}, 32) == [(1, 2, 2), (3, 8, 0), (9, 32, 2)]
+    assert schedule_from({1: 3, 64: 3}, 64) is None  # one depth everywhere: no schedule
+    # The schedule, measured in its own engine, pays only if it keeps up with the best single depth at 64.
+    schedule_at_64 = lambda rate: {**measured(3, rate, 1.0, concurrency=64), "schedule": "1-32:3,33-64:0"}  # noqa: E731
+    base = [measured(k, rate, 1.0, concurrency=c) for c, by_k in figures.items() for k, rate in by_k.items()]
+    assert not schedule_pays(calibration_rows(base + [schedule_at_64(1500)], 1, None))  # k=0 still runs the drafter
+    assert schedule_pays(calibration_rows(base + [schedule_at_64(2000)], 1, None))
+    assert best_depths(calibration_rows(base + [schedule_at_64(9999)], 1, None))[64] == 0  # never a "depth" winner
+    config = parse_config(job_config("in", "out", TINY_KIT, engine={"max_num_seqs": 64},
+                                     speculative={"depth_schedule": schedule_from(best_depths(rows), 64)}))
+    assert config.speculative.num_speculative_tokens == 3  # the schedule's largest k
+
+
+def test_a_depth_schedule_is_validated_naming_the_entry():
+    from pipeline.config import ConfigError
+
+    def schedule(entries, max_num_seqs=32):
+        return parse_config(job_config("in", "out", TINY_KIT, engine={"max_num_seqs": max_num_seqs},
+                                       speculative={"depth_schedule": entries}))
+
+    with pytest.raises(ConfigError, match=r"\(3, 8, 2\): starts at 3, expected 2"):
+        schedule([[1, 1, 3], [3, 8, 2], [9, 32, 0]])  # a gap
+    with pytest.raises(ConfigError, match=r"\(4, 32, 0\): starts at 4, expected 5"):
+        schedule([[1, 4, 3], [4, 32, 0]])  # an overlap
+    with pytest.raises(ConfigError, match="k must be 0..16"):
+        schedule([[1, 4, 17], [5, 32, 0]])
+    with pytest.raises(ConfigError, match="must cover 1..engine.max_num_seqs"):
+        schedule([[1, 4, 3], [5, 16, 0]])
+    with pytest.raises(ConfigError, match="k is 0 everywhere"):
+        schedule([[1, 32, 0]])
+
+
+def test_apply_writes_a_schedule_into_the_block():
+    scheduled = apply_depth(CONFIG_WITH_COMMENTS, 3, [(1, 8, 3), (9, 256, 0)])
+    assert "num_speculative_tokens: 3   # choose with `specbatch calibrate`" in scheduled
+    spec = yaml.safe_load(scheduled)["speculative"]
+    assert spec["depth_schedule"] == [[1, 8, 3], [9, 256, 0]] and spec["enabled"] is True
+    assert "depth_schedule" not in yaml.safe_load(apply_depth(scheduled, 2))["speculative"]  # a single depth replaces it
+
+
+def test_parse_concurrencies():
+    assert parse_concurrencies("1,4,16,max", 32) == [1, 4, 16, 32]
+    assert parse_concurrencies("1,64,max", 8) == [1, 8]  # above what the job keeps in flight: dropped
+    with pytest.raises(CalibrationError):
+        parse_concurrencies("x", 8)
 
 
 def test_parse_depths():
@@ -95,46 +155,62 @@ def test_sample_is_the_jobs_own_prompts_prepared_as_the_job_does(tmp_path):
 
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory):
-    """A real calibration on the trained tiny kit: depths 0, 1, 3 on 16 of the job's prompts."""
+    """A real calibration on the trained tiny kit: depths 0, 1, 3 at 1, 4 and 16 sequences at
+    once on 16 of the job's prompts."""
     root = tmp_path_factory.mktemp("calibrate")
     write_job_input(root / "in")
     config = job_config(str(root / "in"), str(root / "out"), TINY_KIT)
     config_path = root / "job.yaml"
     config_path.write_text("# tiny job\n" + yaml.safe_dump(config, sort_keys=False))
-    code = calibrate_main([str(config_path), "--sample", "16", "--depths", "0,1,3", "--apply"])
+    code = calibrate_main([str(config_path), "--sample", "16", "--depths", "0,1,3", "--concurrency", "1,4,16",
+                           "--repeats", "1", "--apply"])
     assert code == 0
     report = CalibrationReport.model_validate_json((root / "out" / "calibration" / "calibration.json").read_text())
     return root, config_path, report
 
 
-def test_calibration_measures_one_row_per_depth(calibrated):
+def test_calibration_measures_every_depth_at_every_concurrency(calibrated):
     _, _, report = calibrated
-    assert [r.depth for r in report.rows] == [0, 1, 3] and report.sample_measured == 16
-    assert len({r.prompt_tokens for r in report.rows}) == 1  # the same prompts at every depth
+    assert report.concurrencies == [1, 4, 16] and report.sample_measured == 16
+    fixed = [r for r in report.rows if r.schedule is None]
+    assert [(r.concurrency, r.depth) for r in fixed] == [(c, d) for c in (1, 4, 16) for d in (0, 1, 3)]
     for row in report.rows:
-        assert row.prompts == 16 and row.generated_tokens > 0 and row.seconds > 0 and row.tokens_per_second > 0
+        assert row.prompts == min(16, max(2 * row.concurrency, 8)) and row.generated_tokens > 0 and row.tokens_per_second > 0
         assert row.cost_per_million_generated_tokens > 0  # the default price of a 'cpu' node
-    off, *on = report.rows
-    assert off.num_drafts == 0 and off.acceptance_rate is None and off.speedup_vs_off == pytest.approx(1.0)
-    for row in on:
-        assert len(row.accepted_per_position) == row.depth and row.num_drafts > 0
-        assert 0 < row.acceptance_rate <= 1 and row.mean_acceptance_length > 1  # a drafter trained for this target
-        assert row.accepted_per_position == sorted(row.accepted_per_position, reverse=True)  # acceptance is a prefix
+    for concurrency in report.concurrencies:
+        off, *on = [r for r in fixed if r.concurrency == concurrency]
+        assert off.num_drafts == 0 and off.acceptance_rate is None and off.speedup_vs_off == pytest.approx(1.0)
+        assert len({r.prompt_tokens for r in (off, *on)}) == 1  # the same prompts at every depth
+        for row in on:
+            assert len(row.accepted_per_position) == row.depth and row.num_drafts > 0
+            assert 0 < row.acceptance_rate <= 1 and row.mean_acceptance_length > 1  # a drafter trained for this target
+            assert row.accepted_per_position == sorted(row.accepted_per_position, reverse=True)  # acceptance is a prefix
     assert any("in flight" in w for w in report.warnings)  # 16 prompts < 32 in flight: said, not hidden
 
 
-def test_calibration_recommends_the_best_measured_row_and_applies_it(calibrated):
+def test_calibration_recommends_the_best_measured_rows_and_applies_them(calibrated):
     root, config_path, report = calibrated
-    (best,) = [r for r in report.rows if r.recommended]
-    assert best.tokens_per_second_per_gpu == max(r.tokens_per_second_per_gpu for r in report.rows)
-    assert best.cost_per_million_generated_tokens == min(r.cost_per_million_generated_tokens for r in report.rows)
-    assert report.recommended_depth == best.depth
+    best = best_depths(report.rows)
+    for concurrency, depth in best.items():
+        here = [r for r in report.rows if r.concurrency == concurrency]
+        assert max(here, key=lambda r: r.tokens_per_second_per_gpu).depth == depth
+    assert report.recommended_depth == best[16]
+    assert report.schedule_candidate == schedule_from(best, 32)
+    if report.schedule_candidate:  # measured in its own engine, recommended only when it pays at the steady state
+        scheduled = [r for r in report.rows if r.schedule]
+        assert [r.concurrency for r in scheduled] == [1, 4, 16] and not any(r.recommended for r in scheduled)
+        assert report.recommended_schedule == (report.schedule_candidate if schedule_pays(report.rows) else None)
     out = root / "out" / "calibration"
     assert (out / "speculative.yaml").read_text() == report.config_snippet
-    assert "| depth |" in (out / "calibration.md").read_text() and len((out / "calibration.csv").read_text().splitlines()) == 4
+    assert "| concurrency | depth |" in (out / "calibration.md").read_text()
+    assert len((out / "calibration.csv").read_text().splitlines()) == 1 + len(report.rows)
+    assert (out / "calibration.html").read_text().count("<svg") == 2
     applied = load_config(str(config_path))
-    assert applied.speculative.enabled == (best.depth > 0)
-    if best.depth:
-        assert applied.speculative.num_speculative_tokens == best.depth
+    if report.recommended_schedule:
+        assert [tuple(r) for r in applied.speculative.depth_schedule] == report.recommended_schedule
+    else:
+        assert applied.speculative.enabled == (report.recommended_depth > 0) and applied.speculative.depth_schedule is None
+        if report.recommended_depth:
+            assert applied.speculative.num_speculative_tokens == report.recommended_depth
     assert config_path.read_text().startswith("# tiny job\n")
-    assert json.loads((out / "calibration.json").read_text())["recommended_depth"] == best.depth
+    assert json.loads((out / "calibration.json").read_text())["recommended_depth"] == report.recommended_depth

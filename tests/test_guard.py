@@ -35,7 +35,7 @@ def feed(guard: AcceptanceGuard, rows: list[dict]) -> list:
 
 
 def test_guard_waits_for_a_full_window_of_units_that_drafted():
-    guard = AcceptanceGuard(GuardConfig(min_acceptance_rate=0.5, window_units=3))
+    guard = AcceptanceGuard(GuardConfig(min_acceptance_rate=0.5, window_units=3, action="warn"))
     assert feed(guard, [stats_row("a"), stats_row("no-drafts", drafts=0), stats_row("b")]) == []
     (event,) = feed(guard, [stats_row("c")])
     assert event.unit_ids == ["a", "b", "c"] and event.metric == "acceptance_rate"
@@ -62,15 +62,53 @@ def test_guard_fires_once_while_low_and_again_after_recovering():
     assert len(feed(guard, [low, low])) == 1
 
 
-def test_guard_config_needs_a_floor():
-    from pipeline.config import ConfigError
+def test_guard_is_on_by_default_and_needs_a_floor():
+    from pipeline.config import ACCEPTANCE_FLOOR, ConfigError
 
     base = job_config("in", "out", {"target": "t", "drafter": "d"})
+    spec = {k: v for k, v in base["speculative"].items() if k != "guard"}
+    guard = parse_config({**base, "speculative": spec}).speculative.guard
+    assert (guard.action, guard.min_mean_acceptance_length, guard.min_acceptance_rate) == ("disable-speculation", ACCEPTANCE_FLOOR, None)
+    assert parse_config({**base, "speculative": {**spec, "guard": None}}).speculative.guard is None  # turned off
     with pytest.raises(ConfigError, match="speculative.guard.*min_acceptance_rate or min_mean_acceptance_length"):
-        parse_config({**base, "speculative": {**base["speculative"], "guard": {"action": "fail"}}})
+        parse_config({**base, "speculative": {**spec, "guard": {"min_mean_acceptance_length": None, "action": "fail"}}})
     with pytest.raises(ConfigError, match="speculative.guard.action"):
-        parse_config({**base, "speculative": {**base["speculative"], "guard": {"min_acceptance_rate": 0.1, "action": "stop"}}})
-    assert parse_config(base).speculative.guard is None  # off by default
+        parse_config({**base, "speculative": {**spec, "guard": {"min_acceptance_rate": 0.1, "action": "stop"}}})
+
+
+def test_the_verdict_flags_acceptance_below_the_floor_and_a_measured_loss():
+    from pipeline.calibrate import calibration_rows
+    from pipeline.guard import speculation_verdict
+    from schemas import JobTotals
+    from schemas.report import CalibrationReport
+
+    config = parse_config(job_config("in", "out", {"target": "t", "drafter": "d"}, engine={"max_num_seqs": 32},
+                                     speculative={"depth_schedule": [[1, 4, 3], [5, 32, 1]]}))
+    from pipeline.stats import Acceptance
+
+    def totals(accepted: int) -> JobTotals:
+        return JobTotals(units=4, **Acceptance(100, 300, accepted).summary())
+
+    poor = speculation_verdict(config, totals(3), [])
+    assert poor.below_floor and poor.cost_more_than_saved is True and "below the floor 1.3" in poor.flags[0]
+    good = totals(150)
+    unmeasured = speculation_verdict(config, good, [])
+    assert not unmeasured.below_floor and unmeasured.cost_more_than_saved is None and unmeasured.flags == []
+
+    def calibration(rate_at_k1: float) -> CalibrationReport:
+        rows = calibration_rows([
+            {"depth": k, "concurrency": 32, "prompts": 64, "prompt_tokens": 640, "generated_tokens": int(rate * 10),
+             "seconds": 10.0, "num_drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "accepted_per_position": []}
+            for k, rate in ((0, 1000.0), (1, rate_at_k1), (3, 700.0))], 1, None)
+        return CalibrationReport(config_uri="c", measured_at="t", accelerator="cpu", gpus_per_replica=1, currency="USD",
+                                 price_per_gpu_hour=None, max_num_seqs=32, sample_requested=64, sample_measured=64,
+                                 concurrencies=[32], rows=rows, recommended_depth=0, config_snippet="")
+
+    slower = speculation_verdict(config, good, [], calibration(900.0))  # the schedule's k at 32 sequences is 1
+    assert slower.cost_more_than_saved is True and "depth 1 at 32 sequences at once at 0.90x" in slower.flags[0]
+    assert speculation_verdict(config, good, [], calibration(1100.0)).cost_more_than_saved is False
+    assert speculation_verdict(config.model_copy(update={"speculative": config.speculative.model_copy(update={"enabled": False})}),
+                               good, []) is None
 
 
 # ---------------------------------------------------------------- real jobs on a random drafter

@@ -1,0 +1,174 @@
+"""The drafter probe: a few of the job's own rows through one engine with the drafter, at the
+job's lengths, before the full run spends GPU time.
+
+A drafter trained for another base model with the same shapes (Llama-3.1-70B's drafter on
+Llama-3.3-70B) passes every static check in drafter_check.py, and public drafters rarely
+declare their target. Only acceptance shows it: such a drafter is accepted almost never, so
+speculation only costs. The probe measures the mean acceptance length at the configured depth
+and refuses the drafter below `speculative.probe.min_mean_acceptance_length`.
+
+Rows come from a few units spread over the input (each read from its own row groups only) and
+are prepared exactly as the job prepares them; the engine uses the job's engine and sampling
+settings at a fixed depth, since a depth schedule may draft nothing at the probe's concurrency.
+Rows that end within 2k tokens of max_model_len are left out (see `near_limit`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import logging
+from typing import Any, Optional, Sequence
+
+from pipeline.config import JobConfig
+from pipeline.drafter_check import DrafterMismatch
+from pipeline.stats import Acceptance
+from pipeline.storage import Storage
+from pipeline.units import WorkUnit, read_unit
+from schemas.drafter import ProbeResult
+
+log = logging.getLogger(__name__)
+
+PROBE_UNITS = 4  # units the probe's rows come from, spread over the input
+
+
+class DrafterRejected(DrafterMismatch):
+    """The probe measured acceptance below the floor."""
+
+    def __init__(self, message: str, result: ProbeResult):
+        super().__init__(message)
+        self.result = result
+
+
+def near_limit(row: dict[str, Any], config: JobConfig) -> bool:
+    """The row ends within 2k tokens of max_model_len. There vLLM stops running the drafter for
+    the whole batch and verifies filler drafts that are never accepted
+    (docs/acceptance-near-length-limit.md): such a row says nothing about the drafter and pulls
+    down the acceptance of the rows beside it."""
+    k = config.speculative.num_speculative_tokens
+    return len(row["prompt_token_ids"]) + row["max_tokens"] + 2 * k > config.engine.max_model_len
+
+
+def probe_rows(config: JobConfig, storage: Storage, units: Sequence[WorkUnit], n: int) -> tuple[list[dict[str, Any]], int]:
+    """Up to `n` rows prepared as the job prepares them, from up to PROBE_UNITS units spread
+    evenly over `units`, none near the length limit; rows the job would refuse are left out.
+    Returns (rows, near-limit rows met on the way)."""
+    from pipeline.preprocess import Preprocessor, RowError
+
+    if not units or n < 1:
+        return [], 0
+    step = max(1, len(units) // PROBE_UNITS)
+    chosen = list(units)[::step][:PROBE_UNITS]
+    preprocessor = Preprocessor(
+        config.model.tokenizer or config.model.path, config.engine.max_model_len, config.sampling.model_dump()
+    )
+    per_unit: list[list[dict[str, Any]]] = []
+    skipped = 0
+    for unit in chosen:
+        usable = []
+        for row in read_unit(storage, unit).to_pylist():
+            if len(usable) == n:
+                break
+            try:
+                prepared = {"id": row["id"], **preprocessor.prepare(row, unit.text_column)}
+            except RowError:
+                continue
+            if near_limit(prepared, config):
+                skipped += 1
+                continue
+            usable.append(prepared)
+        per_unit.append(usable)
+    rows = [row for turn in itertools.zip_longest(*per_unit) for row in turn if row is not None][:n]  # units in turn
+    return rows, skipped
+
+
+def measure(config: JobConfig, rows: Sequence[dict[str, Any]], near_limit_rows: int = 0) -> ProbeResult:
+    """Runs where the engine may run (a GPU worker): one engine with the drafter at the
+    configured depth, the rows generated once."""
+    from pipeline.calibrate import measure_depth
+
+    spec = config.speculative
+    (m,) = measure_depth(config, spec.num_speculative_tokens, rows)
+    acceptance = Acceptance(m["num_drafts"], m["draft_tokens"], m["accepted_tokens"], list(m["accepted_per_position"]))
+    mal = acceptance.mean_acceptance_length
+    floor = spec.probe.min_mean_acceptance_length
+    return ProbeResult(
+        measured_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        rows=m["prompts"],
+        near_limit_rows_skipped=near_limit_rows,
+        num_speculative_tokens=spec.num_speculative_tokens,
+        max_model_len=config.engine.max_model_len,
+        prompt_tokens=m["prompt_tokens"],
+        generated_tokens=m["generated_tokens"],
+        seconds=m["seconds"],
+        tokens_per_second=m["generated_tokens"] / m["seconds"] if m["seconds"] else 0.0,
+        **acceptance.summary(),
+        accepted_per_position=acceptance.rate_per_position,
+        floor=floor,
+        passed=mal is not None and mal >= floor,
+    )
+
+
+def run_probe(config: JobConfig, rows: Sequence[dict[str, Any]], near_limit_rows: int = 0) -> ProbeResult:
+    """The probe on the cluster, in a Ray task with one replica's resources; its worker exits
+    afterwards, so the engine's memory is free before the job's engines start."""
+    import ray
+
+    from pipeline.engine import prepare_process_env
+
+    resources = config.resources
+
+    @ray.remote(max_calls=1, max_retries=0)
+    def probe_task(config_json: dict, rows: list, near_limit_rows: int) -> dict:
+        job = JobConfig.model_validate(config_json)
+        prepare_process_env(job)
+        return measure(job, rows, near_limit_rows).model_dump(mode="json")
+
+    task = probe_task.options(num_cpus=resources.cpus_per_replica, num_gpus=resources.gpus_per_replica)
+    return ProbeResult.model_validate(ray.get(task.remote(config.model_dump(mode="json"), list(rows), near_limit_rows)))
+
+
+def probe_job_input(
+    config: JobConfig, storage: Storage, units: Optional[Sequence[WorkUnit]] = None
+) -> Optional[ProbeResult]:
+    """`speculative.probe.rows` of the job's input (of `units`, default all of it) through the
+    probe; DrafterRejected below the floor. None, with a warning, when every row read ends near
+    the length limit: the probe cannot judge the drafter there (the guard still watches)."""
+    from pipeline.inputs import inspect_inputs
+    from pipeline.units import plan_units
+
+    if units is None:
+        units = plan_units(inspect_inputs(config.input_uri, storage).files, config.resources.rows_per_unit)
+    rows, near = probe_rows(config, storage, units, config.speculative.probe.rows)
+    if not rows:
+        if near:
+            log.warning(
+                "drafter probe skipped: all %d rows read end within 2k tokens of engine.max_model_len, where vLLM stops "
+                "drafting; raise max_model_len by %d for speculation to pay", near, 2 * config.speculative.num_speculative_tokens,
+            )
+            return None
+        raise DrafterMismatch(f"the probe found no usable row in {config.input_uri}")
+    result = run_probe(config, rows, near)
+    rejected = refusal(config, result)
+    if rejected:
+        raise rejected
+    return result
+
+
+def refusal(config: JobConfig, result: ProbeResult) -> Optional[DrafterRejected]:
+    """The refusal for a probe below the floor, naming the pitfall and the figures."""
+    if result.passed:
+        return None
+    measured = (
+        "it drafted nothing" if result.mean_acceptance_length is None
+        else f"mean acceptance length {result.mean_acceptance_length:.2f} (acceptance rate {result.acceptance_rate:.3f})"
+    )
+    return DrafterRejected(
+        f"drafter {config.speculative.drafter} refused by the probe: on {result.rows} rows of the job's input at "
+        f"depth {result.num_speculative_tokens}, {measured}, below the floor "
+        f"speculative.probe.min_mean_acceptance_length = {result.floor}. This is what a drafter trained for another "
+        "base model looks like, even one with the same shapes and tokenizer (e.g. a Llama-3.1 drafter on "
+        "Llama-3.3): speculation would only cost. Use the drafter trained for this target, or turn speculation off "
+        "(speculative.enabled: false); speculative.probe.rows: 0 skips the probe.",
+        result,
+    )

