@@ -1,5 +1,6 @@
 """Static checks of the infrastructure as code under infra/ (no cloud account, no terraform;
-tests/test_infra_workflow.py runs terraform on the provider-free modules and run.sh).
+tests/test_infra_workflow.py evaluates the provider-free rayjob module in Python and, when
+terraform is installed, with terraform, and plays run.sh).
 
 - every .tf file parses (python-hcl2); modules exist, and each call passes exactly what the
   module declares; every var./local./module. reference resolves; required variables and

@@ -1,10 +1,13 @@
 """The scheduled workflow under infra/terraform, checked without a cloud account or a cluster.
 
-- modules/rayjob has no provider, so `terraform apply` runs on it alone, offline, with its state
-  in a temporary folder: the RayJobs below are rendered by terraform's own templatefile() and
-  jsonencode(), for the example environment and for an edge case (8 GPUs per worker with
-  tensor parallelism, env values with quotes and colons). Its preconditions are what
-  `terraform plan` of an environment reports when pods cannot fit.
+- modules/rayjob has no provider, so it is applied on its own, offline, in two ways (SOURCES):
+  "python": its HCL parsed by python-hcl2 and its own expressions (locals, outputs, output
+  preconditions, variable validations, templatefile() of the templates) evaluated by HclModule
+  below; no terraform needed, so this is what CI runs. "terraform": `terraform apply` with its
+  state in a temporary folder. test_the_python_evaluation_matches_terraform holds the two to the
+  same bytes. The RayJobs are rendered for the example environment and for an edge case (8 GPUs
+  per worker with tensor parallelism, env values with quotes and colons). The preconditions are
+  what `terraform plan` of an environment reports when pods cannot fit.
 - The rendered pods' requests are checked against the node types' allocatable resources,
   computed here again from the table (a second implementation of the same formula).
 - The RayJobs are checked against the fields and rules of KubeRay 1.6.0's RayJob (its CRD and
@@ -14,13 +17,16 @@
 - run.sh runs for real against a stand-in kubectl: a script first on PATH that keeps RayJobs
   as files and plays scripted states, since no Kubernetes cluster can run here (and a stand-in
   aws for the _job.json check). Every terminal state, a vanished RayJob, a duplicate of the
-  date, a finished date and the cleanup of old runs are played.
+  date, a finished date and the cleanup of old runs are played, on the template files as the
+  Python evaluation renders them (and the first scenario also on terraform's rendering).
 
-Needs terraform on PATH (or $TERRAFORM); the tests that use it skip without it.
+terraform on PATH (or $TERRAFORM) adds the "terraform" variants, `terraform fmt` and `validate`
+and the equivalence test; they skip without it.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -28,10 +34,13 @@ import re
 import shutil
 import subprocess
 import sys
+from fractions import Fraction
 from pathlib import Path
 
+import hcl2  # python-hcl2, from the test extra
 import pytest
 import yaml
+from lark import Token, Tree  # python-hcl2's parse trees
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_infra import EXAMPLE, MODULES, ROOT, TfDir, _load  # noqa: E402
@@ -72,6 +81,397 @@ def _apply(tmp: Path, values: dict) -> tuple[bool, dict | str]:
     return True, {k: v["value"] for k, v in json.loads(out.stdout).items()}
 
 
+# --- The same module without terraform: its own expressions, evaluated here -------------------------
+#
+# CI has no terraform binary. So that the sizing rules, the preconditions that refuse pods which
+# cannot fit and the rendered RayJobs are checked there too, modules/rayjob's HCL is parsed with
+# python-hcl2 (the test extra) and its expressions -- locals, outputs, preconditions, variable
+# validations, templatefile() on the templates -- are evaluated below: no formula of the module is
+# written again here, the HCL itself is read. Numbers are exact fractions, like terraform's
+# arbitrary-precision numbers. The evaluator knows the functions the module uses; anything else
+# fails loudly (_Unsupported), never silently. With terraform present,
+# test_the_python_evaluation_matches_terraform checks it against `terraform apply` output byte for byte.
+
+
+class _Unsupported(AssertionError):
+    """The module uses HCL this evaluator does not know: extend it (or keep the check terraform-only)."""
+
+
+class _HclError(Exception):
+    """An error terraform would report while evaluating (caught by try() and can())."""
+
+
+def _trees(node, name: str):
+    return [c for c in node.children if isinstance(c, Tree) and c.data == name]
+
+
+def _exprs(node):
+    """The child nodes that are expressions (no punctuation, no new lines)."""
+    return [c for c in node.children if isinstance(c, Tree) and c.data != "new_line_or_comment"]
+
+
+def _tokens(node) -> list[str]:
+    return [c.type for c in node.children if isinstance(c, Token)]
+
+
+def _block_label(node) -> str:
+    if node.data == "identifier":
+        return str(node.children[0])
+    if node.data == "string":
+        return "".join(str(p.children[0]) for p in _trees(node, "string_part"))
+    raise _Unsupported(node.data)
+
+
+@functools.lru_cache(maxsize=None)
+def _hcl_body(path: Path):
+    """The body of a .tf file's parse tree (python-hcl2's Lark tree; parsed once, read only)."""
+    return hcl2.parses_to_tree(path.read_text()).children[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _declared(path: Path) -> dict:
+    return TfDir(path).variables
+
+
+def _hcl_attributes(body) -> dict:
+    return {_block_label(a.children[0]): _exprs(a)[-1] for a in _trees(body, "attribute")}
+
+
+def _hcl_blocks(body, kind: str | None = None) -> list[tuple[str, list[str], object]]:
+    out = []
+    for b in _trees(body, "block"):
+        parts = _exprs(b)
+        head, inner = parts[:-1], parts[-1]
+        labels = [_block_label(p) for p in head]
+        if kind is None or labels[0] == kind:
+            out.append((labels[0], labels[1:], inner))
+    return out
+
+
+def _num(value):
+    if isinstance(value, bool) or not isinstance(value, (int, Fraction)):
+        raise _HclError(f"a number is required, got {value!r}")
+    return value
+
+
+def _hcl_str(value) -> str:
+    """How terraform writes a value into a string template."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, Fraction)):
+        return str(int(value)) if value == int(value) else repr(float(value))
+    raise _HclError(f"cannot write {value!r} into a string")
+
+
+def _plain(value):
+    """Exact numbers to JSON numbers, as jsonencode() writes them."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, Fraction):
+        return int(value) if value == int(value) else float(value)
+    return value
+
+
+def _jsonencode(value) -> str:
+    # Terraform (Go's encoding/json): object keys sorted, no spaces, <, > and & escaped.
+    text = json.dumps(_plain(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _regex(pattern: str, text: str):
+    m = re.search(pattern, text)
+    if m is None:
+        raise _HclError(f"pattern {pattern!r} does not match {text!r}")
+    if m.re.groupindex:
+        return m.groupdict()
+    return list(m.groups()) if m.re.groups else m.group(0)
+
+
+def _tonumber(value):
+    if value is None or isinstance(value, (int, Fraction)) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]+(\.[0-9]+)?", value):
+        number = Fraction(value)
+        return int(number) if number.denominator == 1 else number
+    raise _HclError(f"cannot convert {value!r} to a number")
+
+
+def _coalesce(*args):
+    for a in args:
+        if a is not None and a != "":
+            return a
+    raise _HclError("no non-null, non-empty-string argument")
+
+
+def _templatefile(path: str, variables: dict) -> str:
+    """templatefile() for templates made of plain ${name} interpolations (asserted)."""
+    text = Path(path).read_text()
+    assert "%{" not in text and "$${" not in text, f"{path}: template directives: extend _templatefile"
+    names = re.findall(r"\$\{([^}]*)\}", text)
+    assert all(re.fullmatch(r"[A-Za-z_]\w*", n) for n in names), f"{path}: an interpolation other than ${{name}}"
+    missing = set(names) - set(variables)
+    if missing:
+        raise _HclError(f"{path}: vars map does not contain key(s) {sorted(missing)}")
+    return re.sub(r"\$\{(\w+)\}", lambda m: _hcl_str(variables[m.group(1)]), text)
+
+
+def _floor(x):
+    return math.floor(_num(x))
+
+
+def _ceil(x):
+    return math.ceil(_num(x))
+
+
+HCL_FUNCTIONS = {
+    "min": lambda *a: min(_num(x) for x in a), "max": lambda *a: max(_num(x) for x in a),
+    "floor": _floor, "ceil": _ceil, "coalesce": _coalesce, "length": len,
+    "join": lambda sep, items: sep.join(_hcl_str(i) for i in items), "contains": lambda items, v: v in items,
+    "keys": lambda m: sorted(m), "sort": lambda items: sorted(items), "jsonencode": _jsonencode,
+    "tonumber": _tonumber, "trimspace": lambda s: s.strip(), "regex": _regex, "templatefile": _templatefile,
+    "merge": lambda *maps: {k: v for m in maps for k, v in m.items()}, "concat": lambda *lists: [x for l in lists for x in l],
+}
+BINARY = {
+    "+": lambda a, b: _num(a) + _num(b), "-": lambda a, b: _num(a) - _num(b), "*": lambda a, b: _num(a) * _num(b),
+    "/": lambda a, b: Fraction(_num(a)) / _num(b), "%": lambda a, b: _num(a) % _num(b),
+    "<": lambda a, b: _num(a) < _num(b), ">": lambda a, b: _num(a) > _num(b),
+    "<=": lambda a, b: _num(a) <= _num(b), ">=": lambda a, b: _num(a) >= _num(b),
+    "==": lambda a, b: _equal(a, b), "!=": lambda a, b: not _equal(a, b),
+    "&&": lambda a, b: a is True and b is True, "||": lambda a, b: a is True or b is True,
+}
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):  # true == 1 is false in HCL
+        return a is b
+    return a == b
+
+
+def _normal(value):
+    """Variable values as terraform holds them: numbers exact."""
+    if isinstance(value, dict):
+        return {k: _normal(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_normal(v) for v in value]
+    if isinstance(value, float):
+        number = Fraction(str(value))
+        return int(number) if number.denominator == 1 else number
+    return value
+
+
+class HclModule:
+    """modules/rayjob (or any provider-free module) applied in Python: its outputs, or the
+    messages of its failed variable validations and output preconditions."""
+
+    def __init__(self, path: Path, values: dict):
+        self.path = path
+        bodies = {f: _hcl_body(f) for f in sorted(path.glob("*.tf"))}
+        self.locals, self.outputs, variables = {}, {}, {}
+        for body in bodies.values():
+            for _, _, inner in _hcl_blocks(body, "locals"):
+                self.locals.update(_hcl_attributes(inner))
+            for _, (name,), inner in _hcl_blocks(body, "output"):
+                self.outputs[name] = inner
+            for _, (name,), inner in _hcl_blocks(body, "variable"):
+                variables[name] = inner
+        self.validations = {}
+        declared = _declared(path)
+        self.var = {}
+        for name, body in variables.items():
+            if name in values:
+                self.var[name] = _normal(values[name])
+            elif "default" in declared[name]:
+                self.var[name] = _normal(declared[name]["default"])
+            else:
+                raise _HclError(f'No value for required variable "{name}"')
+            self.validations[name] = [_hcl_attributes(v) for _, _, v in _hcl_blocks(body, "validation")]
+        self._cache: dict = {}
+
+    # -- values --
+    def local(self, name: str):
+        if name not in self._cache:
+            if name not in self.locals:
+                raise _HclError(f"local.{name} is not declared")
+            self._cache[name] = self.eval(self.locals[name], {})
+        return self._cache[name]
+
+    def output(self, name: str):
+        return self.eval(_hcl_attributes(self.outputs[name])["value"], {})
+
+    def failures(self) -> list[str]:
+        """Messages of the failed variable validations and output preconditions, as `plan` reports them."""
+        messages = []
+        for name, checks in self.validations.items():
+            for check in checks:
+                if self.eval(check["condition"], {}) is not True:
+                    messages.append(self.eval(check["error_message"], {}))
+        if messages:  # terraform stops at the variables
+            return messages
+        for name, body in self.outputs.items():
+            for _, _, check in _hcl_blocks(body, "precondition"):
+                attrs = _hcl_attributes(check)
+                if self.eval(attrs["condition"], {}) is not True:
+                    messages.append(self.eval(attrs["error_message"], {}))
+        return messages
+
+    def apply(self) -> tuple[bool, dict | str]:
+        """As _apply: (True, outputs) or (False, the error text)."""
+        failed = self.failures()
+        if failed:
+            return False, re.sub(r"\s+", " ", " ".join(failed))
+        return True, {name: self.output(name) for name in self.outputs}
+
+    # -- expressions --
+    def eval(self, node, scope: dict):
+        kind = node.data
+        kids = _exprs(node)
+        if kind == "expr_term":
+            (inner,) = kids
+            return self.eval(inner, scope)
+        if kind == "int_lit":
+            return int(node.children[0])
+        if kind == "float_lit":
+            return _tonumber(str(node.children[0]))
+        if kind == "literal_value":
+            return {"true": True, "false": False, "null": None}[str(node.children[0])]
+        if kind == "identifier":
+            name = str(node.children[0])
+            if name in scope:
+                return scope[name]
+            if name in ("var", "local", "path"):
+                return _Namespace(self, name)
+            raise _Unsupported(f"identifier {name}")
+        if kind == "string":
+            parts = _trees(node, "string_part")
+            if len(parts) == 1 and _trees(parts[0], "interpolation"):
+                return self.eval(_exprs(_trees(parts[0], "interpolation")[0])[0], scope)
+            out = []
+            for part in parts:
+                (piece,) = part.children
+                if isinstance(piece, Token):
+                    if piece.type != "STRING_CHARS":
+                        raise _Unsupported(piece.type)
+                    out.append(json.loads('"' + str(piece).replace("\t", "\\t") + '"'))
+                elif piece.data == "interpolation":
+                    out.append(_hcl_str(self.eval(_exprs(piece)[0], scope)))
+                else:
+                    raise _Unsupported(piece.data)
+            return "".join(out)
+        if kind == "tuple":
+            return [self.eval(k, scope) for k in kids]
+        if kind == "object":
+            out = {}
+            for elem in kids:
+                key_node, value_node = _exprs(elem)
+                key_expr = _exprs(key_node)[0]
+                plain = _exprs(key_expr)[0] if key_expr.data == "expr_term" else key_expr
+                key = str(plain.children[0]) if plain.data == "identifier" else _hcl_str(self.eval(key_expr, scope))
+                out[key] = self.eval(value_node, scope)
+            return out
+        if kind == "get_attr_expr_term":
+            base, attr = kids
+            return self._index(self.eval(base, scope), _block_label(_exprs(attr)[0]))
+        if kind == "index_expr_term":
+            base, index = kids
+            key = self.eval(_exprs(index)[0], scope) if index.data == "braces_index" else int(index.children[-1])
+            return self._index(self.eval(base, scope), key)
+        if kind == "conditional":
+            cond, yes, no = kids
+            test = self.eval(cond, scope)
+            if not isinstance(test, bool):
+                raise _HclError(f"a condition must be a bool, got {test!r}")
+            return self.eval(yes if test else no, scope)
+        if kind == "binary_op":
+            left, term = kids
+            operator, right = _exprs(term)
+            return BINARY[str(operator.children[0])](self.eval(left, scope), self.eval(right, scope))
+        if kind == "unary_op":
+            operator, (operand,) = str(node.children[0]), kids
+            value = self.eval(operand, scope)
+            if operator == "!":
+                if not isinstance(value, bool):
+                    raise _HclError(f"! needs a bool, got {value!r}")
+                return not value
+            return -_num(value)
+        if kind == "function_call":
+            name = str(kids[0].children[0])
+            args = _exprs(kids[1]) if len(kids) > 1 else []
+            if name in ("try", "can"):  # lazy: an argument's error moves on to the next
+                for arg in args:
+                    try:
+                        value = self.eval(arg, scope)
+                    except _HclError:
+                        continue
+                    return True if name == "can" else value
+                if name == "can":
+                    return False
+                raise _HclError("try(): no argument could be evaluated")
+            if name not in HCL_FUNCTIONS:
+                raise _Unsupported(f"function {name}()")
+            values = [self.eval(a, scope) for a in args]
+            if len(kids) > 1 and "ELLIPSIS" in _tokens(kids[1]):
+                values = values[:-1] + list(values[-1])
+            try:
+                return HCL_FUNCTIONS[name](*values)
+            except (TypeError, ValueError, KeyError) as exc:
+                raise _HclError(f"{name}(): {exc}") from exc
+        if kind in ("for_tuple_expr", "for_object_expr"):
+            intro, *rest = kids
+            intro_parts = _exprs(intro)
+            names, collection = [str(i.children[0]) for i in intro_parts[:-1]], self.eval(intro_parts[-1], scope)
+            cond = rest.pop() if rest and rest[-1].data == "for_cond" else None
+            if "ELLIPSIS" in _tokens(node):
+                raise _Unsupported("grouping for expression (...)")
+            pairs = sorted(collection.items()) if isinstance(collection, dict) else list(enumerate(collection))
+            out_list, out_map = [], {}
+            for key, value in pairs:
+                inner = dict(scope, **({names[0]: value} if len(names) == 1 else {names[0]: key, names[1]: value}))
+                if cond is not None and self.eval(_exprs(cond)[0], inner) is not True:
+                    continue
+                if kind == "for_tuple_expr":
+                    out_list.append(self.eval(rest[0], inner))
+                else:
+                    out_map[_hcl_str(self.eval(rest[0], inner))] = self.eval(rest[1], inner)
+            return out_list if kind == "for_tuple_expr" else out_map
+        raise _Unsupported(kind)
+
+    @staticmethod
+    def _index(base, key):
+        if isinstance(base, _Namespace):
+            return base[key]
+        if base is None:
+            raise _HclError(f"attempt to get attribute {key!r} of null")
+        try:
+            return base[key]
+        except (KeyError, IndexError, TypeError) as exc:
+            raise _HclError(f"no element {key!r}") from exc
+
+
+class _Namespace:
+    def __init__(self, module: HclModule, kind: str):
+        self.module, self.kind = module, kind
+
+    def __getitem__(self, name: str):
+        if self.kind == "local":
+            return self.module.local(name)
+        if self.kind == "path":
+            if name != "module":
+                raise _Unsupported(f"path.{name}")
+            return str(self.module.path)
+        if name not in self.module.var:
+            raise _HclError(f"var.{name} is not declared")
+        return self.module.var[name]
+
+
+def _apply_in_python(values: dict) -> tuple[bool, dict | str]:
+    """modules/rayjob applied in Python: (True, outputs) or (False, the messages of what failed)."""
+    return HclModule(RAYJOB, values).apply()
+
+
 def test_terraform_is_formatted_and_the_rayjob_module_valid(tmp_path):
     exe = _terraform()
     if exe is None:
@@ -89,9 +489,9 @@ def _example_values(**overrides) -> dict:
     """What envs/example passes to modules/rayjob (through modules/workflows) with
     terraform.tfvars.example: the tfvars, else the variables' defaults."""
     tfvars = _load(EXAMPLE / "terraform.tfvars.example")
-    defaults = {k: v.get("default") for k, v in TfDir(EXAMPLE).variables.items()}
-    cluster_defaults = {k: v.get("default") for k, v in TfDir(MODULES / "cluster").variables.items()}
-    wf_defaults = {k: v.get("default") for k, v in TfDir(MODULES / "workflows").variables.items()}
+    defaults = {k: v.get("default") for k, v in _declared(EXAMPLE).items()}
+    cluster_defaults = {k: v.get("default") for k, v in _declared(MODULES / "cluster").items()}
+    wf_defaults = {k: v.get("default") for k, v in _declared(MODULES / "workflows").items()}
     v = {**defaults, **tfvars}
     volumes, mounts = [], []
     if v["models_claim_name"]:
@@ -118,15 +518,32 @@ EDGE = dict(gpu_instance_types=["p4d.24xlarge"], replicas=4, gpus_per_replica=4,
             head_instance_types=["m6i.4xlarge"], env=EDGE_ENV, schedule="30 1 * * *", workflow="nightly-chats-p4d-tp4")
 
 
-@pytest.fixture(scope="module")
-def rendered(tmp_path_factory) -> dict[str, dict]:
-    """{case: outputs of modules/rayjob}, each applied once."""
+CASES = {"example": {}, "edge": EDGE}
+# Who applies modules/rayjob: the evaluator above (always, CI included) or terraform (skips without it).
+SOURCES = ["python", "terraform"]
+
+
+def _render(tmp: Path, values: dict, source: str) -> tuple[bool, dict | str]:
+    return _apply_in_python(values) if source == "python" else _apply(tmp, values)
+
+
+@pytest.fixture(scope="module", params=SOURCES)
+def rendered(request, tmp_path_factory) -> dict[str, dict]:
+    """{case: outputs of modules/rayjob}, each applied once, by each source."""
     out = {}
-    for case, values in {"example": _example_values(), "edge": _example_values(**EDGE)}.items():
-        ok, result = _apply(tmp_path_factory.mktemp(case), values)
+    for case, overrides in CASES.items():
+        ok, result = _render(tmp_path_factory.mktemp(case), _example_values(**overrides), request.param)
         assert ok, result
         out[case] = result
     return out
+
+
+@pytest.fixture(scope="module")
+def evaluated_example() -> dict:
+    """The example's outputs of modules/rayjob, evaluated in Python (no terraform needed)."""
+    ok, result = _apply_in_python(_example_values())
+    assert ok, result
+    return result
 
 
 def _manifest(text: str, name: str, run_date: str = "2026-11-29") -> dict:
@@ -228,6 +645,7 @@ def _mi(q) -> float:
     return float(number) * units[unit]
 
 
+@functools.lru_cache(maxsize=None)
 def _node_table() -> dict[str, dict]:
     locals_ = TfDir(RAYJOB).locals
     return {**locals_["gpu_instance_types"], **locals_["cpu_instance_types"]}
@@ -280,6 +698,83 @@ def test_the_terraform_table_agrees_with_this_tests_formula(rendered):
     assert _cpu_m("8") > node["cpu_m"] and _mi("48Gi") > node["memory_mi"]
 
 
+def test_the_tables_allocatable_formula_is_this_tests_formula_for_every_type():
+    """The HCL's allocatable (instance_types.tf, evaluated) against _allocatable, for every row."""
+    module = HclModule(RAYJOB, _example_values())
+    table, reserve = module.local("allocatable"), module.var["daemonset_reserve"]
+    assert set(table) == set(_node_table()) and len(module.local("gpu_instance_types")) >= 20
+    for instance_type, hcl in table.items():
+        node = _allocatable(instance_type)
+        assert (hcl["cpu_m"] - _cpu_m(reserve["cpu"]), hcl["memory_mi"] - _mi(reserve["memory"]), hcl["gpus"]) == (
+            node["cpu_m"], node["memory_mi"], node["gpus"]), instance_type
+
+
+@pytest.mark.parametrize("instance_type", sorted(TfDir(RAYJOB).locals["gpu_instance_types"]))
+def test_default_workers_fit_every_supported_gpu_type(instance_type):
+    """The worker size the module derives when worker_cpu / worker_memory / shm_size are left
+    unset, for one GPU, a whole node of replicas and one replica over the whole node, against
+    the node's allocatable resources computed by this test's formula."""
+    node = _allocatable(instance_type)
+    gpus = node["gpus"]
+    for replicas, tp in {(1, 1), (gpus, 1), (1, gpus), (2 * gpus, 1)}:
+        ok, out = _apply_in_python(_example_values(gpu_instance_types=[instance_type], replicas=replicas,
+                                                   gpus_per_replica=tp, gpus_per_worker=None))
+        assert ok, (instance_type, replicas, tp, out)
+        sizing = out["sizing"]
+        cpu, memory, shm = _cpu_m(sizing["worker_cpu"]), _mi(sizing["worker_memory"]), _mi(sizing["shm_size"])
+        share = sizing["gpus_per_worker"] / gpus
+        assert sizing["gpus_per_worker"] <= gpus and sizing["gpus_per_worker"] % tp == 0
+        assert cpu <= node["cpu_m"] and memory <= node["memory_mi"], (instance_type, sizing, node)
+        assert cpu >= node["cpu_m"] * share - 100 and memory >= node["memory_mi"] * share - 1024, (instance_type, sizing)
+        assert 0 < shm <= memory / 2
+        assert 1 <= sizing["worker_num_cpus"] <= cpu / 1000
+        assert out["worker_pods"] * sizing["gpus_per_worker"] >= replicas * tp
+
+
+def test_the_example_keeps_a_gpu_node_for_every_worker(evaluated_example):
+    # No Cluster Autoscaler in the example: the node group's minimum must hold a run's workers.
+    tfvars = _load(EXAMPLE / "terraform.tfvars.example")
+    assert tfvars["gpu_instance_types"] == ["g6e.xlarge"]
+    workers = evaluated_example["worker_pods"]
+    per_node = evaluated_example["sizing"]["node_gpus"] // evaluated_example["sizing"]["gpus_per_worker"]
+    assert tfvars["gpu_min_nodes"] * per_node >= workers and tfvars["gpu_max_nodes"] >= tfvars["gpu_min_nodes"]
+    # The example leaves the worker size to the instance type.
+    assert "worker_cpu" not in tfvars and "worker_memory" not in tfvars
+    assert TfDir(EXAMPLE).variables["worker_cpu"]["default"] is None
+
+
+def test_scheduled_runs_get_a_short_ttl_and_a_pre_running_deadline():
+    """What modules/workflows passes to modules/rayjob: the example's path to the RayJobs."""
+    workflows = TfDir(MODULES / "workflows")
+    call = workflows.modules["rayjob"]
+    assert call["ttl_seconds_after_finished"] == "${var.ttl_seconds_after_finished}"
+    assert 0 < workflows.variables["ttl_seconds_after_finished"]["default"] <= 600
+    assert call["pre_running_deadline_seconds"] == "${each.value.pre_running_deadline_minutes * 60}"
+    default_minutes = re.search(r"pre_running_deadline_minutes\s*=\s*optional\(number,\s*(\d+)\)",
+                                str(workflows.variables["workflows"]["type"]))
+    assert default_minutes and 1 <= int(default_minutes.group(1)) <= 60
+    assert "ttl_seconds_after_finished" not in TfDir(EXAMPLE).modules["workflows"]
+    for template in ("rayjob-generate.yaml", "rayjob-report.yaml"):
+        text = (RAYJOB / "templates" / template).read_text()
+        assert re.search(r"^  ttlSecondsAfterFinished: \$\{ttl_seconds_after_finished\}$", text, flags=re.M)
+        assert re.search(r"^  preRunningDeadlineSeconds: \$\{pre_running_deadline_seconds\}$", text, flags=re.M)
+        assert re.search(r"^  shutdownAfterJobFinishes: true$", text, flags=re.M)
+
+
+def test_the_python_evaluation_matches_terraform(tmp_path):
+    """The evaluator that CI relies on, against terraform itself: the same outputs byte for byte,
+    and the same refusals with the same messages."""
+    for case, overrides in CASES.items():
+        values = _example_values(**overrides)
+        assert _apply(tmp_path / case, values) == _apply_in_python(values), case
+    values = _example_values(worker_cpu="8", worker_memory="48Gi", timeout_hours=24)
+    (tf_ok, tf_error), (py_ok, py_error) = _apply(tmp_path / "refused", values), _apply_in_python(values)
+    assert len(HclModule(RAYJOB, values).failures()) == 2
+    assert not tf_ok and not py_ok
+    for message in HclModule(RAYJOB, values).failures():
+        assert re.sub(r"\s+", " ", message) in tf_error and message in py_error
+
+
 @pytest.mark.parametrize("overrides, says", [
     (dict(worker_cpu="8", worker_memory="48Gi"),
      ["g6e.xlarge gives a pod at most", "Leave worker_cpu and worker_memory unset", "choose a larger instance type"]),
@@ -290,16 +785,22 @@ def test_the_terraform_table_agrees_with_this_tests_formula(rendered):
     (dict(worker_cpu="lots"), ['cannot read worker CPU "lots"', '"3500m"']),
     (dict(timeout_hours=24), ["runs daily", "Lower timeout_hours to at most 22"]),
     (dict(head_cpu="16"), ["the Ray head asks for 16 CPU", "system_instance_types"]),
-], ids=["issue-8cpu-48Gi", "memory", "unknown-type", "tp-over-node", "shm", "unparsable", "daily-24h", "head"])
-def test_pods_that_cannot_fit_fail_the_plan_naming_the_fix(tmp_path, overrides, says):
-    ok, error = _apply(tmp_path, _example_values(**overrides))
+    (dict(ttl_seconds_after_finished=86400), ["ttl_seconds_after_finished must be between 0 and 3600"]),
+    (dict(pre_running_deadline_seconds=0), ["pre_running_deadline_seconds must be at least 60"]),
+], ids=["issue-8cpu-48Gi", "memory", "unknown-type", "tp-over-node", "shm", "unparsable", "daily-24h", "head",
+        "day-long-ttl", "no-pre-running-deadline"])
+@pytest.mark.parametrize("source", SOURCES)
+def test_pods_that_cannot_fit_fail_the_plan_naming_the_fix(tmp_path, source, overrides, says):
+    ok, error = _render(tmp_path, _example_values(**overrides), source)
     assert not ok, "the plan should have failed"
     for phrase in says:
         assert phrase in error, (phrase, error[-1500:])
 
 
-def test_sizes_that_fit_pass(tmp_path):
-    ok, out = _apply(tmp_path, _example_values(worker_cpu="3", worker_memory="24Gi", shm_size="6Gi"))
+@pytest.mark.parametrize("source", SOURCES)
+def test_sizes_that_fit_pass(tmp_path, source):
+    # The override terraform.tfvars.example suggests.
+    ok, out = _render(tmp_path, _example_values(worker_cpu="3", worker_memory="24Gi", shm_size="6Gi"), source)
     assert ok, out
     assert out["sizing"]["worker_cpu"] == "3000m" and out["sizing"]["worker_memory"] == "24576Mi"
 
@@ -691,13 +1192,18 @@ class Scheduler:
 
 
 @pytest.fixture
-def scheduler(tmp_path, rendered) -> Scheduler:
+def scheduler(tmp_path, evaluated_example) -> Scheduler:
+    """run.sh with the example's RayJobs as templatefile() renders the template files (evaluated in
+    Python, so no terraform is needed; the test below also plays terraform's own rendering)."""
     if shutil.which("sh") is None:
         pytest.skip("no POSIX shell")
-    return Scheduler(tmp_path, rendered["example"])
+    return Scheduler(tmp_path, evaluated_example)
 
 
-def test_scheduler_runs_generation_then_report_on_the_dated_prefix(scheduler):
+def test_scheduler_runs_generation_then_report_on_the_dated_prefix(tmp_path, rendered):
+    if shutil.which("sh") is None:
+        pytest.skip("no POSIX shell")
+    scheduler = Scheduler(tmp_path, rendered["example"])
     proc = scheduler.run(FAKE_GENERATE="Initializing,Initializing,Running,Complete:SUCCEEDED")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert scheduler.created() == ["daily-20261129-1", "daily-20261129-1-report"]
@@ -732,10 +1238,10 @@ def test_scheduler_fails_when_the_report_fails(scheduler):
     assert scheduler.created() == ["daily-20261129-1", "daily-20261129-1-report"]
 
 
-def test_scheduler_rides_out_api_blips_but_not_an_outage(tmp_path, rendered):
-    blips = Scheduler(tmp_path / "blips", rendered["example"]).run(FAKE_READ_ERRORS=3, MAX_READ_ERRORS=5)
+def test_scheduler_rides_out_api_blips_but_not_an_outage(tmp_path, evaluated_example):
+    blips = Scheduler(tmp_path / "blips", evaluated_example).run(FAKE_READ_ERRORS=3, MAX_READ_ERRORS=5)
     assert blips.returncode == 0, blips.stdout + blips.stderr
-    outage = Scheduler(tmp_path / "outage", rendered["example"]).run(FAKE_READ_ERRORS=50, MAX_READ_ERRORS=5)
+    outage = Scheduler(tmp_path / "outage", evaluated_example).run(FAKE_READ_ERRORS=50, MAX_READ_ERRORS=5)
     assert outage.returncode == 1 and "giving up" in outage.stdout
 
 
