@@ -464,9 +464,11 @@ def calibrate(args: argparse.Namespace) -> CalibrationReport:
     chosen = best[max(best)]
     schedule = candidate if candidate and schedule_pays(rows) else None
     if candidate and not schedule:
+        why = ("a range with k=0 still runs the drafter's forward pass in vLLM" if any(k == 0 for *_, k in candidate)
+               else "vLLM's dynamic depth, or noise: measure with more --repeats")
         warnings.append(
             f"the schedule {schedule_text(candidate)} measured slower than depth {chosen} at {max(best)} sequences at once "
-            "(a range with k=0 still runs the drafter's forward pass in vLLM): not recommended"
+            f"({why}): not recommended"
         )
     return CalibrationReport(
         config_uri=args.config,

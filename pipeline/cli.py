@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--take-over", action="store_true", help="take the output location over from a run whose lease is stale")
     run.add_argument("--retry-errors", action="store_true", help="run again every unit with error rows, final ones included")
     run.add_argument("--verbose", action="store_true", help="show Ray's and vLLM's logs live")
+    run.add_argument("--address", help="the Ray cluster to join (default: RAY_ADDRESS, else a Ray of the job's own)")
 
     tiny = sub.add_parser("tiny-models", help="the project's tiny model kit")
     tiny.add_argument("action", choices=["build"])
@@ -50,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_demo(args.workdir, rows=args.rows)
     if args.command == "run":
         return run_from_config(
-            args.config, args.output_uri, args.job_id, args.restart, args.take_over, args.retry_errors, args.verbose
+            args.config, args.output_uri, args.job_id, args.restart, args.take_over, args.retry_errors, args.verbose,
+            args.address,
         )
     if args.command == "tiny-models":
         from pipeline.tinykit.build import main as build_main
@@ -71,6 +73,7 @@ def run_from_config(
     take_over: bool = False,
     retry_errors: bool = False,
     verbose: bool = False,
+    address: str | None = None,
 ) -> int:
     """Exit 0 succeeded, 3 completed_with_errors (over retries.max_error_fraction), 1 failed
     (the job stopped; `_job.json` says why), 2 refused before it started."""
@@ -85,7 +88,8 @@ def run_from_config(
     try:
         config = load_config(config_uri, {"output_uri": output_uri} if output_uri else None)
         manifest = run_job(
-            config, job_id=job_id, restart=restart, take_over=take_over, retry_errors=retry_errors, verbose=verbose
+            config, job_id=job_id, restart=restart, take_over=take_over, retry_errors=retry_errors, verbose=verbose,
+            address=address,
         )
     except (ConfigError, InputError, DrafterMismatch, ResultsChanged, LayoutMismatch, LeaseHeld, FileNotFoundError) as exc:
         print(f"specbatch: refused: {exc}", file=sys.stderr)

@@ -98,28 +98,33 @@ def model_id(fingerprint: ModelFingerprint) -> str:
     return f"{Path(fingerprint.path).name}@{fingerprint.config_sha256[:12]}"
 
 
-def _ray_init(verbose: bool = False) -> Optional[str]:
-    """Ray for the job. Its workers' logs (Ray's and vLLM's) stay in Ray's session log folder,
-    which is returned, unless `verbose`; the driver's console shows progress and the summary."""
+def _ray_init(verbose: bool = False, address: Optional[str] = None) -> tuple[Optional[str], str]:
+    """Ray for the job, and which cluster it is, said plainly. `address` (--address), else
+    RAY_ADDRESS (set by `ray job submit`), joins that cluster; otherwise the job starts a Ray of
+    its own: never a cluster it happens to find on the machine through Ray's
+    `ray_current_cluster` file, which a killed cluster leaves behind. Workers' logs (Ray's and
+    vLLM's) stay in Ray's session log folder, which is returned, unless `verbose`."""
     import ray
     from ray.data import DataContext
 
     DataContext.get_current().enable_progress_bars = verbose
-    if ray.is_initialized():
-        return None
-    if os.environ.get("RAY_ADDRESS"):  # set by `ray job submit`: join that cluster
-        ray.init(logging_level=logging.WARNING, log_to_driver=verbose)
-    else:
-        # A local Ray. Ray Data's listing and read tasks claim a whole logical CPU each, next
-        # to the engine and preprocess actors; on a 2-core machine the graph could not be
-        # scheduled with one logical CPU per core. The engine's own threads are outside
-        # Ray's accounting anyway.
-        ray.init(
-            num_cpus=max(4, os.cpu_count() or 1), logging_level=logging.WARNING, log_to_driver=verbose,
-            _node_ip_address="127.0.0.1",
-        )
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=verbose)
+        else:
+            # Ray Data's listing and read tasks claim logical CPUs next to the engine and preprocess
+            # actors; on a 2-core machine the graph could not be scheduled with one logical CPU per
+            # core. The engine's own threads are outside Ray's accounting anyway.
+            ray.init(
+                address="local", num_cpus=max(4, os.cpu_count() or 1), logging_level=logging.WARNING,
+                log_to_driver=verbose, _node_ip_address="127.0.0.1",
+            )
     node = ray._private.worker._global_node
-    return node.get_logs_dir_path() if node is not None else None
+    logs = node.get_logs_dir_path() if node is not None and not address else None
+    nodes = sum(1 for n in ray.nodes() if n["Alive"])
+    how = f"joined {address}" if address else "its own local Ray"
+    return logs, f"{how} (GCS {ray.get_runtime_context().gcs_address}, {nodes} node{'s' if nodes != 1 else ''})"
 
 
 def build_dataset(
@@ -316,12 +321,13 @@ def run_job(
     take_over: bool = False,
     retry_errors: bool = False,
     verbose: bool = False,
+    address: Optional[str] = None,
 ) -> JobManifest:
     """Run, or resume, the job at `config.output_uri`. Units already committed there are
     skipped, except units with retryable error rows (and with `retry_errors`, units with any
     error rows), which run again; a finished job reruns without starting an engine.
     `restart` wipes the location first; `take_over` takes the lease of a run whose heartbeat
-    is stale."""
+    is stale; `address` is the Ray cluster to join (default RAY_ADDRESS, else a Ray of its own)."""
     storage = Storage.from_config(config.storage)
     location = OutputLocation(storage, config.output_uri)
     _refuse_a_file(location)
@@ -351,8 +357,10 @@ def run_job(
     lease = OutputLease(location, config.lease, job_id, number)
     dead_owner = lease.acquire(take_over=take_over)
     try:
+        cluster = None
         if todo:
-            logs = _ray_init(verbose)
+            logs, cluster = _ray_init(verbose, address)
+            _say(progress, f"Ray: {cluster}")
             if logs and not verbose:
                 _say(progress, f"Ray's and vLLM's logs: {logs} (--verbose shows them here)")
         probe = _probe_drafter(config, storage, todo, previous, progress)
@@ -368,6 +376,7 @@ def run_job(
             units_planned=len(units),
             units_skipped=len(units) - len(todo),
             footers_read=inputs.footers_read,
+            ray_cluster=cluster,
         )
         manifest = JobManifest(
             layout_version=LAYOUT_VERSION,

@@ -232,6 +232,9 @@ class Attempt(Contract):
     wall_seconds: float = 0.0
     error: Optional[str] = None
     engine_deaths: list[EngineDeath] = Field(default_factory=list, description="Engines that died and were restarted.")
+    ray_cluster: Optional[str] = Field(
+        None, description="The Ray cluster the attempt ran on: joined ADDRESS, or its own local Ray; null: no engine ran."
+    )
 
 
 GuardAction = Literal["warn", "fail", "disable-speculation"]

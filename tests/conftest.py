@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -33,6 +34,33 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def ray_head_command(gcs_port: int, dashboard_port: int, *extra: str) -> list[str]:
+    """`ray start --head` on 127.0.0.1, with ports of its own: the session's Ray (below)
+    already holds the default ones."""
+    ray = str(Path(sys.executable).with_name("ray"))
+    return [
+        ray, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs_port}",
+        "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", "--include-dashboard=true",
+        "--num-cpus=4", "--disable-usage-stats",
+        f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+        f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
+        f"--ray-client-server-port={free_port()}", *extra,
+    ]
+
+
+def stop_ray_head(temp_dir: str) -> None:
+    """Stop only the Ray started by a test (its processes name its temp dir). `ray stop`
+    would stop every Ray on the machine, the test session's own among them."""
+    import psutil
+
+    procs = [p for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or [])]
+    for proc in procs:
+        proc.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=20)
+    for proc in alive:
+        proc.kill()
 
 
 S3_SERVER = None  # the running moto server; the outage test stops and replaces it

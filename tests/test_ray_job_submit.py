@@ -13,13 +13,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import psutil
 import yaml
 from ray.job_submission import JobStatus, JobSubmissionClient
 
 from pipeline.outputs import OutputLocation
 from pipeline.storage import Storage
-from tests.conftest import free_port, job_config, write_prompts
+from tests.conftest import free_port, job_config, ray_head_command, stop_ray_head, write_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -35,17 +34,6 @@ def job_status(client: JobSubmissionClient, job_id: str) -> JobStatus:
         raise
 
 
-def stop_ray_head(temp_dir: str) -> None:
-    """Stop only the Ray started by this test (its processes name its temp dir). `ray stop`
-    would stop every Ray on the machine, the test session's own among them."""
-    procs = [p for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or [])]
-    for proc in procs:
-        proc.terminate()
-    _, alive = psutil.wait_procs(procs, timeout=20)
-    for proc in alive:
-        proc.kill()
-
-
 def test_ray_job_submit_runs_the_job(tmp_path, random_kit):
     ids = [f"r{i}" for i in range(24)]
     write_prompts(tmp_path / "in" / "p.parquet", {"id": ids, "prompt": [f"class C{i}:" for i in range(24)]})
@@ -57,15 +45,7 @@ def test_ray_job_submit_runs_the_job(tmp_path, random_kit):
     # Token authentication, as a real cluster should run: the token comes from the environment.
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
-    start = [
-        RAY, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs_port}",
-        "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", "--include-dashboard=true",
-        "--num-cpus=4", f"--temp-dir={ray_temp}", "--disable-usage-stats",
-        # Ports of their own: the session's Ray (conftest) already holds the default ones.
-        f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-        f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
-        f"--ray-client-server-port={free_port()}",
-    ]
+    start = ray_head_command(gcs_port, dashboard_port, f"--temp-dir={ray_temp}")
     subprocess.run(start, check=True, env=env, capture_output=True, timeout=180)
     address = f"http://127.0.0.1:{dashboard_port}"
     try:
