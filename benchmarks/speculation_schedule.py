@@ -111,7 +111,7 @@ def calibrate(config_path: Path, out: Path, args: argparse.Namespace):
     from schemas.report import CalibrationReport
 
     argv = [str(config_path), "--sample", str(args.sample), "--depths", args.depths, "--concurrency", args.concurrency,
-            "--repeats", str(args.repeats), "--out", str(out)]
+            "--repeats", str(args.repeats), "--job-check", str(args.job_check), "--out", str(out)]
     printed = io.StringIO()  # its wide table; the short one below is what matters here
     started = time.time()
     with contextlib.redirect_stdout(printed):
@@ -143,6 +143,9 @@ def print_calibration(report, seconds: float) -> None:
         print(line)
     print(f"recommended_depth {report.recommended_depth} (best at concurrency {report.concurrencies[-1]}); "
           f"schedule candidate {report.schedule_candidate}, recommended_schedule {report.recommended_schedule}")
+    for row in report.job_check:
+        print(f"job check (through the job, start excluded): {row.setting:<32} {row.tokens_per_second:9,.1f} tok/s"
+              + ("  <- recommended" if row.chosen else ""))
     for warning in report.warnings:
         print(f"calibration warning: {warning}")
 
@@ -198,10 +201,6 @@ def run_once(config: dict) -> dict:
     }
 
 
-def schedule_text(schedule) -> str:
-    return ",".join(f"{lo}-{hi}:{k}" for lo, hi, k in schedule)
-
-
 def overlap(s: float, e: float, a: float, b: float) -> float:
     return max(0.0, min(e, b) - max(s, a))
 
@@ -238,6 +237,8 @@ def main() -> None:
     parser.add_argument("--depths", default="0,1,2,3")
     parser.add_argument("--concurrency", default="1,4,16,max")
     parser.add_argument("--repeats", type=int, default=1, help="calibration repeats per depth and concurrency")
+    parser.add_argument("--job-check", type=int, default=256,
+                        help="rows calibrate runs through the job to choose between off, depth and schedule (default 256)")
     parser.add_argument("--workdir", help="default: a new temporary folder")
     parser.add_argument("--worker-logs", action="store_true",
                         help="show the Ray workers' (vLLM's) logs here; by default they stay in /tmp/ray/session_latest/logs")
@@ -266,7 +267,10 @@ def main() -> None:
     print_calibration(report, calibration_seconds)
 
     runs: dict[str, tuple[str, dict]] = {"a": ("(a) speculation off", {"enabled": False})}
-    depth = report.recommended_depth
+    from pipeline.calibrate import best_depths
+    from pipeline.engine import schedule_text
+
+    depth = best_depths(report.rows)[max(report.concurrencies)]  # the sweep's best static depth (vLLM alone)
     if depth == 0:
         print("\nthe best static depth at the highest concurrency is 0 (off): (b) is (a) again, run as enabled false "
               "(the a/b difference shows the noise)")
@@ -277,15 +281,15 @@ def main() -> None:
             runs[B_PRIME] = (f"(b') static depth {extra}", {"enabled": True, "num_speculative_tokens": extra})
     else:
         runs["b"] = (f"(b) best static depth {depth}", {"enabled": True, "num_speculative_tokens": depth})
-    schedule = report.recommended_schedule or report.schedule_candidate
-    if schedule:
-        verdict = "recommended" if report.recommended_schedule else "measured, not recommended"
-        print(f"\n(c) the calibrated schedule ({verdict} by calibrate)")
-        runs["c"] = (f"(c) schedule {schedule_text(schedule)}", {"enabled": True, "depth_schedule": [list(r) for r in schedule]})
+    # (c): what calibration recommends after its job check: the schedule, a single depth, or off.
+    if report.recommended_schedule:
+        schedule = report.recommended_schedule
+        runs["c"] = (f"(c) calibrated: schedule {schedule_text(schedule)}", {"enabled": True, "depth_schedule": [list(r) for r in schedule]})
+    elif report.recommended_depth:
+        runs["c"] = (f"(c) calibrated: depth {report.recommended_depth}", {"enabled": True, "num_speculative_tokens": report.recommended_depth})
     else:
-        print(f"\ncalibration recommends no schedule (one depth wins at every concurrency): (c) runs the recommended "
-              f"single depth {depth}")
-        runs["c"] = (f"(c) no schedule: depth {depth}", {"enabled": False} if depth == 0 else {"enabled": True, "num_speculative_tokens": depth})
+        runs["c"] = ("(c) calibrated: off", {"enabled": False})
+    print(f"\n{runs['c'][0]} (schedule candidate {report.schedule_candidate})")
 
     results: dict[str, list[dict]] = {key: [] for key in runs}
     order = list(runs)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import io
 import json
 import random
 import re
@@ -43,7 +44,7 @@ from pipeline.report import format_terminal_table, per_million, to_csv
 from pipeline.stats import Acceptance
 from pipeline.storage import Storage
 from schemas import SAMPLING_OVERRIDE_COLUMNS
-from schemas.report import CalibrationReport, CalibrationRow
+from schemas.report import CalibrationReport, CalibrationRow, JobCheckRow
 
 WARMUP_PROMPTS = 4
 
@@ -367,7 +368,8 @@ def to_markdown(report: CalibrationReport) -> str:
         *("| " + " | ".join(r) + " |" for r in rows),
         "",
         f"Best single depth: {'speculation off' if report.recommended_depth == 0 else f'depth {report.recommended_depth}'} "
-        f"(highest generated tokens/s per GPU at concurrency {report.concurrencies[-1]} = lowest cost per million tokens)."
+        + (f"(the faster of off and the sweep's best depth through the job itself)." if report.job_check else
+           f"(highest generated tokens/s per GPU at concurrency {report.concurrencies[-1]} = lowest cost per million tokens).")
         + (f" Recommended: the schedule by concurrency `{schedule_yaml(report.recommended_schedule)}`."
            if report.recommended_schedule else
            f" The schedule `{schedule_yaml(report.schedule_candidate)}` was measured and is not recommended."
@@ -377,6 +379,11 @@ def to_markdown(report: CalibrationReport) -> str:
         report.config_snippet.rstrip("\n"),
         "```",
     ]
+    if report.job_check:
+        lines += ["", "Through the job itself (engine start excluded):", "",
+                  "| setting | rows | tokens/s | mean acceptance length | chosen |", "|---|---|---|---|---|"]
+        lines += [f"| {r.setting} | {r.rows} | {r.tokens_per_second:,.1f} | {_num(r.mean_acceptance_length, '.2f')} | "
+                  f"{'<-' if r.chosen else ''} |" for r in report.job_check]
     if report.warnings:
         lines += ["", "Warnings:", ""] + [f"- {w}" for w in report.warnings]
     return "\n".join(lines) + "\n"
@@ -463,7 +470,17 @@ def calibrate(args: argparse.Namespace) -> CalibrationReport:
     rows = calibration_rows(measured, units, price)
     chosen = best[max(best)]
     schedule = candidate if candidate and schedule_pays(rows) else None
-    if candidate and not schedule:
+    checked = []
+    if args.job_check:
+        settings = {"off": (0, None), **({f"depth {chosen}": (chosen, None)} if chosen else {})}
+        if candidate:
+            settings[f"schedule {schedule_text(candidate)}"] = (max(k for *_, k in candidate), candidate)
+        out_uri = (args.out or storage.join(config.output_uri, "calibration")).rstrip("/")
+        checked = job_check(config, storage, storage.join(out_uri, "job-check"), args.job_check, settings)
+        singles = [r for r in checked if not r.schedule]
+        chosen = max(singles, key=lambda r: (r.tokens_per_second, -r.depth)).depth
+        schedule = candidate if any(r.chosen and r.schedule for r in checked) else None
+    elif candidate and not schedule:
         why = ("a range with k=0 still runs the drafter's forward pass in vLLM" if any(k == 0 for *_, k in candidate)
                else "vLLM's dynamic depth, or noise: measure with more --repeats")
         warnings.append(
@@ -485,9 +502,69 @@ def calibrate(args: argparse.Namespace) -> CalibrationReport:
         recommended_depth=chosen,
         schedule_candidate=candidate,
         recommended_schedule=schedule,
+        job_check=checked,
         config_snippet=config_snippet(chosen, schedule),
         warnings=warnings,
     )
+
+
+def job_check(
+    config: JobConfig, storage: Storage, work_uri: str, rows: int, settings: dict[str, tuple[int, Optional[list]]]
+) -> list[JobCheckRow]:
+    """Each setting (label -> (depth, schedule)) run through the job itself on `rows` rows of
+    its input: units spread over the input, copied to `work_uri/input/`, each setting's outputs
+    in `work_uri/<n>/`. Calibration with vLLM alone leaves out what the job adds around the
+    engine; on a CPU machine that decided the winner (docs/speculation.md). Engine start is
+    excluded: it is the same for every setting."""
+    import pyarrow.parquet as pq
+
+    from pipeline.outputs import OutputLocation
+    from pipeline.runner import run_job
+    from pipeline.units import plan_units, read_unit
+
+    units = plan_units(inspect_inputs(config.input_uri, storage).files, config.resources.rows_per_unit)
+    spread = units[:: max(1, len(units) // max(1, -(-rows // config.resources.rows_per_unit)))]
+    chosen_units, total = [], 0
+    for unit in spread + [u for u in units if u not in spread]:  # spread over the input, then what is needed
+        if total >= rows:
+            break
+        chosen_units.append(unit)
+        total += unit.rows
+    input_uri = storage.join(work_uri, "input")
+    for unit in chosen_units:
+        table = read_unit(storage, unit)
+        keep = ["id", unit.text_column, *(c for c in SAMPLING_OVERRIDE_COLUMNS if table.column(c).null_count < table.num_rows)]
+        if table.column("metadata").null_count < table.num_rows:
+            keep.append("metadata")
+        buffer = io.BytesIO()
+        pq.write_table(table.select(keep), buffer)
+        storage.write_bytes(storage.join(input_uri, f"{unit.unit_id}.parquet"), buffer.getvalue())
+    results = []
+    for n, (label, (depth, schedule)) in enumerate(settings.items()):
+        spec = config.speculative.model_copy(update={
+            "enabled": depth > 0, "num_speculative_tokens": depth or config.speculative.num_speculative_tokens,
+            "depth_schedule": schedule, "guard": None, "probe": config.speculative.probe.model_copy(update={"rows": 0}),
+        })
+        run_config = config.model_copy(update={
+            "input_uri": input_uri, "output_uri": storage.join(work_uri, f"run-{n}"), "speculative": spec,
+        })
+        print(f"[calibrate] job check: {label} ...", file=sys.stderr, flush=True)
+        run_job(run_config, progress=False, restart=True)
+        stats = OutputLocation(storage, run_config.output_uri).read_table("stats").to_pylist()
+        first = min(r["started_at"] for r in stats)
+        last = max(r["started_at"] + r["wall_seconds"] for r in stats)
+        generated = sum(r["generated_tokens"] for r in stats)
+        acceptance = Acceptance(sum(r["num_drafts"] for r in stats), sum(r["draft_tokens"] for r in stats),
+                                sum(r["accepted_tokens"] for r in stats))
+        results.append(JobCheckRow(
+            setting=label, depth=depth, schedule=schedule_text(schedule) if schedule else None,
+            rows=sum(r["rows"] for r in stats), generated_tokens=generated, seconds=last - first,
+            tokens_per_second=generated / (last - first) if last > first else 0.0,
+            mean_acceptance_length=acceptance.mean_acceptance_length, chosen=False,
+        ))
+        print(f"[calibrate] job check: {label}: {results[-1].tokens_per_second:,.0f} tok/s", file=sys.stderr, flush=True)
+    max(results, key=lambda r: (r.tokens_per_second, -r.depth)).chosen = True
+    return results
 
 
 def parse_concurrencies(text: str, in_flight: int) -> list[int]:
@@ -528,6 +605,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,4,16,max",
                         help="sequences running at once to measure each depth at; max = the job's in flight per engine "
                         "(default 1,4,16,max)")
+    parser.add_argument("--job-check", type=int, default=512, metavar="ROWS",
+                        help="run off, the best single depth and the schedule through the job itself on this many rows "
+                        "of the input and recommend the fastest (default 512; 0 skips: vLLM alone decides)")
     parser.add_argument("--prices", help="YAML prices adding to / replacing pipeline/prices.yaml")
     parser.add_argument("--out", help="where the table and snippet go (default OUTPUT_URI/calibration)")
     parser.add_argument("--apply", action="store_true", help="write the recommended depth into the job config")
@@ -557,6 +637,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     header, rows = table(report)
     print(format_terminal_table(header, rows))
+    for r in report.job_check:
+        print(f"job check: {r.setting:<40} {r.tokens_per_second:10,.1f} tok/s" + ("  <- recommended" if r.chosen else ""))
     print(f"\nbest single depth: {'speculation off' if report.recommended_depth == 0 else report.recommended_depth}"
           + (f"; schedule by concurrency: {schedule_yaml(report.recommended_schedule)}" if report.recommended_schedule else ""))
     print(report.config_snippet, end="")

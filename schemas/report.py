@@ -142,6 +142,21 @@ class CalibrationRow(Contract):
     recommended: bool = Field(description="The fastest depth at this concurrency (ties: the shallower).")
 
 
+class JobCheckRow(Contract):
+    """One setting run through the job itself (its actors, units and engine wrapper) on a
+    sample of the job's input: what the job will see, contention included."""
+
+    setting: str = Field(description="'off', 'depth <k>' or 'schedule <lo>-<hi>:<k>,...'.")
+    depth: int = Field(description="0 = off; with a schedule, its largest k.")
+    schedule: Optional[str] = None
+    rows: int
+    generated_tokens: int
+    seconds: float = Field(description="From the first unit entering an engine to the last commit (engine start excluded).")
+    tokens_per_second: float
+    mean_acceptance_length: Optional[float]
+    chosen: bool
+
+
 class CalibrationReport(Contract):
     config_uri: str
     measured_at: str
@@ -154,7 +169,10 @@ class CalibrationReport(Contract):
     sample_measured: int
     concurrencies: list[int] = Field(description="The concurrencies measured, ascending.")
     rows: list[CalibrationRow]
-    recommended_depth: int = Field(description="The best single depth: the fastest at the highest concurrency measured.")
+    recommended_depth: int = Field(
+        description="The best single depth: the fastest at the highest concurrency measured, or off when the job check "
+        "measured off faster."
+    )
     schedule_candidate: Optional[list[tuple[int, int, int]]] = Field(
         None,
         description=(
@@ -168,6 +186,10 @@ class CalibrationReport(Contract):
             "The candidate, when measured at least as fast as the best single depth at the highest concurrency (the "
             "job's steady state); in vLLM a range with k=0 still runs the drafter's forward pass, so it is not free."
         ),
+    )
+    job_check: list[JobCheckRow] = Field(
+        default_factory=list,
+        description="Off, the best single depth and the schedule run through the job on a sample; the fastest is recommended.",
     )
     config_snippet: str
     warnings: list[str] = Field(default_factory=list)

@@ -163,7 +163,7 @@ def calibrated(tmp_path_factory):
     config_path = root / "job.yaml"
     config_path.write_text("# tiny job\n" + yaml.safe_dump(config, sort_keys=False))
     code = calibrate_main([str(config_path), "--sample", "16", "--depths", "0,1,3", "--concurrency", "1,4,16",
-                           "--repeats", "1", "--apply"])
+                           "--repeats", "1", "--job-check", "32", "--apply"])
     assert code == 0
     report = CalibrationReport.model_validate_json((root / "out" / "calibration" / "calibration.json").read_text())
     return root, config_path, report
@@ -194,12 +194,23 @@ def test_calibration_recommends_the_best_measured_rows_and_applies_them(calibrat
     for concurrency, depth in best.items():
         here = [r for r in report.rows if r.concurrency == concurrency]
         assert max(here, key=lambda r: r.tokens_per_second_per_gpu).depth == depth
-    assert report.recommended_depth == best[16]
     assert report.schedule_candidate == schedule_from(best, 32)
-    if report.schedule_candidate:  # measured in its own engine, recommended only when it pays at the steady state
+    if report.schedule_candidate:  # measured in its own engine too
         scheduled = [r for r in report.rows if r.schedule]
         assert [r.concurrency for r in scheduled] == [1, 4, 16] and not any(r.recommended for r in scheduled)
-        assert report.recommended_schedule == (report.schedule_candidate if schedule_pays(report.rows) else None)
+    # The job check ran off, the sweep's best depth and the schedule through the job; the fastest is recommended.
+    checked = {r.setting: r for r in report.job_check}
+    expected = {"off"} | ({f"depth {best[16]}"} if best[16] else set())
+    expected |= {f"schedule {r.schedule}" for r in report.rows if r.schedule}
+    assert set(checked) == expected
+    for row in checked.values():
+        assert row.rows == 32 and row.generated_tokens > 0 and row.seconds > 0
+        assert (row.mean_acceptance_length is None) == (row.depth == 0)
+    (winner,) = [r for r in checked.values() if r.chosen]
+    assert winner.tokens_per_second == max(r.tokens_per_second for r in checked.values())
+    assert report.recommended_schedule == (report.schedule_candidate if winner.schedule else None)
+    singles = [r for r in checked.values() if not r.schedule]
+    assert report.recommended_depth == max(singles, key=lambda r: r.tokens_per_second).depth
     out = root / "out" / "calibration"
     assert (out / "speculative.yaml").read_text() == report.config_snippet
     assert "| concurrency | depth |" in (out / "calibration.md").read_text()
