@@ -133,8 +133,12 @@ def test_a_depth_schedule_reaches_vllm(scheduled_run):
     assert [row["rows"] for row in stats] == [SMALL, 32, 32]
     assert {row["depth_schedule"] for row in stats} == {f"1-{LOW_CONCURRENCY}:3,{LOW_CONCURRENCY + 1}-32:0"}
     small, *big = stats
-    assert small["num_drafts"] > 0  # 2 sequences at once: k = 3
-    assert [row["num_drafts"] for row in big] == [0, 0]  # 32 at once: k = 0
+    # vLLM picks k per engine step by the sequences in it. 2 at once: k = 3, a draft every step
+    # or two. 32 at once: k = 0; a unit's requests reach the engine one by one, so its first
+    # step or two may run with a few of them and draft (seen on a loaded machine), never more.
+    assert small["num_drafts"] > 0.2 * small["generated_tokens"]
+    for row in big:
+        assert row["num_drafts"] <= 0.02 * row["generated_tokens"], row
 
 
 def test_greedy_output_with_the_schedule_equals_speculation_off(scheduled_run, reference):
