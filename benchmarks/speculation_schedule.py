@@ -282,8 +282,8 @@ def main() -> None:
     else:
         runs["b"] = (f"(b) best static depth {depth}", {"enabled": True, "num_speculative_tokens": depth})
     # (c): what calibration recommends after its job check: the schedule, a single depth, or off.
-    if report.recommended_schedule:
-        schedule = report.recommended_schedule
+    schedule = report.recommended_schedule
+    if schedule:
         runs["c"] = (f"(c) calibrated: schedule {schedule_text(schedule)}", {"enabled": True, "depth_schedule": [list(r) for r in schedule]})
     elif report.recommended_depth:
         runs["c"] = (f"(c) calibrated: depth {report.recommended_depth}", {"enabled": True, "num_speculative_tokens": report.recommended_depth})
@@ -346,6 +346,10 @@ def main() -> None:
         print(f"  {name:<52} " + "  ".join(f"{k} {medians[k][part]:,.1f}" for k in medians) + f"   -> {best}")
     a, b, c = medians["a"]["whole"], medians["b"]["whole"], medians["c"]["whole"]
     print(f"(c)/(a) {c / a:.3f}   (c)/(b) {c / b:.3f}" + (f"   (c)/(b') {c / medians[B_PRIME]['whole']:.3f}" if B_PRIME in medians else ""))
+    same = [k for k in ("a", "b") if runs[k][1] == runs["c"][1]]
+    if same:
+        print(f"(c) is the same setting as {' and '.join(f'({k})' for k in same)}: calibration chose it; "
+              "their difference is run-to-run noise")
     met = c >= max(a, b)
     print(f"target (c) >= max((a), (b)) in whole-job tokens/s: {'met' if met else 'NOT met'}"
           + (f"; against (b') too: {'met' if c >= medians[B_PRIME]['whole'] else 'NOT met'}" if B_PRIME in medians else ""))
