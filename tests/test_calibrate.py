@@ -154,9 +154,10 @@ def test_sample_is_the_jobs_own_prompts_prepared_as_the_job_does(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def calibrated(tmp_path_factory):
+def calibrated(tmp_path_factory, ray_local):
     """A real calibration on the trained tiny kit: depths 0, 1, 3 at 1, 4 and 16 sequences at
-    once on 16 of the job's prompts."""
+    once on 16 of the job's prompts, then its job check (run_job in this process: on the
+    session's Ray, which must be up first)."""
     root = tmp_path_factory.mktemp("calibrate")
     write_job_input(root / "in")
     config = job_config(str(root / "in"), str(root / "out"), TINY_KIT)
