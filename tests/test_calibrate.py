@@ -206,7 +206,10 @@ def test_calibration_recommends_the_best_measured_rows_and_applies_them(calibrat
     assert set(checked) == expected
     for row in checked.values():
         assert row.rows == 32 and row.generated_tokens > 0 and row.seconds > 0
-        assert (row.mean_acceptance_length is None) == (row.depth == 0)
+        if row.depth == 0:
+            assert row.mean_acceptance_length is None
+        elif not row.schedule:  # a schedule may draft nothing at the job check's concurrency (k=0 there)
+            assert row.mean_acceptance_length > 1
     (winner,) = [r for r in checked.values() if r.chosen]
     assert winner.tokens_per_second == max(r.tokens_per_second for r in checked.values())
     assert report.recommended_schedule == (report.schedule_candidate if winner.schedule else None)
