@@ -10,6 +10,10 @@ locals {
     persistentVolumeClaim = { claimName = var.models_claim_name, readOnly = true }
   }]
   models_mounts = var.models_claim_name == "" ? [] : [{ name = "models", mountPath = "/models", readOnly = true }]
+
+  # resources.replicas of the job config: the same pool as the worker group (modules/rayjob
+  # refuses a job config that says otherwise).
+  job_config_replicas = var.max_replicas == null || var.max_replicas == var.replicas ? tostring(var.replicas) : "{min: ${var.replicas}, max: ${var.max_replicas}}"
 }
 
 module "storage" {
@@ -93,6 +97,7 @@ module "workflows" {
       schedule         = var.schedule
       dataset          = var.dataset
       replicas         = var.replicas
+      max_replicas     = var.max_replicas
       gpus_per_replica = var.tensor_parallel_size
       gpus_per_worker  = var.gpus_per_node
       worker_cpu       = var.worker_cpu
@@ -106,7 +111,7 @@ module "workflows" {
         target_model_path    = var.target_model_path
         drafter_model_path   = var.drafter_model_path
         tensor_parallel_size = var.tensor_parallel_size
-        replicas             = var.replicas
+        replicas             = local.job_config_replicas
         accelerator          = var.gpu_accelerator
         region               = var.region
       })

@@ -58,8 +58,8 @@ output "worker_sizing" {
   value       = module.workflows.worker_sizing
 
   precondition {
-    condition     = alltrue([for w in module.workflows.worker_sizing : w.worker_pods <= var.gpu_max_nodes])
-    error_message = "A run needs ${max([for w in module.workflows.worker_sizing : w.worker_pods]...)} GPU worker pods, one node each, but gpu_max_nodes is ${var.gpu_max_nodes}: raise gpu_max_nodes (and gpu_min_nodes without an autoscaler) or lower replicas."
+    condition     = alltrue([for w in module.workflows.worker_sizing : w.max_worker_pods <= var.gpu_max_nodes])
+    error_message = "A run needs up to ${max([for w in module.workflows.worker_sizing : w.max_worker_pods]...)} GPU worker pods, one node each, but gpu_max_nodes is ${var.gpu_max_nodes}: raise gpu_max_nodes (and gpu_min_nodes without an autoscaler) or lower replicas and max_replicas."
   }
 }
 

@@ -182,9 +182,15 @@ variable "schedule" {
 }
 
 variable "replicas" {
-  description = "Engine replicas of a run (one vLLM engine each)."
+  description = "Engine replicas of a run (one vLLM engine each); the minimum when max_replicas is larger."
   type        = number
   default     = 1
+}
+
+variable "max_replicas" {
+  description = "Most engine replicas of a run: the Ray autoscaler adds GPU worker pods up to it while the job has work (the nodes come from gpu_max_nodes, through a Cluster Autoscaler or Karpenter). null: a fixed pool of replicas."
+  type        = number
+  default     = null
 }
 
 variable "tensor_parallel_size" {

@@ -39,17 +39,65 @@ locals {
     memory_mi = min([for t in local.known_head_types : local.allocatable[t].memory_mi]...) - local.reserve_memory_mi
   }
 
-  # Default: the replicas' GPUs, up to a whole node, in whole replicas; CPU and memory in
-  # proportion to the node's GPUs the worker takes, so that smaller workers can share a node.
+  # Engine replicas: a fixed pool of replicas, or a pool that starts at replicas and that Ray
+  # Data grows up to max_replicas as the Ray autoscaler adds worker pods.
+  max_replicas = coalesce(var.max_replicas, var.replicas)
+
+  # Default: the replicas' GPUs (of the largest pool), up to a whole node, in whole replicas; CPU
+  # and memory in proportion to the node's GPUs the worker takes, so that smaller workers can
+  # share a node.
   node_gpus           = max(local.gpu_node.gpus, 1)
   replicas_per_node   = max(floor(local.node_gpus / var.gpus_per_replica), 1)
-  gpus_per_worker     = coalesce(var.gpus_per_worker, min(var.replicas, local.replicas_per_node) * var.gpus_per_replica)
+  gpus_per_worker     = coalesce(var.gpus_per_worker, min(local.max_replicas, local.replicas_per_node) * var.gpus_per_replica)
   worker_share        = min(local.gpus_per_worker / local.node_gpus, 1)
   worker_cpu_m        = coalesce(local.cpu_m.worker, floor(local.gpu_node.cpu_m * local.worker_share / 100) * 100)
   worker_memory_mi    = coalesce(local.memory_mi.worker, floor(local.gpu_node.memory_mi * local.worker_share / 1024) * 1024)
   shm_mi              = coalesce(local.memory_mi.shm, max(floor(local.worker_memory_mi * 0.3 / 1024), 1) * 1024)
   replicas_per_worker = max(floor(local.gpus_per_worker / var.gpus_per_replica), 1)
   worker_pods         = ceil(var.replicas / local.replicas_per_worker)
+  max_worker_pods     = ceil(local.max_replicas / local.replicas_per_worker)
+
+  # GPU workers: a fixed pool has replicas = minReplicas = maxReplicas and no autoscaler, as
+  # before max_replicas existed. When max_replicas needs more worker pods than replicas, a run
+  # starts minReplicas of them and KubeRay's in-tree Ray autoscaler (a sidecar of the head)
+  # adds workers up to maxReplicas while the engine pool asks for GPUs. Either way KubeRay
+  # recreates a worker pod that is lost. The job config carries the same range, so that the
+  # pipeline's engine pool and the worker group agree; a fixed pool stays a plain number there.
+  autoscaling         = local.max_worker_pods > local.worker_pods
+  replica_range       = local.max_replicas > var.replicas
+  job_config_replicas = local.replica_range ? "{min: ${var.replicas}, max: ${local.max_replicas}}" : tostring(var.replicas)
+  replicas_json       = local.replica_range ? jsonencode({ min = var.replicas, max = local.max_replicas }) : jsonencode(var.replicas)
+  job_config_replicas_json = var.job_config_yaml == "" ? local.replicas_json : try(
+    jsonencode(yamldecode(var.job_config_yaml).resources.replicas),
+    jsonencode(1), # resources.replicas left out: the pipeline's default
+  )
+
+  # KubeRay's default size of the autoscaler sidecar, written out: it counts against the head's node.
+  autoscaler_resources = { cpu = "500m", memory = "512Mi" }
+  head_extra           = local.autoscaling ? { cpu_m = 500, memory_mi = 512 } : { cpu_m = 0, memory_mi = 0 }
+  # The head pod mounts no service account token (its containers run the job's code); only the
+  # autoscaler sidecar gets one, which it needs to patch the RayCluster's worker replicas.
+  autoscaler_token_volume = {
+    name = "autoscaler-api-token"
+    projected = {
+      sources = [
+        { serviceAccountToken = { path = "token", expirationSeconds = 3607 } },
+        { configMap = { name = "kube-root-ca.crt", items = [{ key = "ca.crt", path = "ca.crt" }] } },
+        { downwardAPI = { items = [{ path = "namespace", fieldRef = { apiVersion = "v1", fieldPath = "metadata.namespace" } }] } },
+      ]
+    }
+  }
+  autoscaler_options = {
+    upscalingMode      = "Default"
+    idleTimeoutSeconds = var.autoscaler_idle_timeout_seconds
+    resources          = { requests = local.autoscaler_resources, limits = local.autoscaler_resources }
+    securityContext    = local.container_security_context
+    volumeMounts       = [{ name = local.autoscaler_token_volume.name, mountPath = "/var/run/secrets/kubernetes.io/serviceaccount", readOnly = true }]
+  }
+  # The value of rayClusterSpec's enableInTreeAutoscaling, followed by the autoscalerOptions
+  # key when the autoscaler runs: the template stays plain YAML, and a fixed pool renders
+  # exactly as before.
+  autoscaling_yaml = local.autoscaling ? "true\n    autoscalerOptions: ${jsonencode(local.autoscaler_options)}" : "false"
 
   sizing = {
     gpu_instance_types = var.gpu_instance_types
@@ -57,6 +105,8 @@ locals {
     node_memory_mi     = local.gpu_node.memory_mi
     node_gpus          = local.gpu_node.gpus
     worker_pods        = local.worker_pods
+    max_worker_pods    = local.max_worker_pods
+    autoscaling        = local.autoscaling
     gpus_per_worker    = local.gpus_per_worker
     worker_cpu         = "${local.worker_cpu_m}m"
     worker_memory      = "${floor(local.worker_memory_mi)}Mi"
@@ -112,6 +162,8 @@ locals {
     head_cpu                        = var.head_cpu
     head_memory                     = var.head_memory
     worker_pods                     = local.worker_pods
+    max_worker_pods                 = local.max_worker_pods
+    autoscaling_yaml                = local.autoscaling_yaml
     gpus_per_worker                 = local.gpus_per_worker
     worker_cpu                      = local.sizing.worker_cpu
     worker_memory                   = local.sizing.worker_memory
@@ -133,6 +185,7 @@ locals {
     head_volumes_json = jsonencode(concat(
       [{ name = "job-config", configMap = { name = var.job_config_map, items = [{ key = "job.yaml", path = "job.yaml" }] } }],
       var.extra_volumes,
+      local.autoscaling ? [local.autoscaler_token_volume] : [],
     ))
     head_volume_mounts_json = jsonencode(concat(
       [{ name = "job-config", mountPath = "/etc/specbatch", readOnly = true }],

@@ -3,6 +3,18 @@ output "sizing" {
   value       = local.sizing
 
   precondition {
+    condition     = var.replicas >= 1 && floor(var.replicas) == var.replicas
+    error_message = "workflow ${var.workflow}: replicas = ${var.replicas} must be a whole number of at least 1: the engine pool starts with that many engines (Ray Data's min_size), and a pool of none would never start one."
+  }
+  precondition {
+    condition     = floor(local.max_replicas) == local.max_replicas && local.max_replicas >= var.replicas
+    error_message = "workflow ${var.workflow}: max_replicas (${local.max_replicas}) must be a whole number no smaller than replicas (${var.replicas}), the pool's minimum. Raise max_replicas, or leave it unset for a fixed pool of replicas."
+  }
+  precondition {
+    condition     = local.job_config_replicas_json == local.replicas_json
+    error_message = "workflow ${var.workflow}: the job config's resources.replicas is ${local.job_config_replicas_json}, but replicas and max_replicas make the worker group ${local.job_config_replicas}: the job's engine pool and the Ray autoscaler would disagree. Write `replicas: ${local.job_config_replicas}` under resources in the job config."
+  }
+  precondition {
     condition     = length(local.unparsable) == 0
     error_message = "workflow ${var.workflow}: cannot read ${join(", ", local.unparsable)}: write CPU as \"4\" or \"3500m\" and memory as \"48Gi\" or \"49152Mi\"."
   }
@@ -32,9 +44,10 @@ output "sizing" {
   }
   precondition {
     condition = local.head_node == null || (
-      coalesce(local.cpu_m.head, 0) <= try(local.head_node.cpu_m, 0) && coalesce(local.memory_mi.head, 0) <= try(local.head_node.memory_mi, 0)
+      coalesce(local.cpu_m.head, 0) + local.head_extra.cpu_m <= try(local.head_node.cpu_m, 0) &&
+      coalesce(local.memory_mi.head, 0) + local.head_extra.memory_mi <= try(local.head_node.memory_mi, 0)
     )
-    error_message = "workflow ${var.workflow}: the Ray head asks for ${var.head_cpu} CPU and ${var.head_memory}, more than ${join("/", var.head_instance_types)} gives a pod (${try(local.head_node.cpu_m, 0)}m, ${try(local.head_node.memory_mi, 0)}Mi). Lower head_cpu/head_memory or choose larger system_instance_types."
+    error_message = "workflow ${var.workflow}: the Ray head asks for ${var.head_cpu} CPU and ${var.head_memory}${local.autoscaling ? " (and its autoscaler sidecar ${local.autoscaler_resources.cpu} and ${local.autoscaler_resources.memory})" : ""}, more than ${join("/", var.head_instance_types)} gives a pod (${try(local.head_node.cpu_m, 0)}m, ${try(local.head_node.memory_mi, 0)}Mi). Lower head_cpu/head_memory or choose larger system_instance_types."
   }
 }
 
@@ -49,8 +62,13 @@ output "scheduler_seconds" {
 }
 
 output "worker_pods" {
-  description = "GPU worker pods of a generation run."
+  description = "GPU worker pods a generation run starts with (all of them for a fixed pool; sizing.max_worker_pods is the most an autoscaling one grows to)."
   value       = local.worker_pods
+}
+
+output "job_config_replicas" {
+  description = "resources.replicas the run's job config must carry, as YAML: a number for a fixed pool, {min: N, max: M} for an autoscaling one."
+  value       = local.job_config_replicas
 }
 
 output "generate" {

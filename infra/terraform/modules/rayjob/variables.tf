@@ -55,9 +55,32 @@ variable "job_config_map" {
   type        = string
 }
 
+variable "job_config_yaml" {
+  description = "The job config (YAML) the run reads, when the module's caller writes it (empty: not checked). Its resources.replicas must be what replicas and max_replicas say."
+  type        = string
+  default     = ""
+}
+
 variable "replicas" {
-  description = "Engine replicas of a run."
+  description = "Engine replicas of a run: the whole pool, or its minimum when max_replicas is larger."
   type        = number
+}
+
+variable "max_replicas" {
+  description = "Most engine replicas of an autoscaling pool (Ray Data's max_size; the Ray autoscaler adds worker pods up to it). null or equal to replicas: a fixed pool."
+  type        = number
+  default     = null
+}
+
+variable "autoscaler_idle_timeout_seconds" {
+  description = "How long an autoscaling run's GPU worker pod may sit idle before the Ray autoscaler removes it; long enough to ride out a rebuild of the job's graph after a lost node."
+  type        = number
+  default     = 300
+
+  validation {
+    condition     = var.autoscaler_idle_timeout_seconds >= 30
+    error_message = "autoscaler_idle_timeout_seconds must be at least 30."
+  }
 }
 
 variable "gpus_per_replica" {

@@ -35,7 +35,9 @@ module "rayjob" {
   output_uri                   = each.value.output_uri
   job_config_uri               = each.value.job_config_uri
   job_config_map               = each.value.config_map
+  job_config_yaml              = each.value.job_config_yaml
   replicas                     = each.value.replicas
+  max_replicas                 = each.value.max_replicas
   gpus_per_replica             = each.value.gpus_per_replica
   gpus_per_worker              = each.value.gpus_per_worker
   worker_cpu                   = each.value.worker_cpu

@@ -118,7 +118,9 @@ variable "workflows" {
       dataset             dataset name, the first path element under outputs_prefix
       job_config_yaml     the job config (YAML), mounted at /etc/specbatch/job.yaml; its output_uri is replaced by the dated prefix
       job_config_uri      where the job reads its config; defaults to the mounted file (an s3:// URI must be under a prefix the role can read)
-      replicas            engine replicas (resources.replicas of the job config)
+      replicas            engine replicas (resources.replicas of the job config); the minimum when max_replicas is larger
+      max_replicas        most engine replicas: the Ray autoscaler adds GPU worker pods up to it, and the job
+                          config's resources.replicas must then be {min: replicas, max: max_replicas} (the plan checks it)
       gpus_per_replica    GPUs per replica (resources.gpus_per_replica = engine.tensor_parallel_size)
       gpus_per_worker     GPUs per Ray worker pod; unset: the replicas' GPUs up to a whole node
       worker_cpu/memory   CPU and memory of a Ray worker pod, shm_size its /dev/shm; unset: derived
@@ -136,6 +138,7 @@ variable "workflows" {
     job_config_yaml              = optional(string, "")
     job_config_uri               = optional(string, "/etc/specbatch/job.yaml")
     replicas                     = optional(number, 1)
+    max_replicas                 = optional(number)
     gpus_per_replica             = optional(number, 1)
     gpus_per_worker              = optional(number)
     worker_cpu                   = optional(string)
@@ -169,6 +172,11 @@ variable "workflows" {
       (w.gpus_per_worker == null || try(w.gpus_per_worker >= w.gpus_per_replica && w.gpus_per_worker % w.gpus_per_replica == 0, false))
     ])
     error_message = "Each workflow needs replicas >= 1 and whole gpus_per_replica >= 1 dividing gpus_per_worker (a replica's GPUs are on one pod)."
+  }
+
+  validation {
+    condition     = alltrue([for w in var.workflows : w.max_replicas == null || try(w.max_replicas >= w.replicas, false)])
+    error_message = "workflow ${join(", ", [for name, w in var.workflows : name if !(w.max_replicas == null || try(w.max_replicas >= w.replicas, false))])}: max_replicas must be at least replicas (the pool's minimum), or unset for a fixed pool."
   }
 
   validation {
