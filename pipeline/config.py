@@ -6,6 +6,7 @@ configuration: they come from the environment or the cloud identity (see storage
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -23,6 +24,20 @@ class StorageConfig(Section):
     endpoint_url: Optional[str] = Field(None, description="S3-compatible endpoint, e.g. http://127.0.0.1:9000.")
     region: Optional[str] = None
     retry_seconds: float = Field(120.0, ge=0, description="How long transient storage errors are retried.")
+    shared_mounts: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Local folders every node of the cluster mounts at the same path (NFS, FSx, a hostPath shared by all "
+            "pods). On a cluster of more than one node, local input, output and model paths must lie under one."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _absolute_mounts(self):
+        for mount in self.shared_mounts:
+            if not mount.startswith("/"):
+                raise ValueError(f"storage.shared_mounts: {mount!r} is not an absolute path")
+        return self
 
     @model_validator(mode="after")
     def _no_credentials_in_url(self):
@@ -136,6 +151,14 @@ class EngineConfig(Section):
     max_num_seqs: int = Field(256, ge=1)
     max_num_batched_tokens: Optional[int] = Field(None, ge=16)
     tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
+    pipeline_placement: Literal["PACK", "SPREAD"] = Field(
+        "PACK",
+        description=(
+            "How a pipeline-parallel engine's GPUs are placed (Ray placement group strategy): PACK keeps them on as "
+            "few nodes as fit, SPREAD puts its stages on different nodes. Tensor parallelism alone is STRICT_PACK."
+        ),
+    )
     gpu_memory_utilization: float = Field(0.90, gt=0, le=1)
     enforce_eager: bool = False
     seed: int = 0
@@ -161,10 +184,32 @@ class SamplingConfig(Section):
     )
 
 
+class ReplicaRange(Section):
+    """An autoscaling engine pool: Ray Data starts `min` engines and adds engines up to `max`
+    while work is queued and the cluster (or its autoscaler) has room for them."""
+
+    min: int = Field(ge=1)
+    max: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.min > self.max:
+            raise ValueError(f"resources.replicas: min ({self.min}) is larger than max ({self.max})")
+        return self
+
+
 class ResourcesConfig(Section):
-    replicas: int = Field(1, ge=1, description="Engine actors; one vLLM engine each.")
-    gpus_per_replica: float = Field(0, ge=0, description="0 on the CPU build; tensor_parallel_size on GPUs.")
+    replicas: int | ReplicaRange = Field(
+        1, description="Engine actors, one vLLM engine each: a number, or {min, max} for a pool that grows as nodes join."
+    )
+    gpus_per_replica: float = Field(
+        0, ge=0, description="0 on the CPU build; tensor_parallel_size x pipeline_parallel_size on GPUs."
+    )
     cpus_per_replica: float = Field(1, gt=0)
+    resources_per_replica: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources each engine needs, to place engines on some nodes only, e.g. {gpu_node: 1}.",
+    )
     accelerator: str = Field("cpu", description="What a replica runs on, for cost reports, e.g. nvidia-a100-80gb.")
     rows_per_unit: int = Field(
         4096,
@@ -177,12 +222,48 @@ class ResourcesConfig(Section):
     units_in_flight: int = Field(2, ge=1, description="Units overlapping inside one engine: it stays full across a unit's tail.")
     preprocess_concurrency: int = Field(1, ge=1, description="CPU actors that validate and tokenize.")
 
+    @model_validator(mode="after")
+    def _replicas_at_least_one(self):
+        if isinstance(self.replicas, int) and self.replicas < 1:
+            raise ValueError("resources.replicas must be at least 1")
+        for name, amount in self.resources_per_replica.items():
+            if name in ("CPU", "GPU", "memory") or amount <= 0:
+                raise ValueError(
+                    f"resources.resources_per_replica.{name}: custom resources only, each above 0 "
+                    "(CPUs and GPUs are cpus_per_replica and gpus_per_replica)"
+                )
+        return self
+
+    @property
+    def min_replicas(self) -> int:
+        return self.replicas if isinstance(self.replicas, int) else self.replicas.min
+
+    @property
+    def max_replicas(self) -> int:
+        return self.replicas if isinstance(self.replicas, int) else self.replicas.max
+
 
 class RetriesConfig(Section):
     max_actor_restarts: int = Field(
         8, ge=0, description="Engine actor restarts (engine death, crash, preempted node); a poisoned row costs a few."
     )
     max_unit_retries: int = Field(8, ge=0, description="Retries of a unit whose actor died.")
+    max_node_losses: int = Field(
+        8,
+        ge=0,
+        description=(
+            "Nodes an attempt may lose (spot reclaim, crash): each time the graph is rebuilt over the units not "
+            "committed yet, on the nodes that are left. One more fails the attempt."
+        ),
+    )
+    stall_minutes: float = Field(
+        30.0,
+        gt=0,
+        description=(
+            "The job stops with SchedulingStalled when no unit commits for this long while engines or tasks wait "
+            "for resources the cluster does not have."
+        ),
+    )
     isolate_after_attempts: int = Field(
         2,
         ge=1,
@@ -236,13 +317,22 @@ class JobConfig(Section):
         return self
 
     @model_validator(mode="after")
-    def _gpus_match_tensor_parallel(self):
-        gpus, tp = self.resources.gpus_per_replica, self.engine.tensor_parallel_size
-        if gpus and gpus < tp:
+    def _gpus_match_parallelism(self):
+        gpus, engine = self.resources.gpus_per_replica, self.engine
+        workers = engine.tensor_parallel_size * engine.pipeline_parallel_size
+        if gpus and gpus != workers and workers > 1:
             raise ValueError(
-                f"resources.gpus_per_replica ({gpus}) is smaller than engine.tensor_parallel_size ({tp})"
+                f"resources.gpus_per_replica ({gpus:g}) must be engine.tensor_parallel_size x "
+                f"engine.pipeline_parallel_size ({workers}): one GPU per engine worker"
             )
+        if gpus and gpus < workers:
+            raise ValueError(f"resources.gpus_per_replica ({gpus:g}) is smaller than the engine's {workers} workers")
         return self
+
+    @property
+    def engine_workers(self) -> int:
+        """Processes of one engine that each hold a device: tensor x pipeline parallel."""
+        return self.engine.tensor_parallel_size * self.engine.pipeline_parallel_size
 
     def redacted(self) -> dict[str, Any]:
         """The config as recorded in manifests: no credentials can be in it (validated above),
@@ -286,5 +376,29 @@ def load_config(uri: str, overrides: Optional[dict[str, Any]] = None) -> JobConf
         raise ConfigError(f"{where}: not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{uri}: a job config is a YAML mapping, got {type(data).__name__}")
+    _resolve_relative_paths(data, Path(uri).resolve().parent if Path(uri).exists() else None, uri)
     data.update(overrides or {})
     return parse_config(data, source=uri)
+
+
+# Local paths of a config; a relative one is relative to the config file's folder.
+PATH_FIELDS = (("input_uri",), ("output_uri",), ("model", "path"), ("model", "tokenizer"), ("speculative", "drafter"))
+
+
+def _resolve_relative_paths(data: dict[str, Any], folder: Optional[Path], source: str) -> None:
+    """Relative local paths resolve against the config file's folder, never against the
+    process's working directory (under `ray job submit` an uploaded package in Ray's temp
+    folder). A config that is not a local file cannot have them."""
+    for keys in PATH_FIELDS:
+        parent = data
+        for key in keys[:-1]:
+            parent = parent.get(key) if isinstance(parent, dict) else None
+        value = parent.get(keys[-1]) if isinstance(parent, dict) else None
+        if not isinstance(value, str) or "://" in value or Path(value).is_absolute():
+            continue
+        if folder is None:
+            raise ConfigError(
+                f"{source}: {'.'.join(keys)} = {value!r} is a relative path, and the config is not a local file it "
+                "could be relative to; use an absolute path or a URI"
+            )
+        parent[keys[-1]] = os.path.normpath(folder / value)
