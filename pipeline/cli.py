@@ -78,6 +78,7 @@ def run_from_config(
     """Exit 0 succeeded, 3 completed_with_errors (over retries.max_error_fraction), 1 failed
     (the job stopped; `_job.json` says why), 2 refused before it started."""
     from pipeline.breaker import TooManyErrors
+    from pipeline.cluster import SchedulingStalled
     from pipeline.config import ConfigError, load_config
     from pipeline.drafter_check import DrafterMismatch
     from pipeline.guard import AcceptanceTooLow
@@ -94,7 +95,7 @@ def run_from_config(
     except (ConfigError, InputError, DrafterMismatch, ResultsChanged, LayoutMismatch, LeaseHeld, FileNotFoundError) as exc:
         print(f"specbatch: refused: {exc}", file=sys.stderr)
         return EXIT["refused"]
-    except (TooManyErrors, AcceptanceTooLow) as exc:
+    except (TooManyErrors, AcceptanceTooLow, SchedulingStalled) as exc:
         print(f"specbatch: job failed: {plain_text(str(exc))}", file=sys.stderr)
         return EXIT["failed"]
     print(f"specbatch: job {manifest.job_id} {manifest.status}: {manifest.totals.model_dump_json()}")

@@ -20,11 +20,16 @@ def engine_kwargs(config: JobConfig, *, speculative: bool | None = None, num_spe
         max_model_len=engine.max_model_len,
         max_num_seqs=engine.max_num_seqs,
         tensor_parallel_size=engine.tensor_parallel_size,
+        pipeline_parallel_size=engine.pipeline_parallel_size,
         gpu_memory_utilization=engine.gpu_memory_utilization,
         enforce_eager=engine.enforce_eager,
         seed=engine.seed,
         disable_log_stats=False,
     )
+    if config.engine_workers > 1:
+        # One process per device, started by vLLM's Ray executor inside the engine actor's
+        # placement group (pipeline/placement.py), possibly on other nodes.
+        kwargs["distributed_executor_backend"] = "ray"
     if engine.max_num_batched_tokens:
         kwargs["max_num_batched_tokens"] = engine.max_num_batched_tokens
     use_spec = spec.enabled if speculative is None else speculative
@@ -65,9 +70,16 @@ def schedule_text(schedule) -> str:
 
 def prepare_process_env(config: JobConfig) -> None:
     """Environment a vLLM process needs before its engine starts (no hub, CPU KV cache size).
-    An engine's processes (tensor-parallel workers included) all live on the actor's node, so
-    they talk over loopback; left unset, vLLM would pick the machine's outward interface."""
-    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    A one-process engine talks to its EngineCore over loopback; left unset, vLLM would pick the
+    machine's outward interface. An engine of several workers (tensor or pipeline parallel) may
+    span nodes through vLLM's Ray executor: its address is the node's address in the Ray
+    cluster, never loopback, which the other nodes could not reach."""
+    if config.engine_workers > 1:
+        import ray
+
+        os.environ["VLLM_HOST_IP"] = ray.util.get_node_ip_address()
+    else:
+        os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.engine.cpu_kv_cache_gib))

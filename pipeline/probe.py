@@ -114,9 +114,8 @@ def run_probe(config: JobConfig, rows: Sequence[dict[str, Any]], near_limit_rows
     afterwards, so the engine's memory is free before the job's engines start."""
     import ray
 
+    from pipeline.cluster import engine_task_options
     from pipeline.engine import prepare_process_env
-
-    resources = config.resources
 
     @ray.remote(max_calls=1, max_retries=0)
     def probe_task(config_json: dict, rows: list, near_limit_rows: int) -> dict:
@@ -124,7 +123,7 @@ def run_probe(config: JobConfig, rows: Sequence[dict[str, Any]], near_limit_rows
         prepare_process_env(job)
         return measure(job, rows, near_limit_rows).model_dump(mode="json")
 
-    task = probe_task.options(num_cpus=resources.cpus_per_replica, num_gpus=resources.gpus_per_replica)
+    task = probe_task.options(**engine_task_options(config))
     return ProbeResult.model_validate(ray.get(task.remote(config.model_dump(mode="json"), list(rows), near_limit_rows)))
 
 

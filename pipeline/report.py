@@ -102,7 +102,9 @@ def _ratio(a: float, b: float) -> Optional[float]:
 def job_figures(job: JobData, prices: Prices) -> JobFigures:
     m, stats = job.manifest, job.stats
     resources, spec = m.config.get("resources", {}), m.config.get("speculative", {})
-    replicas = int(resources.get("replicas", 1))
+    replicas = resources.get("replicas", 1)
+    if isinstance(replicas, dict):  # an autoscaling pool is billed for the engines that ran, at most its max
+        replicas = max(1, min(replicas["max"], len({r["actor_id"] for r in stats})))
     units, price = prices.billing(m.accelerator, float(resources.get("gpus_per_replica", 0)))
     acceptance = Acceptance()
     for row in stats:

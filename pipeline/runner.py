@@ -9,13 +9,16 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import json
 import logging
 import os
 import platform
+import queue
 import re
 import sys
+import threading
 import time
 import uuid
 import warnings
@@ -27,6 +30,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.breaker import ErrorBreaker
+from pipeline.cluster import (
+    PREPROCESS_CPUS, READ_TASK_CPUS, ClusterWatch, SchedulingStalled, check_cluster_paths, check_schedulable,
+    cluster_capacity, engine_remote_args, stall_message,
+)
 from pipeline.config import ConfigError, JobConfig
 from pipeline.drafter_check import check_drafter
 from pipeline.probe import probe_job_input
@@ -39,7 +46,9 @@ from pipeline.stats import Acceptance
 from pipeline.storage import TRANSIENT_ERRORS, Storage
 from pipeline.units import WorkUnit, plan_units
 from schemas.report import CalibrationReport
-from schemas import LAYOUT_VERSION, Attempt, EngineDeath, GuardEvent, JobManifest, JobTotals, Lease, ModelFingerprint, ProbeResult, Versions
+from schemas import (
+    LAYOUT_VERSION, Attempt, EngineDeath, GuardEvent, JobManifest, JobTotals, Lease, ModelFingerprint, NodeLoss, ProbeResult, Versions,
+)
 
 log = logging.getLogger("specbatch")
 # Files of a model directory whose change changes the results: weights, their index, the
@@ -49,6 +58,8 @@ MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".json", ".model",
 # The driver writes its stats file at least this often: a killed driver leaves the next
 # attempt few markers to read.
 STATS_FLUSH_SECONDS = 60.0
+# How often the driver looks at the cluster while no stats row arrives.
+WATCH_SECONDS = 10.0
 
 
 def _now() -> str:
@@ -149,7 +160,7 @@ def build_dataset(
     context.target_max_block_size = None
     resources = config.resources
     # One read task (one block) per unit, so no extra split either. Reads are I/O-bound.
-    ds = ray.data.read_datasource(UnitDatasource(units, storage), override_num_blocks=len(units), num_cpus=0.25)
+    ds = ray.data.read_datasource(UnitDatasource(units, storage), override_num_blocks=len(units), num_cpus=READ_TASK_CPUS)
     ds = ds.map_batches(
         Preprocessor,
         fn_constructor_kwargs=dict(
@@ -160,7 +171,7 @@ def build_dataset(
         batch_format="pyarrow",
         batch_size=None,
         compute=ActorPoolStrategy(size=resources.preprocess_concurrency),
-        num_cpus=0.5,
+        num_cpus=PREPROCESS_CPUS,
     )
     with warnings.catch_warnings():
         # Ray 2.60 has no named parameter for actor restarts and task retries, only the
@@ -175,6 +186,9 @@ def _engine_stage(ds, config: JobConfig, model: str, drafter: Optional[str], job
     from pipeline.generator import Generator
 
     resources = config.resources
+    # Ray Data grows a pool when the units sent to its actors reach 1.75x the units they run at
+    # once: an autoscaling pool lets each engine hold as many units waiting as running.
+    waiting = resources.units_in_flight if resources.max_replicas > resources.min_replicas else 0
     return ds.map_batches(
         Generator,
         fn_constructor_kwargs=dict(
@@ -187,12 +201,12 @@ def _engine_stage(ds, config: JobConfig, model: str, drafter: Optional[str], job
         batch_format="pyarrow",
         batch_size=None,
         compute=ActorPoolStrategy(
-            size=resources.replicas,
-            max_tasks_in_flight_per_actor=resources.units_in_flight,
+            min_size=resources.min_replicas,
+            max_size=resources.max_replicas,
+            max_tasks_in_flight_per_actor=resources.units_in_flight + waiting,
             max_concurrent_calls_per_actor=resources.units_in_flight,  # the actor is async: they overlap in the engine
         ),
-        num_gpus=resources.gpus_per_replica,
-        num_cpus=resources.cpus_per_replica,
+        **engine_remote_args(config),
         # A dead actor (engine crash, preempted node) is restarted and its units retried.
         max_restarts=config.retries.max_actor_restarts,
         max_task_retries=config.retries.max_unit_retries,
@@ -363,6 +377,9 @@ def run_job(
             _say(progress, f"Ray: {cluster}")
             if logs and not verbose:
                 _say(progress, f"Ray's and vLLM's logs: {logs} (--verbose shows them here)")
+            nodes, can_add = cluster_capacity()  # refused before any engine starts: paths, and a graph that cannot fit
+            check_cluster_paths(config, len(nodes))
+            check_schedulable(config, nodes, can_add)
         probe = _probe_drafter(config, storage, todo, previous, progress)
         if restart:
             location.clear()
@@ -527,9 +544,9 @@ def _generate(
     heard: dict[str, dict],
 ) -> None:
     """Run the Ray Data graph over the units not committed yet, feeding every stats row to the
-    acceptance guard. When the guard disables speculation, the graph is shut down (leaving
-    the loop kills its actors and their engines) and rebuilt without the drafter over the
-    units still not committed."""
+    acceptance guard. The graph is rebuilt over the units still not committed when the guard
+    disables speculation (leaving the loop shuts the graph down, killing its engines), and when
+    the dataset fails after a node left the cluster (up to `retries.max_node_losses`)."""
     attempt, guard_config = manifest.attempts[-1], config.speculative.guard
     # An earlier attempt's guard turned speculation off: a resume keeps it off.
     disabled = any(e.action == "disable-speculation" for e in manifest.guard_events)
@@ -544,31 +561,115 @@ def _generate(
         if not todo:
             return
         dataset = build_dataset(config, todo, model, drafter, manifest.job_id, disabled)
-        for stats in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
-            rows = stats.to_pylist()
-            for row in rows:
-                heard[row["unit_id"]] = row
-                breaker.observe(row)
-            attempt.processed_rows = sum(r["rows"] for r in heard.values())
-            tokens += sum(r["generated_tokens"] for r in rows)
-            drafted += sum(r["draft_tokens"] for r in rows)
-            accepted += sum(r["accepted_tokens"] for r in rows)
-            if progress:
-                done = attempt.skipped_rows + attempt.processed_rows
-                _print_progress(done, total_rows, tokens, accepted / drafted if drafted else None, time.time() - started)
-            if time.time() - flushed > STATS_FLUSH_SECONDS:
-                location.write_stats(attempt.number, list(heard.values()))
-                flushed = time.time()
-            events = [event for event in map(guard.observe, rows) if event] if guard else []
-            for event in events:
-                _apply_guard_event(event, manifest, location)
-            if any(event.action == "disable-speculation" for event in events):
-                disabled = True
-                break
-        else:
-            return
+        watch = ClusterWatch()
+        try:
+            note_losses = functools.partial(_record_node_losses, watch, manifest, location, todo)
+            for stats in _watched_batches(dataset, watch, config, note_losses):
+                rows = stats.to_pylist()
+                for row in rows:
+                    heard[row["unit_id"]] = row
+                    breaker.observe(row)
+                attempt.processed_rows = sum(r["rows"] for r in heard.values())
+                tokens += sum(r["generated_tokens"] for r in rows)
+                drafted += sum(r["draft_tokens"] for r in rows)
+                accepted += sum(r["accepted_tokens"] for r in rows)
+                if progress:
+                    done = attempt.skipped_rows + attempt.processed_rows
+                    _print_progress(done, total_rows, tokens, accepted / drafted if drafted else None, time.time() - started)
+                if time.time() - flushed > STATS_FLUSH_SECONDS:
+                    location.write_stats(attempt.number, list(heard.values()))
+                    flushed = time.time()
+                events = [event for event in map(guard.observe, rows) if event] if guard else []
+                for event in events:
+                    _apply_guard_event(event, manifest, location)
+                if any(event.action == "disable-speculation" for event in events):
+                    disabled = True
+                    break
+            else:
+                note_losses()
+                return
+        except (SchedulingStalled, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            if not watch.lost_nodes():
+                raise
+            _record_node_losses(watch, manifest, location, todo, exc)
+            if len(attempt.node_losses) > config.retries.max_node_losses:
+                raise RuntimeError(
+                    f"{len(attempt.node_losses)} Ray nodes lost in this attempt (retries.max_node_losses = "
+                    f"{config.retries.max_node_losses}); the last one failed the dataset: {plain_text(str(exc))[:500]}"
+                ) from exc
+            log.warning("%d node(s) lost; rebuilding the graph over the units not committed yet", len(watch.lost_nodes()))
         committed = location.committed_units()  # what the stopped engines committed
         todo = [u for u in todo if u.unit_id not in committed]
+
+
+def _watched_batches(dataset, watch: ClusterWatch, config: JobConfig, note_losses):
+    """The dataset's stats batches, read by a thread of their own so that the driver can look
+    at the cluster while it waits: nodes that left are noted when they leave, and a job that
+    commits nothing for `retries.stall_minutes` while its actors wait for resources stops with
+    SchedulingStalled instead of RUNNING forever."""
+    batches: queue.Queue = queue.Queue(maxsize=4)
+    end = object()
+
+    def pump():
+        try:
+            for batch in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
+                batches.put(batch)
+            batches.put(end)
+        except BaseException as exc:  # handed to the driver's thread
+            batches.put(exc)
+
+    threading.Thread(target=pump, name="specbatch-stats", daemon=True).start()
+    last = looked = time.time()
+    while True:
+        try:
+            item = batches.get(timeout=WATCH_SECONDS)
+        except queue.Empty:
+            item = None
+        if time.time() - looked >= WATCH_SECONDS:
+            note_losses()
+            looked = time.time()
+        if item is None:
+            if time.time() - last > config.retries.stall_minutes * 60:
+                waiting = watch.waiting()
+                if waiting:
+                    raise SchedulingStalled(stall_message(config, waiting, last))
+            continue
+        if item is end:
+            return
+        if isinstance(item, BaseException):
+            raise item
+        last = time.time()
+        yield item
+
+
+def _record_node_losses(
+    watch: ClusterWatch, manifest: JobManifest, location: OutputLocation, todo: list[WorkUnit],
+    failed: Optional[BaseException] = None,
+) -> None:
+    """Nodes of this graph that left the cluster, into `_job.json` when they are first seen.
+    Ray Data resubmits the lost node's units by itself when it can; when the dataset fails
+    instead (`failed`), the losses of this graph are marked graph-rebuilt."""
+    attempt = manifest.attempts[-1]
+    lost = watch.lost_nodes()
+    known = {loss.node_id: loss for loss in attempt.node_losses}
+    new = {node: address for node, address in lost.items() if node not in known}
+    if new:
+        committed = location.committed_units()
+        for node, address in new.items():
+            known[node] = NodeLoss(
+                time=_now(), node_id=node, address=address, recovery="ray-data-retried",
+                units_not_committed=sum(1 for u in todo if u.unit_id not in committed),
+            )
+            attempt.node_losses.append(known[node])
+            log.warning("Ray node %s (%s) left the cluster during the job", node[:12], address)
+    if failed is not None:
+        for node in lost:
+            known[node].recovery = "graph-rebuilt"
+            known[node].error = plain_text(f"{type(failed).__name__}: {failed}")[:2000]
+    if new or failed is not None:
+        location.write_manifest(manifest.model_dump(mode="json"))
 
 
 def _apply_guard_event(event: GuardEvent, manifest: JobManifest, location: OutputLocation) -> None:

@@ -234,3 +234,8 @@ def _version_of(info: dict[str, Any]) -> str:
             return str(info[key]).strip('"')
     mtime = info.get("mtime") or info.get("LastModified") or info.get("created")
     return str(mtime)
+
+
+def is_local(uri: str) -> bool:
+    """A path on this machine's own file system (no scheme, or file://)."""
+    return "://" not in uri or uri.startswith("file://")

@@ -211,6 +211,21 @@ class EngineDeath(Contract):
     units: list[str] = Field(description="Units in flight, retried.")
 
 
+class NodeLoss(Contract):
+    """A Ray node left the cluster while the attempt ran (spot reclaim, crash, scale-down). Units
+    in flight on it were never committed: they ran again on the nodes left."""
+
+    time: str = Field(description="UTC, ISO 8601: when the driver saw it gone.")
+    node_id: str
+    address: str
+    recovery: Literal["ray-data-retried", "graph-rebuilt"] = Field(
+        description="ray-data-retried: Ray Data resubmitted the lost units itself; graph-rebuilt: the dataset failed "
+        "and the driver rebuilt the graph over the units not committed yet."
+    )
+    units_not_committed: int = Field(description="Units of the attempt not committed when the loss was seen.")
+    error: Optional[str] = Field(None, description="What the dataset raised, for graph-rebuilt.")
+
+
 # succeeded: every input row is in outputs/, or has a final error row, within
 # retries.max_error_fraction; completed_with_errors: every row is done, over that fraction;
 # failed: the attempt stopped; killed: the attempt ended without a word (closed by the next).
@@ -232,6 +247,7 @@ class Attempt(Contract):
     wall_seconds: float = 0.0
     error: Optional[str] = None
     engine_deaths: list[EngineDeath] = Field(default_factory=list, description="Engines that died and were restarted.")
+    node_losses: list[NodeLoss] = Field(default_factory=list, description="Ray nodes lost while the attempt ran.")
     ray_cluster: Optional[str] = Field(
         None, description="The Ray cluster the attempt ran on: joined ADDRESS, or its own local Ray; null: no engine ran."
     )
