@@ -200,7 +200,7 @@ def check_cluster_paths(config: JobConfig, nodes: int) -> None:
     }
     local = {
         name: path for name, path in paths.items()
-        if path and is_local(path) and not any(_local_path(path).startswith(m) for m in mounts)
+        if path and is_local(path) and not any((_local_path(path).rstrip("/") + "/").startswith(m) for m in mounts)
     }
     if local:
         listed = ", ".join(f"{name} = {path}" for name, path in local.items())

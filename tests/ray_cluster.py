@@ -1,0 +1,152 @@
+"""A real multi-node Ray cluster on one machine: a head started with `ray start --head` and
+worker nodes started with `ray start --address`, each with its own raylet, object store and
+custom resources, all on 127.0.0.1. Tests (and benchmarks/scaling.py) start, kill and add
+nodes; only the processes of this cluster are ever touched.
+
+`ray start` turns a loopback address into the machine's outward one (Ray's
+`resolve_ip_for_localhost`) and refuses worker nodes when told to stay on loopback; nodes are
+started through `ray_start_loopback` below, which is `ray start` with that one rewrite undone."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+LOOPBACK_START = """
+import sys
+import ray._private.ray_constants as constants
+from ray._private import services
+constants.ENABLE_RAY_CLUSTER = True  # worker nodes are allowed although addresses stay on loopback
+services.resolve_ip_for_localhost = lambda host: host
+from ray.scripts.scripts import main
+sys.exit(main())
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Node:
+    name: str
+    manager_port: int
+    resources: dict
+    node_id: str = ""
+    pids: list[int] = field(default_factory=list)
+
+
+class LocalCluster:
+    """Nodes of one Ray cluster on 127.0.0.1. `env` is what a driver needs to join it
+    (RAY_ADDRESS, the auth token, the temp dir): pass it to the CLI's subprocess."""
+
+    def __init__(self, head_cpus: int = 4, object_store_mb: int = 200):
+        self.temp_dir = tempfile.mkdtemp(prefix="rc-", dir="/tmp")  # short: socket paths must fit 107 bytes
+        self.object_store_bytes = object_store_mb * 1024 * 1024
+        token = Path(self.temp_dir, "token")
+        token.write_text(secrets.token_hex(32))
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.env = {
+            **{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
+            "RAY_TMPDIR": self.temp_dir,
+            # Explicit: Ray turns token auth on by itself when ~/.ray/auth_token exists (left by
+            # any earlier ray.init on the machine), and a worker node without it cannot join.
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(token),
+            # Any address Ray derives by itself inside the cluster's processes is loopback.
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            "RAY_ADDRESS": self.address,
+        }
+        self.nodes: dict[str, Node] = {}
+        self._start("head", ["--head", "--node-ip-address=127.0.0.1", f"--port={self.port}",
+                             "--include-dashboard=false", f"--ray-client-server-port={_free_port()}"],
+                    {"head": 1}, head_cpus)
+
+    def add_node(self, name: str, resources: dict, cpus: int = 2) -> Node:
+        return self._start(name, [f"--address={self.address}"], resources, cpus)
+
+    def _start(self, name: str, args: list[str], resources: dict, cpus: int) -> Node:
+        node = Node(name, _free_port(), {**resources, f"node_{name}": 1})
+        command = [
+            sys.executable, "-c", LOOPBACK_START, "start", *args, f"--num-cpus={cpus}", "--num-gpus=0",
+            f"--resources={json.dumps(node.resources)}", f"--node-manager-port={node.manager_port}",
+            f"--object-store-memory={self.object_store_bytes}", "--disable-usage-stats",
+            f"--metrics-export-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
+            f"--dashboard-agent-grpc-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}",
+        ]
+        done = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=180)
+        if done.returncode:
+            raise RuntimeError(f"ray start ({name}) failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+        self.nodes[name] = node
+        node.node_id = self._wait_registered(node)
+        return node
+
+    def ray_nodes(self) -> list[dict]:
+        """ray.nodes() as the cluster's GCS sees it, from a short-lived driver process."""
+        code = "import json, ray; ray.init(logging_level='ERROR'); print(json.dumps(ray.nodes()))"
+        done = subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True, text=True, timeout=120)
+        if done.returncode:
+            raise RuntimeError(done.stderr[-3000:])
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    def _wait_registered(self, node: Node) -> str:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            for info in self.ray_nodes():
+                if info["Alive"] and info["NodeManagerPort"] == node.manager_port:
+                    return info["NodeID"]
+            time.sleep(1)
+        raise RuntimeError(f"node {node.name} did not register with the head")
+
+    def node_processes(self, node: Node) -> list[psutil.Process]:
+        """The node's raylet and everything it started (workers, their vLLM EngineCores, agents),
+        and its log monitor."""
+        mine = []
+        for proc in psutil.process_iter(["cmdline"]):
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            if self.temp_dir in cmdline and f"--node_manager_port={node.manager_port}" in cmdline:
+                mine.append(proc)
+        children = [child for proc in mine for child in proc.children(recursive=True)]
+        return mine + children
+
+    def kill_node(self, name: str) -> int:
+        """SIGKILL every process of the node at once, as when a spot instance disappears.
+        Returns how many processes were killed."""
+        node = self.nodes.pop(name)
+        procs = self.node_processes(node)
+        for proc in procs:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(procs, timeout=30)
+        return len(procs)
+
+    def engine_nodes(self) -> list[str]:
+        return [name for name, node in self.nodes.items() if "engine_slot" in node.resources]
+
+    def shutdown(self) -> None:
+        procs = [p for p in psutil.process_iter(["cmdline"]) if self.temp_dir in " ".join(p.info["cmdline"] or [])]
+        procs += [child for proc in procs for child in proc.children(recursive=True)]
+        for proc in procs:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(procs, timeout=30)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)

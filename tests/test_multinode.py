@@ -1,0 +1,209 @@
+"""specbatch on a real multi-node Ray cluster: a head and worker nodes started with `ray start`
+on 127.0.0.1 (tests/ray_cluster.py), each with its own raylet and object store. Engines may run
+only on nodes with the custom resource `engine_slot` (the head has none), so where they run is
+known. The job runs as `specbatch run` joining the cluster through RAY_ADDRESS, as under
+`ray job submit`. One cluster serves the whole module; tests add and kill worker nodes.
+
+A node is lost the way a spot node is: SIGKILL to its raylet and every process under it (its
+workers, the engine actor, vLLM's EngineCore) at once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.outputs import OutputLocation
+from pipeline.storage import Storage
+from tests.conftest import job_config, write_prompts
+from tests.ray_cluster import LocalCluster
+from tests.test_resilience import assert_exactly_once
+
+SPECBATCH = str(Path(sys.executable).with_name("specbatch"))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    cluster = LocalCluster(head_cpus=4)
+    try:
+        cluster.add_node("a", {"engine_slot": 1})
+        cluster.add_node("b", {"engine_slot": 1})
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
+def engine_nodes(cluster: LocalCluster, count: int) -> None:
+    """Exactly `count` live worker nodes with an engine slot (starting or killing nodes)."""
+    names = cluster.engine_nodes()
+    for name in names[count:]:
+        cluster.kill_node(name)
+    for i in range(count - len(names)):
+        cluster.add_node(f"w{len(cluster.nodes)}{i}{int(time.time()) % 1000}", {"engine_slot": 1})
+
+
+def write_job(tmp_path: Path, kit: dict, output_uri: str, units: int, rows_per_unit: int = 16, s3: str | None = None,
+              **overrides) -> tuple[Path, list[str]]:
+    ids = [f"id-{i:05d}" for i in range(units * rows_per_unit)]
+    columns = {"id": ids, "prompt": [f"def f{i}(a, b):" for i in range(len(ids))]}
+    input_uri = f"s3://specbatch/{tmp_path.name}/in" if s3 else str(tmp_path / "in")
+    if s3:
+        write_prompts(f"specbatch/{tmp_path.name}/in/p.parquet", columns, filesystem=Storage(endpoint_url=s3).arrow_fs("s3://specbatch"))
+    else:
+        write_prompts(tmp_path / "in" / "p.parquet", columns)
+    models = str(Path(kit["target"]).parent)  # the kit is on a folder every node sees: declared shared
+    resources = {"replicas": 2, "rows_per_unit": rows_per_unit, "units_in_flight": 2, "resources_per_replica": {"engine_slot": 1}}
+    config = job_config(
+        input_uri, output_uri, kit,
+        sampling={"max_tokens": 32, "temperature": 0.0, "ignore_eos": True},
+        resources={**resources, **overrides.pop("resources", {})},
+        storage={"shared_mounts": [models, str(tmp_path)], **({"endpoint_url": s3} if s3 else {})},
+        **overrides,
+    )
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path, ids
+
+
+def start(cluster: LocalCluster, config: Path, *flags: str) -> subprocess.Popen:
+    return subprocess.Popen([SPECBATCH, "run", str(config), *flags], env=cluster.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def commits_by_node(location: OutputLocation) -> dict[str, int]:
+    """node_id -> units committed by engines on that node, from the commit markers."""
+    fs, path = location.storage.fs(location.uri)
+    counts: dict[str, int] = {}
+    for marker in fs.glob(f"{path}/_commits/*.json"):
+        try:
+            node = json.loads(fs.cat_file(marker))["stats"]["node_id"]
+        except (FileNotFoundError, ValueError):
+            continue
+        counts[node] = counts.get(node, 0) + 1
+    return counts
+
+
+def wait_until(condition, proc: subprocess.Popen, timeout: float = 400, what: str = "") -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if condition():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"the job ended before {what}:\n{proc.stdout.read()[-4000:]}")
+        time.sleep(0.5)
+    proc.kill()
+    raise TimeoutError(f"not in time: {what}")
+
+
+def test_engines_on_two_nodes_and_a_node_lost_mid_job(tmp_path, cluster, random_kit, s3_endpoint):
+    """Two replicas on two worker nodes, each engine on its own node; then one node is lost
+    mid-job: the job finishes on the other, every id exactly once, and `_job.json` names the
+    lost node."""
+    engine_nodes(cluster, 2)
+    a, b = (cluster.nodes[name] for name in cluster.engine_nodes())
+    uri = f"s3://specbatch/{tmp_path.name}/out"
+    config, ids = write_job(tmp_path, random_kit, uri, units=24, s3=s3_endpoint)
+    location = OutputLocation(Storage(endpoint_url=s3_endpoint), uri)
+    proc = start(cluster, config)
+    wait_until(lambda: {a.node_id, b.node_id} <= set(commits_by_node(location)), proc, what="both nodes committed a unit")
+    before = commits_by_node(location)
+    cluster.kill_node(next(name for name, n in cluster.nodes.items() if n is b))
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
+
+    assert_exactly_once(location, ids)
+    stats = location.read_table("stats")
+    by_node = {node: stats.column("node_id").to_pylist().count(node) for node in (a.node_id, b.node_id)}
+    assert by_node[a.node_id] > 0 and by_node[b.node_id] == before[b.node_id]  # b committed nothing after its death
+    assert len(set(stats.column("actor_id").to_pylist())) >= 2
+    manifest = json.loads(location.storage.read_bytes(f"{uri}/_job.json"))
+    assert manifest["status"] == "succeeded"
+    (loss,) = manifest["attempts"][-1]["node_losses"]
+    assert loss["node_id"] == b.node_id and loss["address"] == "127.0.0.1"
+    assert loss["units_not_committed"] > 0  # work was left when b went: it ran on a
+    assert "left the cluster" in out or "node" in out
+
+
+def test_a_pool_grows_onto_a_node_that_joins_mid_job(tmp_path, cluster, random_kit):
+    """replicas {min: 1, max: 2} starts on the one engine node there is; a node that joins
+    mid-job gets the second engine, which commits units."""
+    engine_nodes(cluster, 1)
+    (first,) = (cluster.nodes[name] for name in cluster.engine_nodes())
+    config, ids = write_job(tmp_path, random_kit, str(tmp_path / "out"), units=64,
+                            resources={"replicas": {"min": 1, "max": 2}})
+    location = OutputLocation(Storage(), str(tmp_path / "out"))
+    proc = start(cluster, config)
+    wait_until(lambda: commits_by_node(location).get(first.node_id, 0) >= 1, proc, what="the first engine committed")
+    joined = cluster.add_node(f"joined{int(time.time()) % 1000}", {"engine_slot": 1})
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
+    assert_exactly_once(location, ids)
+    nodes = location.read_table("stats").column("node_id").to_pylist()
+    assert nodes.count(joined.node_id) >= 1, f"the joined node committed nothing: {sorted(set(nodes))}"
+    assert nodes.count(first.node_id) >= 1
+
+
+def test_local_paths_on_a_cluster_are_refused_before_any_engine(tmp_path, cluster, random_kit):
+    config, _ = write_job(tmp_path, random_kit, str(tmp_path / "out"), units=1)
+    data = yaml.safe_load(config.read_text())
+    data["storage"]["shared_mounts"] = [str(Path(random_kit["target"]).parent)]  # the models are shared, the job's folder not
+    config.write_text(yaml.safe_dump(data))
+    done = subprocess.run([SPECBATCH, "run", str(config)], env=cluster.env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert f"output_uri = {tmp_path / 'out'}" in done.stderr and f"input_uri = {tmp_path / 'in'}" in done.stderr
+    assert "s3://" in done.stderr and "storage.shared_mounts" in done.stderr
+    assert "model.path" not in done.stderr
+    assert not (tmp_path / "out" / "_job.json").exists()
+
+
+def test_a_graph_that_cannot_fit_is_refused_naming_what_is_missing(tmp_path, cluster, random_kit):
+    """Worker nodes have 2 CPUs each: an engine of 3 CPUs fits on none, and no autoscaler can add one."""
+    config, _ = write_job(tmp_path, random_kit, str(tmp_path / "out"), units=1,
+                          resources={"cpus_per_replica": 3, "replicas": 1})
+    started = time.time()
+    done = subprocess.run([SPECBATCH, "run", str(config)], env=cluster.env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "cannot be scheduled" in done.stderr and "engine replica 1 of 1 needs {CPU: 3, engine_slot: 1}" in done.stderr
+    assert "no autoscaler" in done.stderr
+    assert time.time() - started < 120  # refused, not waited for
+    assert not (tmp_path / "out" / "_job.json").exists()
+
+
+HOLD_SLOTS = """
+import ray, sys
+ray.init(logging_level="ERROR", namespace="test-holders")
+@ray.remote(resources={"engine_slot": 1}, num_cpus=0)
+class Holder:
+    def ready(self): return True
+holders = [Holder.options(name=f"holder-{i}", lifetime="detached").remote() for i in range(int(sys.argv[1]))]
+ray.get([h.ready.remote() for h in holders])
+"""
+RELEASE_SLOTS = """
+import ray, sys
+ray.init(logging_level="ERROR", namespace="test-holders")
+for i in range(int(sys.argv[1])):
+    ray.kill(ray.get_actor(f"holder-{i}"))
+"""
+
+
+def test_a_job_whose_engines_never_get_resources_stops_with_a_named_error(tmp_path, cluster, random_kit):
+    """Another job holds every engine slot: the graph fits the cluster, but its engine waits.
+    After retries.stall_minutes without a commit the job stops, naming what waits."""
+    engine_nodes(cluster, 1)
+    subprocess.run([sys.executable, "-c", HOLD_SLOTS, "1"], env=cluster.env, check=True, timeout=120)
+    try:
+        config, _ = write_job(tmp_path, random_kit, str(tmp_path / "out"), units=2,
+                              resources={"replicas": 1}, retries={"stall_minutes": 0.4})
+        done = subprocess.run([SPECBATCH, "run", str(config)], env=cluster.env, capture_output=True, text=True, timeout=300)
+    finally:
+        subprocess.run([sys.executable, "-c", RELEASE_SLOTS, "1"], env=cluster.env, check=True, timeout=120)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "job failed" in done.stderr and "waits for resources: actor MapWorker(MapBatches(Generator))" in done.stderr
+    manifest = json.loads((tmp_path / "out" / "_job.json").read_text())
+    assert manifest["status"] == "failed" and manifest["error"].startswith("SchedulingStalled: no unit committed for")
+    assert manifest["totals"]["output_rows"] == 0
