@@ -11,9 +11,12 @@
 
 from __future__ import annotations
 
+import _thread
 import functools
+import threading
 import time
 from dataclasses import dataclass
+
 from pipeline.config import ConfigError, JobConfig
 from pipeline.storage import is_local
 
@@ -34,12 +37,18 @@ class ClusterPathRefused(ConfigError):
     """A local path on a cluster of several nodes, not on a declared shared mount."""
 
 
+def engine_bundles(config: JobConfig) -> int:
+    """Placement bundles of one engine: one per GPU worker. An engine on vLLM's CPU build runs
+    its workers in the actor's own process tree, on its node: one bundle."""
+    return config.engine_workers if config.resources.gpus_per_replica else 1
+
+
 def engine_bundle(config: JobConfig) -> dict[str, float]:
-    """What one device worker of an engine needs; with one worker, what the whole actor needs."""
-    resources, workers = config.resources, config.engine_workers
-    bundle = {"CPU": resources.cpus_per_replica / workers}
+    """What one bundle of an engine needs; with one bundle, what the whole actor needs."""
+    resources, bundles = config.resources, engine_bundles(config)
+    bundle = {"CPU": resources.cpus_per_replica / bundles}
     if resources.gpus_per_replica:
-        bundle["GPU"] = resources.gpus_per_replica / workers
+        bundle["GPU"] = resources.gpus_per_replica / bundles
     return {**bundle, **resources.resources_per_replica}
 
 
@@ -60,11 +69,11 @@ def _placement_group_args(bundles: list[dict], strategy: str) -> dict:
 
 def engine_remote_args(config: JobConfig) -> dict:
     """Ray Data `map_batches` arguments placing the engine actors."""
-    workers = config.engine_workers
+    workers = engine_bundles(config)
     if workers == 1:
         bundle = engine_bundle(config)
         return dict(num_cpus=bundle.pop("CPU"), num_gpus=bundle.pop("GPU", 0), resources=bundle or None)
-    # The actor itself takes a sliver of the first bundle; the device workers vLLM starts take the rest.
+    # The actor itself takes a sliver of the first bundle; the GPU workers vLLM starts take the rest.
     bundles = [engine_bundle(config) for _ in range(workers)]
     return dict(
         num_cpus=0.01,
@@ -93,7 +102,7 @@ def graph_demand(config: JobConfig) -> list[Demand]:
     """What the graph holds at once: the pool's minimum of engines, the preprocess actors and one
     read task (Ray Data starts with nothing less)."""
     engines = [
-        Demand(f"engine replica {i + 1} of {config.resources.min_replicas}", [engine_bundle(config)] * config.engine_workers,
+        Demand(f"engine replica {i + 1} of {config.resources.min_replicas}", [engine_bundle(config)] * engine_bundles(config),
                placement_strategy(config))
         for i in range(config.resources.min_replicas)
     ]
@@ -219,6 +228,8 @@ def _local_path(path: str) -> str:
 # -- While the job runs -------------------------------------------------------------------------
 
 WAITING_ACTOR_STATES = ("PENDING_CREATION", "DEPENDENCIES_UNREADY", "RESTARTING")
+# How often the driver looks at the cluster.
+WATCH_SECONDS = 10.0
 
 
 class ClusterWatch:
@@ -264,3 +275,36 @@ def stall_message(config: JobConfig, waiting: list[str], since: float) -> str:
         "not got them free (other jobs hold them, or the nodes that had them are gone and the autoscaler adds none). "
         "Committed units are kept: rerun when the resources are there."
     )
+
+
+class StallWatch(threading.Thread):
+    """Looks at the cluster while the driver waits for the next unit. When none has committed
+    for `limit_seconds` while the job's actors or placement groups wait for resources, it
+    interrupts the driver's wait (Ray Data's consumer sleeps in a loop, so the interrupt lands
+    at once) and leaves what waits in `waiting` for the driver to name."""
+
+    def __init__(self, watch: ClusterWatch, limit_seconds: float):
+        super().__init__(name="specbatch-stall-watch", daemon=True)
+        self.watch, self.limit = watch, limit_seconds
+        self.last = time.time()
+        self.waiting: list[str] | None = None
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()  # no interrupt once the driver stopped the watch
+
+    def progress(self) -> None:
+        self.last = time.time()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped.set()
+
+    def run(self) -> None:
+        while not self._stopped.wait(WATCH_SECONDS):
+            if time.time() - self.last <= self.limit:
+                continue
+            waiting = self.watch.waiting()
+            with self._lock:
+                if waiting and not self._stopped.is_set():
+                    self.waiting = waiting
+                    _thread.interrupt_main()
+                    return

@@ -163,6 +163,13 @@ class EngineConfig(Section):
     enforce_eager: bool = False
     seed: int = 0
     cpu_kv_cache_gib: int = Field(1, ge=1, description="KV cache on vLLM's CPU build (VLLM_CPU_KVCACHE_SPACE).")
+    cpu_omp_threads_bind: Optional[str] = Field(
+        None,
+        description=(
+            "vLLM's CPU build: cores of each engine worker (VLLM_CPU_OMP_THREADS_BIND), e.g. '0-3|4-7' for two "
+            "tensor-parallel workers, or 'nobind'. Unset: vLLM binds one NUMA node per worker."
+        ),
+    )
     extra_args: dict[str, Any] = Field(default_factory=dict, description="Passed to vLLM's engine args as is.")
 
 
@@ -327,6 +334,16 @@ class JobConfig(Section):
             )
         if gpus and gpus < workers:
             raise ValueError(f"resources.gpus_per_replica ({gpus:g}) is smaller than the engine's {workers} workers")
+        return self
+
+    @model_validator(mode="after")
+    def _cpu_cores_per_worker(self):
+        workers = self.engine_workers
+        if workers > 1 and not self.resources.gpus_per_replica and self.resources.cpus_per_replica < workers:
+            raise ValueError(
+                f"resources.cpus_per_replica ({self.resources.cpus_per_replica:g}) is below the engine's {workers} "
+                "workers: on vLLM's CPU build each tensor/pipeline-parallel worker needs a core of its own"
+            )
         return self
 
     @property

@@ -26,9 +26,10 @@ def engine_kwargs(config: JobConfig, *, speculative: bool | None = None, num_spe
         seed=engine.seed,
         disable_log_stats=False,
     )
-    if config.engine_workers > 1:
-        # One process per device, started by vLLM's Ray executor inside the engine actor's
-        # placement group (pipeline/placement.py), possibly on other nodes.
+    if config.engine_workers > 1 and config.resources.gpus_per_replica:
+        # One process per GPU, started by vLLM's Ray executor inside the engine actor's placement
+        # group (pipeline/cluster.py), possibly on other nodes. vLLM's CPU build has no Ray
+        # executor: there its own multiprocessing executor runs the workers on the actor's node.
         kwargs["distributed_executor_backend"] = "ray"
     if engine.max_num_batched_tokens:
         kwargs["max_num_batched_tokens"] = engine.max_num_batched_tokens
@@ -71,15 +72,17 @@ def schedule_text(schedule) -> str:
 def prepare_process_env(config: JobConfig) -> None:
     """Environment a vLLM process needs before its engine starts (no hub, CPU KV cache size).
     A one-process engine talks to its EngineCore over loopback; left unset, vLLM would pick the
-    machine's outward interface. An engine of several workers (tensor or pipeline parallel) may
-    span nodes through vLLM's Ray executor: its address is the node's address in the Ray
+    machine's outward interface. A GPU engine of several workers (tensor or pipeline parallel)
+    may span nodes through vLLM's Ray executor: its address is the node's address in the Ray
     cluster, never loopback, which the other nodes could not reach."""
-    if config.engine_workers > 1:
+    if config.engine_workers > 1 and config.resources.gpus_per_replica:
         import ray
 
         os.environ["VLLM_HOST_IP"] = ray.util.get_node_ip_address()
     else:
         os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    if config.engine.cpu_omp_threads_bind:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = config.engine.cpu_omp_threads_bind
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.engine.cpu_kv_cache_gib))

@@ -123,8 +123,14 @@ def run_probe(config: JobConfig, rows: Sequence[dict[str, Any]], near_limit_rows
         prepare_process_env(job)
         return measure(job, rows, near_limit_rows).model_dump(mode="json")
 
-    task = probe_task.options(**engine_task_options(config))
-    return ProbeResult.model_validate(ray.get(task.remote(config.model_dump(mode="json"), list(rows), near_limit_rows)))
+    options = engine_task_options(config)
+    group = getattr(options.get("scheduling_strategy"), "placement_group", None)
+    try:
+        result = ray.get(probe_task.options(**options).remote(config.model_dump(mode="json"), list(rows), near_limit_rows))
+    finally:
+        if group is not None:  # the devices go back before the job's engines ask for them
+            ray.util.remove_placement_group(group)
+    return ProbeResult.model_validate(result)
 
 
 def probe_job_input(

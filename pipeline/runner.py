@@ -15,10 +15,8 @@ import json
 import logging
 import os
 import platform
-import queue
 import re
 import sys
-import threading
 import time
 import uuid
 import warnings
@@ -31,8 +29,8 @@ import pyarrow.compute as pc
 
 from pipeline.breaker import ErrorBreaker
 from pipeline.cluster import (
-    PREPROCESS_CPUS, READ_TASK_CPUS, ClusterWatch, SchedulingStalled, check_cluster_paths, check_schedulable,
-    cluster_capacity, engine_remote_args, stall_message,
+    PREPROCESS_CPUS, READ_TASK_CPUS, WATCH_SECONDS, ClusterWatch, SchedulingStalled, StallWatch, check_cluster_paths,
+    check_schedulable, cluster_capacity, engine_remote_args, stall_message,
 )
 from pipeline.config import ConfigError, JobConfig
 from pipeline.drafter_check import check_drafter
@@ -58,8 +56,6 @@ MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".json", ".model",
 # The driver writes its stats file at least this often: a killed driver leaves the next
 # attempt few markers to read.
 STATS_FLUSH_SECONDS = 60.0
-# How often the driver looks at the cluster while no stats row arrives.
-WATCH_SECONDS = 10.0
 
 
 def _now() -> str:
@@ -546,7 +542,9 @@ def _generate(
     """Run the Ray Data graph over the units not committed yet, feeding every stats row to the
     acceptance guard. The graph is rebuilt over the units still not committed when the guard
     disables speculation (leaving the loop shuts the graph down, killing its engines), and when
-    the dataset fails after a node left the cluster (up to `retries.max_node_losses`)."""
+    the dataset fails after a node left the cluster (up to `retries.max_node_losses`). Nodes
+    that leave are noted in `_job.json` when seen; a graph that commits nothing for
+    `retries.stall_minutes` while its actors wait for resources stops with SchedulingStalled."""
     attempt, guard_config = manifest.attempts[-1], config.speculative.guard
     # An earlier attempt's guard turned speculation off: a resume keeps it off.
     disabled = any(e.action == "disable-speculation" for e in manifest.guard_events)
@@ -562,9 +560,16 @@ def _generate(
             return
         dataset = build_dataset(config, todo, model, drafter, manifest.job_id, disabled)
         watch = ClusterWatch()
+        note_losses = functools.partial(_record_node_losses, watch, manifest, location, todo)
+        stall = StallWatch(watch, config.retries.stall_minutes * 60)
+        looked = time.time()
+        stall.start()
         try:
-            note_losses = functools.partial(_record_node_losses, watch, manifest, location, todo)
-            for stats in _watched_batches(dataset, watch, config, note_losses):
+            for stats in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
+                stall.progress()
+                if time.time() - looked > WATCH_SECONDS:
+                    note_losses()
+                    looked = time.time()
                 rows = stats.to_pylist()
                 for row in rows:
                     heard[row["unit_id"]] = row
@@ -588,8 +593,11 @@ def _generate(
             else:
                 note_losses()
                 return
-        except (SchedulingStalled, KeyboardInterrupt):
-            raise
+        except KeyboardInterrupt:
+            if stall.waiting is None:
+                raise
+            note_losses()
+            raise SchedulingStalled(stall_message(config, stall.waiting, stall.last)) from None
         except Exception as exc:
             if not watch.lost_nodes():
                 raise
@@ -600,48 +608,10 @@ def _generate(
                     f"{config.retries.max_node_losses}); the last one failed the dataset: {plain_text(str(exc))[:500]}"
                 ) from exc
             log.warning("%d node(s) lost; rebuilding the graph over the units not committed yet", len(watch.lost_nodes()))
+        finally:
+            stall.stop()
         committed = location.committed_units()  # what the stopped engines committed
         todo = [u for u in todo if u.unit_id not in committed]
-
-
-def _watched_batches(dataset, watch: ClusterWatch, config: JobConfig, note_losses):
-    """The dataset's stats batches, read by a thread of their own so that the driver can look
-    at the cluster while it waits: nodes that left are noted when they leave, and a job that
-    commits nothing for `retries.stall_minutes` while its actors wait for resources stops with
-    SchedulingStalled instead of RUNNING forever."""
-    batches: queue.Queue = queue.Queue(maxsize=4)
-    end = object()
-
-    def pump():
-        try:
-            for batch in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
-                batches.put(batch)
-            batches.put(end)
-        except BaseException as exc:  # handed to the driver's thread
-            batches.put(exc)
-
-    threading.Thread(target=pump, name="specbatch-stats", daemon=True).start()
-    last = looked = time.time()
-    while True:
-        try:
-            item = batches.get(timeout=WATCH_SECONDS)
-        except queue.Empty:
-            item = None
-        if time.time() - looked >= WATCH_SECONDS:
-            note_losses()
-            looked = time.time()
-        if item is None:
-            if time.time() - last > config.retries.stall_minutes * 60:
-                waiting = watch.waiting()
-                if waiting:
-                    raise SchedulingStalled(stall_message(config, waiting, last))
-            continue
-        if item is end:
-            return
-        if isinstance(item, BaseException):
-            raise item
-        last = time.time()
-        yield item
 
 
 def _record_node_losses(

@@ -37,11 +37,13 @@ def free_port() -> int:
 
 
 def ray_head_command(gcs_port: int, dashboard_port: int, *extra: str) -> list[str]:
-    """`ray start --head` on 127.0.0.1, with ports of its own: the session's Ray (below)
+    """`ray start --head` on 127.0.0.1 (plain `ray start` would turn it into the machine's
+    outward address; see tests/ray_cluster.py), with ports of its own: the session's Ray (below)
     already holds the default ones."""
-    ray = str(Path(sys.executable).with_name("ray"))
+    from tests.ray_cluster import LOOPBACK_START
+
     return [
-        ray, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs_port}",
+        sys.executable, "-c", LOOPBACK_START, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs_port}",
         "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", "--include-dashboard=true",
         "--num-cpus=4", "--disable-usage-stats",
         f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",

@@ -23,7 +23,8 @@ from pathlib import Path
 import psutil
 
 LOOPBACK_START = """
-import sys
+import os, sys
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # inherited: addresses Ray derives in the node's processes stay on loopback
 import ray._private.ray_constants as constants
 from ray._private import services
 constants.ENABLE_RAY_CLUSTER = True  # worker nodes are allowed although addresses stay on loopback
@@ -68,7 +69,7 @@ class LocalCluster:
             # any earlier ray.init on the machine), and a worker node without it cannot join.
             "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN_PATH": str(token),
-            # Any address Ray derives by itself inside the cluster's processes is loopback.
+            # A driver's own address is loopback, like the nodes' (see LOOPBACK_START).
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
             "RAY_ADDRESS": self.address,
         }
@@ -127,26 +128,22 @@ class LocalCluster:
     def kill_node(self, name: str) -> int:
         """SIGKILL every process of the node at once, as when a spot instance disappears.
         Returns how many processes were killed."""
-        node = self.nodes.pop(name)
-        procs = self.node_processes(node)
-        for proc in procs:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(procs, timeout=30)
-        return len(procs)
+        return _kill(self.node_processes(self.nodes.pop(name)))
 
     def engine_nodes(self) -> list[str]:
         return [name for name, node in self.nodes.items() if "engine_slot" in node.resources]
 
     def shutdown(self) -> None:
         procs = [p for p in psutil.process_iter(["cmdline"]) if self.temp_dir in " ".join(p.info["cmdline"] or [])]
-        procs += [child for proc in procs for child in proc.children(recursive=True)]
-        for proc in procs:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(procs, timeout=30)
+        _kill(procs + [child for proc in procs for child in proc.children(recursive=True)])
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _kill(procs: list[psutil.Process]) -> int:
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=30)
+    return len(procs)

@@ -60,35 +60,37 @@ def test_parallel_engines_are_validated():
         config(resources={"replicas": {"min": 3, "max": 2}})
     with pytest.raises(ConfigError, match="resources_per_replica.GPU"):
         config(resources={"resources_per_replica": {"GPU": 1}})
+    with pytest.raises(ConfigError, match=r"cpus_per_replica \(1\) is below the engine's 2 workers"):
+        config(engine={"tensor_parallel_size": 2})
     kwargs = engine_kwargs(config(engine={"tensor_parallel_size": 2}, resources={"gpus_per_replica": 2}))
     assert kwargs["distributed_executor_backend"] == "ray" and kwargs["tensor_parallel_size"] == 2
     assert "distributed_executor_backend" not in engine_kwargs(config())
+    # vLLM's CPU build has no Ray executor: its own multiprocessing executor, on the actor's node
+    cpu_tp = config(engine={"tensor_parallel_size": 2}, resources={"cpus_per_replica": 2})
+    assert "distributed_executor_backend" not in engine_kwargs(cpu_tp)
+    assert engine_remote_args(cpu_tp) == dict(num_cpus=2, num_gpus=0, resources=None)
 
 
-@pytest.mark.parametrize("engine, gpus, strategy", [
-    ({"tensor_parallel_size": 2}, 2, "STRICT_PACK"),
-    ({"pipeline_parallel_size": 2, "pipeline_placement": "SPREAD"}, 2, "SPREAD"),
-    ({"tensor_parallel_size": 2}, 0, "STRICT_PACK"),  # vLLM's CPU build: CPU bundles, placed here
+@pytest.mark.parametrize("engine, strategy", [
+    ({"tensor_parallel_size": 2}, "STRICT_PACK"),
+    ({"pipeline_parallel_size": 2}, "PACK"),
+    ({"pipeline_parallel_size": 2, "pipeline_placement": "SPREAD"}, "SPREAD"),
 ])
-def test_an_engine_of_several_devices_gets_a_placement_group_of_its_own(ray_local, engine, gpus, strategy):
+def test_a_gpu_engine_of_several_devices_gets_a_placement_group_of_its_own(ray_local, engine, strategy):
     """Ray Data calls `ray_remote_args_fn` for each engine actor it creates; the group it makes
-    is read back from the GCS's placement group table: one bundle per device, the strategy."""
+    is read back from the GCS's placement group table: one bundle per GPU, the strategy. There
+    is no GPU here (vLLM's CPU build has no Ray executor to run such an engine anyway): the
+    group waits, as on a cluster without such nodes."""
     import ray
 
-    job = config(engine=engine, resources={"gpus_per_replica": gpus, "resources_per_replica": {"pool": 1}} if gpus else {})
+    job = config(engine=engine, resources={"gpus_per_replica": 2, "resources_per_replica": {"pool": 1}})
     args = engine_remote_args(job)
-    assert args["num_gpus"] == 0  # the device workers vLLM starts take the GPUs, inside the group
-    strategy_args = args["ray_remote_args_fn"]()
-    group = strategy_args["scheduling_strategy"].placement_group
+    assert args["num_gpus"] == 0  # the GPU workers vLLM starts take the GPUs, inside the group
+    group = args["ray_remote_args_fn"]()["scheduling_strategy"].placement_group
     try:
         table = ray.util.placement_group_table(group)
-        assert table["strategy"] == strategy
-        bundle = {"CPU": 0.5, **({"GPU": 1.0, "pool": 1.0} if gpus else {})}
-        assert list(table["bundles"].values()) == [bundle, bundle]
-        if gpus:  # no GPU here: the group waits, as it would on a cluster without such nodes
-            assert table["state"] == "PENDING"
-        else:
-            assert group.wait(60) and ray.util.placement_group_table(group)["state"] == "CREATED"
+        assert table["strategy"] == strategy and table["state"] == "PENDING"
+        assert list(table["bundles"].values()) == [{"CPU": 0.5, "GPU": 1.0, "pool": 1.0}] * 2
     finally:
         ray.util.remove_placement_group(group)
     assert "ray_remote_args_fn" not in engine_task_options(config())

@@ -207,3 +207,24 @@ def test_a_job_whose_engines_never_get_resources_stops_with_a_named_error(tmp_pa
     manifest = json.loads((tmp_path / "out" / "_job.json").read_text())
     assert manifest["status"] == "failed" and manifest["error"].startswith("SchedulingStalled: no unit committed for")
     assert manifest["totals"]["output_rows"] == 0
+
+
+def test_a_tensor_parallel_engine_on_the_cpu_build(tmp_path, cluster, random_kit):
+    """TP=2 on vLLM's CPU build: two workers under vLLM's multiprocessing executor on the engine
+    actor's node (the CPU build has no Ray executor), the actor holding 2 CPUs of one node;
+    the greedy outputs equal a TP=1 run's."""
+    engine_nodes(cluster, 1)
+    outputs = {}
+    for tp in (1, 2):
+        folder = tmp_path / f"tp{tp}"
+        folder.mkdir()
+        config, ids = write_job(folder, random_kit, str(folder / "out"), units=2,
+                                resources={"replicas": 1, "cpus_per_replica": 2},
+                                engine={"tensor_parallel_size": tp, "cpu_omp_threads_bind": "nobind"})
+        done = subprocess.run([SPECBATCH, "run", str(config)], env=cluster.env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-4000:]
+        location = OutputLocation(Storage(), str(folder / "out"))
+        assert_exactly_once(location, ids)
+        table = location.read_table("outputs")
+        outputs[tp] = dict(zip(table.column("id").to_pylist(), table.column("text").to_pylist()))
+    assert outputs[2] == outputs[1]
