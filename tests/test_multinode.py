@@ -228,3 +228,36 @@ def test_a_tensor_parallel_engine_on_the_cpu_build(tmp_path, cluster, random_kit
         table = location.read_table("outputs")
         outputs[tp] = dict(zip(table.column("id").to_pylist(), table.column("text").to_pylist()))
     assert outputs[2] == outputs[1]
+
+
+PUBLISH_NODE_GROUP = """
+import sys, ray, ray._raylet as raylet
+from ray.core.generated import autoscaler_pb2
+from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_put
+ray.init(logging_level="ERROR")
+key, namespace = raylet.GCS_AUTOSCALER_CLUSTER_CONFIG_KEY.encode(), raylet.GCS_AUTOSCALER_STATE_NAMESPACE.encode()
+if sys.argv[1] == "publish":
+    group = autoscaler_pb2.NodeGroupConfig(name="big", resources={"CPU": 4, "big_node": 1}, min_count=0, max_count=2)
+    _internal_kv_put(key, autoscaler_pb2.ClusterConfig(node_group_configs=[group]).SerializeToString(), overwrite=True, namespace=namespace)
+else:
+    _internal_kv_del(key, namespace=namespace)
+"""
+
+
+def test_nodes_the_autoscaler_may_add_count_and_a_wait_for_them_ends(tmp_path, cluster, random_kit):
+    """An engine that needs a `big_node` no node has is refused; once the cluster's autoscaler
+    says it may add such nodes, the job is accepted and waits for one. No autoscaler runs here
+    (it would start cloud instances): its node groups are published in the GCS where autoscalers
+    publish them (the autoscaler state namespace), which is what the job reads. No node comes,
+    so the stall watch ends the wait."""
+    config, _ = write_job(tmp_path, random_kit, str(tmp_path / "out"), units=1,
+                          resources={"replicas": 1, "resources_per_replica": {"big_node": 1}}, retries={"stall_minutes": 0.3})
+    refused = subprocess.run([SPECBATCH, "run", str(config)], env=cluster.env, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "needs {CPU: 1, big_node: 1}" in refused.stderr and "no autoscaler" in refused.stderr
+    subprocess.run([sys.executable, "-c", PUBLISH_NODE_GROUP, "publish"], env=cluster.env, check=True, timeout=120)
+    try:
+        waited = subprocess.run([SPECBATCH, "run", str(config)], env=cluster.env, capture_output=True, text=True, timeout=300)
+    finally:
+        subprocess.run([sys.executable, "-c", PUBLISH_NODE_GROUP, "delete"], env=cluster.env, check=True, timeout=120)
+    assert waited.returncode == 1, waited.stderr[-3000:]
+    assert "waits for resources: actor MapWorker(MapBatches(Generator))" in waited.stderr
