@@ -107,12 +107,16 @@ def test_engines_on_two_nodes_and_a_node_lost_mid_job(tmp_path, cluster, random_
     engine_nodes(cluster, 2)
     a, b = (cluster.nodes[name] for name in cluster.engine_nodes())
     uri = f"s3://specbatch/{tmp_path.name}/out"
-    config, ids = write_job(tmp_path, random_kit, uri, units=24, s3=s3_endpoint)
+    # Enough units that the job still runs when the GCS declares the node dead (its health
+    # checks take some 15-30 s), so that the driver sees the loss while it runs.
+    units = 40
+    config, ids = write_job(tmp_path, random_kit, uri, units=units, s3=s3_endpoint)
     location = OutputLocation(Storage(endpoint_url=s3_endpoint), uri)
     proc = start(cluster, config)
     wait_until(lambda: {a.node_id, b.node_id} <= set(commits_by_node(location)), proc, what="both nodes committed a unit")
     before = commits_by_node(location)
     cluster.kill_node(next(name for name, n in cluster.nodes.items() if n is b))
+    assert sum(before.values()) < units  # b had units in flight (two per engine), and work was left
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-4000:]
 
@@ -125,8 +129,9 @@ def test_engines_on_two_nodes_and_a_node_lost_mid_job(tmp_path, cluster, random_
     assert manifest["status"] == "succeeded"
     (loss,) = manifest["attempts"][-1]["node_losses"]
     assert loss["node_id"] == b.node_id and loss["address"] == "127.0.0.1"
-    assert loss["units_not_committed"] > 0  # work was left when b went: it ran on a
-    assert "left the cluster" in out or "node" in out
+    # counted when the driver saw b gone (the GCS declares it dead some seconds after the kill)
+    assert 0 <= loss["units_not_committed"] <= units - sum(before.values())
+    assert loss["recovery"] in ("ray-data-retried", "graph-rebuilt")
 
 
 def test_a_pool_grows_onto_a_node_that_joins_mid_job(tmp_path, cluster, random_kit):
