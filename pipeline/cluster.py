@@ -44,12 +44,13 @@ def engine_bundles(config: JobConfig) -> int:
 
 
 def engine_bundle(config: JobConfig) -> dict[str, float]:
-    """What one bundle of an engine needs; with one bundle, what the whole actor needs."""
+    """What one bundle of an engine needs (the replica's resources shared over its bundles);
+    with one bundle, what the whole actor needs."""
     resources, bundles = config.resources, engine_bundles(config)
     bundle = {"CPU": resources.cpus_per_replica / bundles}
     if resources.gpus_per_replica:
         bundle["GPU"] = resources.gpus_per_replica / bundles
-    return {**bundle, **resources.resources_per_replica}
+    return {**bundle, **{name: amount / bundles for name, amount in resources.resources_per_replica.items()}}
 
 
 def placement_strategy(config: JobConfig) -> str:

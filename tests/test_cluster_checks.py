@@ -90,7 +90,7 @@ def test_a_gpu_engine_of_several_devices_gets_a_placement_group_of_its_own(ray_l
     try:
         table = ray.util.placement_group_table(group)
         assert table["strategy"] == strategy and table["state"] == "PENDING"
-        assert list(table["bundles"].values()) == [{"CPU": 0.5, "GPU": 1.0, "pool": 1.0}] * 2
+        assert list(table["bundles"].values()) == [{"CPU": 0.5, "GPU": 1.0, "pool": 0.5}] * 2  # the replica's share each
     finally:
         ray.util.remove_placement_group(group)
     assert "ray_remote_args_fn" not in engine_task_options(config())
