@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -48,7 +48,6 @@ class Node:
     manager_port: int
     resources: dict
     node_id: str = ""
-    pids: list[int] = field(default_factory=list)
 
 
 class LocalCluster:
