@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from pipeline.config import ConfigError, JobConfig, load_config, parse_config
-from pipeline.engine import schedule_text
+from pipeline.engine import schedule_text, structured_backend
 from pipeline.inputs import InputError, inspect_inputs
 from pipeline.prices import load_prices
 from pipeline.report import format_terminal_table, per_million, to_csv
@@ -76,7 +76,8 @@ def sample_prompts(config: JobConfig, storage: Storage, n: int, seed: int = 0) -
         offset += rows
 
     preprocessor = Preprocessor(
-        config.model.tokenizer or config.model.path, config.engine.max_model_len, config.sampling.model_dump()
+        config.model.tokenizer or config.model.path, config.engine.max_model_len, config.sampling.model_dump(),
+        config.chat.model_dump(), config.speculation, structured_backend(config),
     )
     found: list[tuple[int, dict[str, Any]]] = []
     skipped = 0
@@ -143,7 +144,8 @@ def measure_depth(
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from pipeline.engine import engine_kwargs, prepare_process_env, sampling_params
+    from pipeline.engine import engine_kwargs, prepare_process_env
+    from pipeline.sampling import row_sampling_params
 
     prepare_process_env(config)
     engine_started = time.perf_counter()
@@ -154,7 +156,7 @@ def measure_depth(
     results = []
     for concurrency in concurrencies:
         sample = concurrency_sample(prompts, concurrency)
-        params = [sampling_params(config, p) for p in sample]
+        params = [row_sampling_params(p) for p in sample]
         token_prompts = [TokensPrompt(prompt_token_ids=p["prompt_token_ids"]) for p in sample]
         best = None
         for _ in range(repeats):
@@ -166,13 +168,14 @@ def measure_depth(
         seconds, outputs = best
         acceptance = Acceptance()
         for output in outputs:
-            acceptance = acceptance + Acceptance.from_request(output.outputs[0].spec_decode_metrics)
+            for sample in output.outputs:  # every one of n samples drafted
+                acceptance = acceptance + Acceptance.from_request(sample.spec_decode_metrics)
         results.append({
             "depth": depth,
             "concurrency": concurrency or len(outputs),
             "prompts": len(outputs),
             "prompt_tokens": sum(len(o.prompt_token_ids) for o in outputs),
-            "generated_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
+            "generated_tokens": sum(len(c.token_ids) for o in outputs for c in o.outputs),
             "seconds": seconds,
             "num_drafts": acceptance.num_drafts,
             "draft_tokens": acceptance.draft_tokens,

@@ -163,6 +163,13 @@ class EngineConfig(Section):
     enforce_eager: bool = False
     seed: int = 0
     cpu_kv_cache_gib: int = Field(1, ge=1, description="KV cache on vLLM's CPU build (VLLM_CPU_KVCACHE_SPACE).")
+    json_whitespace: bool = Field(
+        True,
+        description=(
+            "JSON outputs (response_format json_schema, json_object) may hold any whitespace between tokens, vLLM's "
+            "default; false: compact JSON only, which keeps a model that likes whitespace from filling max_tokens with it."
+        ),
+    )
     cpu_omp_threads_bind: Optional[str] = Field(
         None,
         description=(
@@ -173,20 +180,135 @@ class EngineConfig(Section):
     extra_args: dict[str, Any] = Field(default_factory=dict, description="Passed to vLLM's engine args as is.")
 
 
+# The most top-k logprobs a row may ask for (vLLM's max_logprobs default, and OpenAI's cap on
+# top_logprobs): with k=20, each generated token costs 21 (token_id, token, logprob) entries in
+# its row, about 0.5 KB; docs/outputs.md has the sizes.
+MAX_LOGPROBS = 20
+MAX_SAMPLES = 128
+
+
+class JsonSchemaFormat(Section):
+    """OpenAI's `response_format.json_schema`."""
+
+    name: str = "response"
+    schema_: dict[str, Any] = Field(alias="schema", description="The JSON Schema every output must follow.")
+    strict: Optional[bool] = None
+    description: Optional[str] = None
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
+
+    @model_validator(mode="after")
+    def _valid_schema(self):
+        import jsonschema
+
+        try:
+            jsonschema.validators.validator_for(self.schema_).check_schema(self.schema_)
+        except jsonschema.SchemaError as exc:
+            raise ValueError(f"json_schema.schema is not a valid JSON Schema: {exc.message}") from None
+        return self
+
+
+class ResponseFormat(Section):
+    """Structured output, in OpenAI's `response_format` shape plus vLLM's own constraints:
+    {type: json_schema, json_schema: {name, schema}}, {type: json_object}, {type: regex, regex},
+    {type: choice, choice: [...]}, {type: grammar, grammar} (EBNF), or {type: text} (none)."""
+
+    type: Literal["text", "json_object", "json_schema", "regex", "choice", "grammar"]
+    json_schema: Optional[JsonSchemaFormat] = None
+    regex: Optional[str] = None
+    choice: Optional[list[str]] = None
+    grammar: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _one_constraint(self):
+        given = [name for name in ("json_schema", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        needed = self.type if self.type in ("json_schema", "regex", "choice", "grammar") else None
+        if needed and given != [needed]:
+            raise ValueError(f"response_format of type {self.type!r} needs the field {needed!r} and no other constraint")
+        if not needed and given:
+            raise ValueError(f"response_format of type {self.type!r} takes no {given[0]!r}")
+        if self.choice is not None and not self.choice:
+            raise ValueError("response_format.choice is empty")
+        if self.regex is not None:
+            import re
+
+            try:
+                re.compile(self.regex)
+            except re.error as exc:
+                raise ValueError(f"response_format.regex does not compile: {exc}") from None
+        return self
+
+
 class SamplingConfig(Section):
-    """Default sampling parameters; rows may override max_tokens, temperature, top_p, seed."""
+    """Default sampling parameters (vLLM's SamplingParams, by the same names). A row overrides
+    any of them: max_tokens, temperature, top_p, seed, n, stop and response_format as columns of
+    their own, the rest as keys of its `sampling` column (a JSON object)."""
 
     max_tokens: int = Field(256, ge=1)
+    n: int = Field(1, ge=1, le=MAX_SAMPLES, description="Samples per prompt: one output row per (id, sample_index).")
     temperature: float = Field(0.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    seed: Optional[int] = None
-    stop: list[str] = Field(default_factory=list)
+    top_k: int = Field(0, ge=-1, description="0 or -1: all tokens.")
+    min_p: float = Field(0.0, ge=0, le=1)
+    seed: Optional[int] = Field(
+        None, ge=0, description="With n > 1, sample i uses seed + i (vLLM): a row with a seed gives the same samples on a rerun."
+    )
+    repetition_penalty: float = Field(1.0, gt=0)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    stop: list[str] = Field(default_factory=list, description="Strings that end the output (not included in it).")
+    stop_token_ids: list[int] = Field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    min_tokens: int = Field(0, ge=0, description="Tokens generated before EOS or a stop may end the output.")
+    bad_words: list[str] = Field(default_factory=list, description="Words never generated.")
+    logit_bias: dict[int, float] = Field(default_factory=dict, description="Token id -> bias added to its logit.")
+    allowed_token_ids: list[int] = Field(default_factory=list, description="When set, only these tokens are generated.")
     ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    logprobs: Optional[int] = Field(
+        None, ge=0, le=MAX_LOGPROBS,
+        description=f"Top-k logprobs of each generated token (0: the chosen token's only) in the `logprobs` column; at most {MAX_LOGPROBS}; null: off.",
+    )
+    prompt_logprobs: Optional[int] = Field(
+        None, ge=0, le=MAX_LOGPROBS, description="Top-k logprobs of each prompt token in the `prompt_logprobs` column; null: off."
+    )
+    response_format: Optional[ResponseFormat] = Field(
+        None, description="Structured output; each output row says whether it parsed (`parsed`, `parse_error`)."
+    )
     clip_max_tokens: bool = Field(
         True,
         description=(
             "A row whose max_tokens does not fit beside its prompt in engine.max_model_len: true generates what fits "
             "and marks the row (max_tokens_clipped, and clipped_rows in its unit's stats); false makes it a final error."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) is above max_tokens ({self.max_tokens})")
+        if self.n > 1 and self.temperature == 0:
+            raise ValueError(f"n is {self.n} at temperature 0; vLLM samples n > 1 only at a temperature above 0")
+        return self
+
+
+# Job-level only: a row cannot change them.
+JOB_ONLY_SAMPLING = ("clip_max_tokens",)
+
+
+class ChatConfig(Section):
+    """How `messages` rows become prompts."""
+
+    system_prompt: Optional[str] = Field(None, description="Put first in every conversation that has no system message.")
+    template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Passed to the chat template, e.g. {enable_thinking: false}."
+    )
+    reasoning_parser: Optional[str] = Field(
+        None,
+        description=(
+            "One of vLLM's reasoning parsers (e.g. deepseek_r1, qwen3): the reasoning goes in the `reasoning` column "
+            "and `text` keeps the answer."
         ),
     )
 
@@ -308,6 +430,7 @@ class JobConfig(Section):
     speculative: SpeculativeConfig
     engine: EngineConfig = Field(default_factory=EngineConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    chat: ChatConfig = Field(default_factory=ChatConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
     retries: RetriesConfig = Field(default_factory=RetriesConfig)
@@ -345,6 +468,25 @@ class JobConfig(Section):
                 "workers: on vLLM's CPU build each tensor/pipeline-parallel worker needs a core of its own"
             )
         return self
+
+    @model_validator(mode="after")
+    def _sampling_runs_with_speculation(self):
+        if not self.speculative.enabled:
+            return self
+        from pipeline.sampling import speculation_conflicts
+
+        conflicts = speculation_conflicts(self.sampling, cpu_engine=not self.resources.gpus_per_replica)
+        if conflicts:
+            name, why = conflicts[0]
+            raise ValueError(f"sampling.{name} with speculative.enabled: {why}")
+        return self
+
+    @property
+    def speculation(self) -> Optional[str]:
+        """None without speculation; "gpu", or "cpu" for engines on vLLM's CPU build (no GPUs)."""
+        if not self.speculative.enabled:
+            return None
+        return "gpu" if self.resources.gpus_per_replica else "cpu"
 
     @property
     def engine_workers(self) -> int:

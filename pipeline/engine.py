@@ -31,6 +31,9 @@ def engine_kwargs(config: JobConfig, *, speculative: bool | None = None, num_spe
         # group (pipeline/cluster.py), possibly on other nodes. vLLM's CPU build has no Ray
         # executor: there its own multiprocessing executor runs the workers on the actor's node.
         kwargs["distributed_executor_backend"] = "ray"
+    kwargs["structured_outputs_config"] = {"backend": structured_backend(config)}
+    if not engine.json_whitespace:
+        kwargs["structured_outputs_config"]["disable_any_whitespace"] = True
     if engine.max_num_batched_tokens:
         kwargs["max_num_batched_tokens"] = engine.max_num_batched_tokens
     use_spec = spec.enabled if speculative is None else speculative
@@ -48,20 +51,10 @@ def engine_kwargs(config: JobConfig, *, speculative: bool | None = None, num_spe
     return kwargs
 
 
-def sampling_params(config: JobConfig, row: dict[str, Any], **extra):
-    """vLLM SamplingParams of one prepared row (its resolved max_tokens, temperature, top_p,
-    seed) with the job's stop settings."""
-    from vllm import SamplingParams
-
-    return SamplingParams(
-        max_tokens=row["max_tokens"],
-        temperature=row["temperature"],
-        top_p=row["top_p"],
-        seed=row["seed"],
-        stop=config.sampling.stop or None,
-        ignore_eos=config.sampling.ignore_eos,
-        **extra,
-    )
+def structured_backend(config: JobConfig) -> str:
+    """vLLM's structured-output backend: auto (xgrammar, falling back to guidance) unless compact
+    JSON is asked for, which vLLM allows only with one named backend."""
+    return "auto" if config.engine.json_whitespace else "xgrammar"
 
 
 def schedule_text(schedule) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import os
 import time
 from typing import Any
@@ -26,11 +27,13 @@ from typing import Any
 import pyarrow as pa
 
 from pipeline.config import JobConfig
-from pipeline.engine import engine_kwargs, prepare_process_env, sampling_params, schedule_text
+from pipeline.completions import output_rows, reasoning_parser
+from pipeline.engine import engine_kwargs, prepare_process_env, schedule_text
 from pipeline.metrics import ReplicaMetrics
 from pipeline.outputs import OutputLocation
 from pipeline.stats import Acceptance
 from pipeline.storage import Storage
+from pipeline.sampling import row_sampling_params
 from pipeline.units import unit_of
 from schemas import ErrorRow, OutputRow, UnitStats, arrow_schema
 
@@ -67,6 +70,9 @@ class Generator:
         self.in_flight: dict[str, set[int]] = {}  # unit -> rows submitted and not finished
         self.dying = False
         self.metrics = ReplicaMetrics(job_id, self.actor_id)
+        tokenizer = self.engine.get_tokenizer()
+        self.decode = lambda token_id: tokenizer.decode([token_id])
+        self.reasoning_parser = reasoning_parser(self.config.chat.reasoning_parser, tokenizer)
 
     def __del__(self):
         # Ray Data calls it when it shuts the pool down: the engine stops before its process
@@ -80,7 +86,7 @@ class Generator:
         from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        params = sampling_params(self.config, row, output_kind=RequestOutputKind.FINAL_ONLY)
+        params = row_sampling_params(row, output_kind=RequestOutputKind.FINAL_ONLY)
         self.in_flight.setdefault(unit_id, set()).add(i)
         final = None
         try:
@@ -173,7 +179,7 @@ class Generator:
 
         outputs, output_index, errors = [], [], []
         total = Acceptance()
-        prompt_tokens = generated_tokens = 0
+        prompt_tokens = generated_tokens = generated_ids = 0
         for row in rows:
             if row["error_kind"] is not None:
                 errors.append(self._error(row, "validate", row["error_kind"], row["error_field"], row["error_message"]))
@@ -188,31 +194,25 @@ class Generator:
                     self._error(row, "generate", "Unfinished", None, "the engine returned no final output", retryable=True)
                 )
                 continue
-            completion = result.outputs[0]
-            acceptance = Acceptance.from_request(completion.spec_decode_metrics)
+            if any(c.finish_reason == "error" for c in result.outputs):
+                # vLLM ended the request itself, e.g. "grammar rejected tokens": its text is not an output.
+                errors.append(self._error(
+                    row, "generate", "RequestFailed", None,
+                    "vLLM ended the request with finish_reason 'error' (its engine log says why, e.g. a grammar that "
+                    "rejected a token)", retryable=True,
+                ))
+                continue
+            samples, acceptance = output_rows(result, json.loads(row["sampling"]), self.decode, self.reasoning_parser)
             total = total + acceptance
             prompt_tokens += len(result.prompt_token_ids or row["prompt_token_ids"])
-            generated_tokens += len(completion.token_ids)
-            outputs.append(
-                OutputRow(
-                    id=row["id"],
-                    text=completion.text,
-                    finish_reason=completion.finish_reason or "unknown",
-                    prompt_tokens=len(result.prompt_token_ids or row["prompt_token_ids"]),
-                    generated_tokens=len(completion.token_ids),
-                    draft_tokens=acceptance.draft_tokens,
-                    accepted_tokens=acceptance.accepted_tokens,
-                    num_drafts=acceptance.num_drafts,
-                    mean_acceptance_length=acceptance.mean_acceptance_length or 1.0,
-                    max_tokens_clipped=bool(row["max_tokens_clipped"]),
-                    model=self.model_id,
-                    drafter=self.drafter_id,
-                    source=row["source"],
-                    row=row["row"],
-                    unit_id=unit_id,
-                ).model_dump(exclude={"metadata"})
+            generated_tokens += sum(sample["generated_tokens"] for sample in samples)
+            shared = dict(
+                id=row["id"], max_tokens_clipped=bool(row["max_tokens_clipped"]), model=self.model_id, drafter=self.drafter_id,
+                source=row["source"], row=row["row"], unit_id=unit_id,
             )
-            output_index.append(i)
+            outputs += [{**sample, **shared} for sample in samples]
+            output_index += [i] * len(samples)
+            generated_ids += 1
 
         spec = self.config.speculative
         stats = UnitStats(
@@ -222,10 +222,11 @@ class Generator:
             actor_id=self.actor_id,
             node_id=self.node_id,
             rows=len(rows),
-            output_rows=len(outputs),
+            output_rows=generated_ids,
             error_rows=len(errors),
+            samples=len(outputs),
             retryable_error_rows=sum(e["retryable"] for e in errors),
-            clipped_rows=sum(1 for o in outputs if o["max_tokens_clipped"]),
+            clipped_rows=sum(1 for o in outputs if o["max_tokens_clipped"] and o["sample_index"] == 0),
             first_error=f"{errors[0]['error_kind']}: {errors[0]['id']}" if errors else None,
             prompt_tokens=prompt_tokens,
             generated_tokens=generated_tokens,

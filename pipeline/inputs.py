@@ -66,6 +66,10 @@ COLUMN_CHECKS = {
     "temperature": (lambda t: pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_null(t), "float"),
     "top_p": (lambda t: pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_null(t), "float"),
     "seed": (lambda t: pa.types.is_integer(t) or pa.types.is_null(t), "integer"),
+    "n": (lambda t: pa.types.is_integer(t) or pa.types.is_null(t), "integer"),
+    "stop": (lambda t: pa.types.is_null(t) or (pa.types.is_list(t) and (_is_string(t.value_type) or pa.types.is_null(t.value_type))), "list<string>"),
+    "response_format": (lambda t: _is_string(t) or pa.types.is_null(t), "string (JSON text)"),
+    "sampling": (lambda t: _is_string(t) or pa.types.is_null(t), "string (JSON text of an object)"),
 }
 
 

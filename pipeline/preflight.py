@@ -4,7 +4,7 @@ never become a dataset of row errors.
 One rendering pass: the tokenizer loads; the first row of the first file of each input kind
 (`prompt`, `messages`) renders and tokenizes as the job will (chat input needs a chat
 template); `max_tokens` leaves room in `max_model_len`; `max_model_len` is within what the
-model allows.
+model allows; the response_format compiles and the reasoning parser fits the tokenizer.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ def check_before_engines(config: JobConfig, inputs: InputReport, storage: Storag
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     except Exception as exc:
         raise ConfigError(f"model.tokenizer: the tokenizer at {tokenizer_path} cannot be loaded ({type(exc).__name__}: {exc})") from None
+    _check_structured_and_reasoning(config, tokenizer)
     first_of_kind = {}
     for file in inputs.files:
         first_of_kind.setdefault(file.text_column, file)
@@ -38,7 +39,27 @@ def check_before_engines(config: JobConfig, inputs: InputReport, storage: Storag
                 "tokenizer with one (model.tokenizer), add a chat_template to its tokenizer_config.json, or give "
                 "rendered `prompt` text instead."
             )
-        _render_first_row(tokenizer, tokenizer_path, file.uri, kind, file.size, storage)
+        _render_first_row(tokenizer, tokenizer_path, file.uri, kind, file.size, storage, config.chat.template_kwargs)
+
+
+def _check_structured_and_reasoning(config: JobConfig, tokenizer) -> None:
+    """The job's response_format must compile in vLLM's structured-output backends, and its
+    reasoning parser must find its markers in the tokenizer."""
+    from pipeline.completions import reasoning_parser
+    from pipeline.engine import structured_backend
+    from pipeline.structured import check_supported
+
+    try:
+        check_supported(config.sampling.response_format, tokenizer, structured_backend(config))
+    except ValueError as exc:
+        raise ConfigError(f"sampling.response_format: vLLM cannot compile it ({exc})") from None
+    try:
+        reasoning_parser(config.chat.reasoning_parser, tokenizer)
+    except Exception as exc:
+        raise ConfigError(
+            f"chat.reasoning_parser: {exc.args[0] if isinstance(exc, KeyError) else exc} (the model's tokenizer must have the "
+            "parser's reasoning markers; leave chat.reasoning_parser out for a model that does not reason)"
+        ) from None
 
 
 def _check_lengths(config: JobConfig) -> None:
@@ -59,7 +80,9 @@ def _check_lengths(config: JobConfig) -> None:
             )
 
 
-def _render_first_row(tokenizer, tokenizer_path: str, uri: str, kind: str, size: int, storage: Storage) -> None:
+def _render_first_row(
+    tokenizer, tokenizer_path: str, uri: str, kind: str, size: int, storage: Storage, template_kwargs: dict
+) -> None:
     with storage.open_ranged(uri, size=size) as f:
         parquet = pq.ParquetFile(f)
         batch = next(parquet.iter_batches(batch_size=1, columns=[kind]), None)
@@ -68,7 +91,7 @@ def _render_first_row(tokenizer, tokenizer_path: str, uri: str, kind: str, size:
         return  # an empty first row is the row's own problem (errors/), not the configuration's
     try:
         if kind == "messages":
-            text = tokenizer.apply_chat_template(value, tokenize=False, add_generation_prompt=True)
+            text = tokenizer.apply_chat_template(value, tokenize=False, add_generation_prompt=True, **template_kwargs)
             tokenizer.encode(text, add_special_tokens=False)
         else:
             tokenizer.encode(value)

@@ -2,19 +2,20 @@
 engine never waits on chat templates or tokenizers.
 
 Every input row comes out exactly once: either ready for the engine (`prompt_token_ids` and
-resolved sampling parameters) or marked with an error (`error_kind`, `error_field`,
+its resolved sampling parameters, pipeline/sampling.py) or marked with an error (`error_kind`, `error_field`,
 `error_message`), which the engine actor writes to errors/ in the same commit as its batch.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Any, Optional
+import json
+from typing import Any
 
 import pyarrow as pa
 
-from pipeline.config import SamplingConfig
+from pipeline.config import ChatConfig, SamplingConfig
+from pipeline.sampling import COLUMNS as SAMPLING_COLUMNS
+from pipeline.sampling import RowError, engine_values, resolve, speculation_conflicts
 
 PREPARED_SCHEMA_FIELDS = [
     pa.field("id", pa.string()),
@@ -23,10 +24,7 @@ PREPARED_SCHEMA_FIELDS = [
     pa.field("unit_id", pa.string()),
     pa.field("unit_rows", pa.int64()),
     pa.field("prompt_token_ids", pa.list_(pa.int32())),
-    pa.field("max_tokens", pa.int64()),
-    pa.field("temperature", pa.float64()),
-    pa.field("top_p", pa.float64()),
-    pa.field("seed", pa.int64()),
+    pa.field("sampling", pa.string()),  # the resolved parameters, JSON (pipeline/sampling.py)
     pa.field("max_tokens_clipped", pa.bool_()),
     pa.field("error_kind", pa.string()),
     pa.field("error_field", pa.string()),
@@ -34,49 +32,25 @@ PREPARED_SCHEMA_FIELDS = [
 ]
 
 
-@dataclass
-class RowError(Exception):
-    kind: str
-    field: Optional[str]
-    message: str
-
-
-def resolve_sampling(row: dict[str, Any], defaults: SamplingConfig) -> dict[str, Any]:
-    """The row's sampling parameters: its overrides on top of the job's defaults, checked."""
-    resolved = {
-        "max_tokens": defaults.max_tokens,
-        "temperature": defaults.temperature,
-        "top_p": defaults.top_p,
-        "seed": defaults.seed,
-    }
-    for name in resolved:
-        value = row.get(name)
-        if value is None:
-            continue
-        if isinstance(value, float) and math.isnan(value):
-            raise RowError("invalid_sampling", name, f"{name} is NaN")
-        resolved[name] = value
-    if resolved["max_tokens"] < 1:
-        raise RowError("invalid_sampling", "max_tokens", f"max_tokens must be >= 1, got {resolved['max_tokens']}")
-    if resolved["temperature"] < 0:
-        raise RowError("invalid_sampling", "temperature", f"temperature must be >= 0, got {resolved['temperature']}")
-    if not 0 < resolved["top_p"] <= 1:
-        raise RowError("invalid_sampling", "top_p", f"top_p must be in (0, 1], got {resolved['top_p']}")
-    if resolved["seed"] is not None and resolved["seed"] < 0:
-        raise RowError("invalid_sampling", "seed", f"seed must be >= 0, got {resolved['seed']}")
-    return resolved
-
-
 class Preprocessor:
     """Ray Data stage: validates each row of a work unit, renders chat messages and tokenizes.
     A block is one whole unit (pipeline/units.py), and comes out as one block."""
 
-    def __init__(self, tokenizer_path: str, max_model_len: int, sampling: dict[str, Any]):
+    def __init__(
+        self, tokenizer_path: str, max_model_len: int, sampling: dict[str, Any], chat: dict[str, Any] | None = None,
+        speculation: str | None = None, structured_backend: str = "auto",
+    ):
+        """`speculation`: None (off), "gpu" or "cpu" (vLLM's CPU build), and the engine's
+        structured-output backend: what a row's parameters must run with."""
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         self.max_model_len = max_model_len
         self.sampling = SamplingConfig.model_validate(sampling)
+        self.sampling_values = self.sampling.model_dump()
+        self.chat = ChatConfig.model_validate(chat or {})
+        self.formats_checked: dict[str, str | None] = {}  # response_format JSON -> why vLLM refuses it
+        self.speculation, self.structured_backend = speculation, structured_backend
 
     def render(self, row: dict[str, Any], text_column: str) -> list[int]:
         if text_column == "messages":
@@ -86,8 +60,12 @@ class Preprocessor:
             for i, message in enumerate(messages):
                 if not message or not message.get("role") or message.get("content") is None:
                     raise RowError("malformed_messages", "messages", f"message {i} lacks a role or content")
+            if self.chat.system_prompt is not None and messages[0]["role"] != "system":
+                messages = [{"role": "system", "content": self.chat.system_prompt}, *messages]
             try:
-                text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+                text = self.tokenizer.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=True, **self.chat.template_kwargs
+                )
             except Exception as exc:  # the template itself rejects the conversation
                 raise RowError("malformed_messages", "messages", f"chat template failed: {exc}") from None
             return self.tokenizer.encode(text, add_special_tokens=False)
@@ -96,8 +74,29 @@ class Preprocessor:
             raise RowError("empty_prompt", "prompt", "prompt is null or empty")
         return self.tokenizer.encode(prompt)
 
+    def check_format(self, sampling: SamplingConfig) -> None:
+        """A row's own response_format must compile in vLLM (the job's was checked before the job)."""
+        if sampling.response_format is None or sampling is self.sampling:
+            return
+        key = sampling.response_format.model_dump_json()
+        if key not in self.formats_checked:
+            from pipeline.structured import check_supported
+
+            try:
+                check_supported(sampling.response_format, self.tokenizer, self.structured_backend)
+                self.formats_checked[key] = None
+            except ValueError as exc:
+                self.formats_checked[key] = str(exc)
+        if self.formats_checked[key] is not None:
+            raise RowError("invalid_response_format", "response_format", f"vLLM cannot compile it: {self.formats_checked[key]}")
+
     def prepare(self, row: dict[str, Any], text_column: str) -> dict[str, Any]:
-        sampling = resolve_sampling(row, self.sampling)
+        sampling = resolve(row, self.sampling, self.sampling_values)
+        if self.speculation and sampling is not self.sampling:
+            for name, why in speculation_conflicts(sampling, cpu_engine=self.speculation == "cpu")[:1]:
+                field = name if name in SAMPLING_COLUMNS else f"sampling.{name}"
+                raise RowError("invalid_sampling", field, f"{name} with speculative decoding: {why}")
+        self.check_format(sampling)
         token_ids = self.render(row, text_column)
         # The engine needs room for at least one generated token.
         room = self.max_model_len - len(token_ids)
@@ -107,16 +106,18 @@ class Preprocessor:
                 text_column,
                 f"prompt has {len(token_ids)} tokens; max_model_len is {self.max_model_len}",
             )
-        clipped = sampling["max_tokens"] > room
+        values = engine_values(sampling)
+        clipped = values["max_tokens"] > room
         if clipped and not self.sampling.clip_max_tokens:
             raise RowError(
                 "max_tokens_too_long",
                 "max_tokens",
-                f"max_tokens {sampling['max_tokens']} does not fit beside the prompt's {len(token_ids)} tokens in "
+                f"max_tokens {values['max_tokens']} does not fit beside the prompt's {len(token_ids)} tokens in "
                 f"max_model_len {self.max_model_len} (sampling.clip_max_tokens is false)",
             )
-        sampling["max_tokens"] = min(sampling["max_tokens"], room)
-        return {"prompt_token_ids": token_ids, **sampling, "max_tokens_clipped": clipped}
+        values["max_tokens"] = min(values["max_tokens"], room)
+        values["min_tokens"] = min(values["min_tokens"], values["max_tokens"])
+        return {"prompt_token_ids": token_ids, "sampling": json.dumps(values), "max_tokens_clipped": clipped}
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         columns = {f.name: [] for f in PREPARED_SCHEMA_FIELDS}

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import json
 import logging
 from typing import Any, Optional, Sequence
 
 from pipeline.config import JobConfig
 from pipeline.drafter_check import DrafterMismatch
+from pipeline.engine import structured_backend
 from pipeline.stats import Acceptance
 from pipeline.storage import Storage
 from pipeline.units import WorkUnit, read_unit
@@ -46,7 +48,7 @@ def near_limit(row: dict[str, Any], config: JobConfig) -> bool:
     (docs/acceptance-near-length-limit.md): such a row says nothing about the drafter and pulls
     down the acceptance of the rows beside it."""
     k = config.speculative.num_speculative_tokens
-    return len(row["prompt_token_ids"]) + row["max_tokens"] + 2 * k > config.engine.max_model_len
+    return len(row["prompt_token_ids"]) + json.loads(row["sampling"])["max_tokens"] + 2 * k > config.engine.max_model_len
 
 
 def probe_rows(config: JobConfig, storage: Storage, units: Sequence[WorkUnit], n: int) -> tuple[list[dict[str, Any]], int]:
@@ -60,7 +62,8 @@ def probe_rows(config: JobConfig, storage: Storage, units: Sequence[WorkUnit], n
     step = max(1, len(units) // PROBE_UNITS)
     chosen = list(units)[::step][:PROBE_UNITS]
     preprocessor = Preprocessor(
-        config.model.tokenizer or config.model.path, config.engine.max_model_len, config.sampling.model_dump()
+        config.model.tokenizer or config.model.path, config.engine.max_model_len, config.sampling.model_dump(),
+        config.chat.model_dump(), config.speculation, structured_backend(config),
     )
     per_unit: list[list[dict[str, Any]]] = []
     skipped = 0

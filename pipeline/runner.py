@@ -34,6 +34,7 @@ from pipeline.cluster import (
 )
 from pipeline.config import ConfigError, JobConfig
 from pipeline.drafter_check import check_drafter
+from pipeline.engine import structured_backend
 from pipeline.probe import probe_job_input
 from pipeline.guard import AcceptanceGuard, AcceptanceTooLow, speculation_verdict
 from pipeline.inputs import InputReport, inspect_inputs
@@ -163,6 +164,9 @@ def build_dataset(
             tokenizer_path=config.model.tokenizer or config.model.path,
             max_model_len=config.engine.max_model_len,
             sampling=config.sampling.model_dump(),
+            chat=config.chat.model_dump(),
+            speculation=config.speculation,
+            structured_backend=structured_backend(config),
         ),
         batch_format="pyarrow",
         batch_size=None,
@@ -226,6 +230,7 @@ def results_decisive(config: JobConfig, target: ModelFingerprint, drafter: Optio
         "drafter": drafter.config_sha256 if drafter else None,
         "drafter files": drafter.files if drafter else None,
         "sampling": config.sampling.model_dump(mode="json"),
+        "chat": config.chat.model_dump(mode="json"),
         "engine.max_model_len": config.engine.max_model_len,
         "engine.dtype": config.engine.dtype,
         "engine.seed": config.engine.seed,
@@ -290,7 +295,7 @@ def totals_from_stats(stats: pa.Table, input_rows: int, wall_seconds: float) -> 
     """Totals over every committed unit (one stats row each), summed column by column: a
     job of 100k units is not turned into 100k Python dicts."""
     total = {name: int(pc.sum(stats.column(name)).as_py() or 0) if stats.num_rows else 0 for name in (
-        "rows", "output_rows", "error_rows", "retryable_error_rows", "clipped_rows", "prompt_tokens", "generated_tokens",
+        "rows", "output_rows", "error_rows", "samples", "retryable_error_rows", "clipped_rows", "prompt_tokens", "generated_tokens",
         "num_drafts", "draft_tokens", "accepted_tokens",
     )}
     acceptance = Acceptance(total["num_drafts"], total["draft_tokens"], total["accepted_tokens"])
@@ -299,6 +304,7 @@ def totals_from_stats(stats: pa.Table, input_rows: int, wall_seconds: float) -> 
         input_rows=input_rows,
         output_rows=total["output_rows"],
         error_rows=total["error_rows"],
+        samples=total["samples"],
         retryable_error_rows=total["retryable_error_rows"],
         clipped_rows=total["clipped_rows"],
         units=stats.num_rows,

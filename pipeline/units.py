@@ -32,6 +32,10 @@ UNIT_COLUMNS = [
     pa.field("temperature", pa.float64()),
     pa.field("top_p", pa.float64()),
     pa.field("seed", pa.int64()),
+    pa.field("n", pa.int64()),
+    pa.field("stop", pa.list_(pa.string())),
+    pa.field("response_format", pa.string()),
+    pa.field("sampling", pa.string()),
 ]
 
 

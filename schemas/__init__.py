@@ -29,7 +29,8 @@ class Message(Contract):
 
 class PromptRow(Contract):
     """One input row. Exactly one of `prompt` / `messages`; `messages` is rendered with the
-    target tokenizer's chat template. Sampling overrides replace the job's defaults."""
+    target tokenizer's chat template. Sampling overrides replace the job's defaults (`sampling`
+    in the job config): the common ones as columns, any other as a key of `sampling`."""
 
     id: str = Field(description="Unique within a job.")
     prompt: Optional[str] = None
@@ -38,22 +39,57 @@ class PromptRow(Contract):
     temperature: Optional[float] = None
     top_p: Optional[float] = None
     seed: Optional[int] = None
+    n: Optional[int] = Field(None, description="Samples of this prompt.")
+    stop: Optional[list[str]] = None
+    response_format: Optional[str] = Field(
+        None, description="Structured output, JSON text: {\"type\": \"json_schema\", \"json_schema\": {\"schema\": {...}}}, or regex, choice, grammar, json_object."
+    )
+    sampling: Optional[str] = Field(
+        None, description="Any other sampling parameter, JSON text of an object: {\"top_k\": 20, \"logprobs\": 5}."
+    )
     metadata: Any = Field(default=None, description="Passed through to outputs untouched.")
 
 
 PROMPT_TEXT_COLUMNS = ("prompt", "messages")
-SAMPLING_OVERRIDE_COLUMNS = ("max_tokens", "temperature", "top_p", "seed")
+SAMPLING_OVERRIDE_COLUMNS = ("max_tokens", "temperature", "top_p", "seed", "n", "stop", "response_format", "sampling")
+
+
+class TopLogprob(Contract):
+    token_id: int
+    token: str
+    logprob: float
+
+
+class TokenLogprob(Contract):
+    """A token of the output (or prompt), its logprob, and the top-k tokens at its position."""
+
+    token_id: int
+    token: str
+    logprob: Optional[float] = Field(description="Null for the prompt's first token, which nothing predicts.")
+    top_logprobs: list[TopLogprob] = Field(description="The k most likely tokens, most likely first.")
 
 
 # ---------------------------------------------------------------- outputs/, errors/, stats/
 
 
 class OutputRow(Contract):
-    """One row per successfully generated input row."""
+    """One row per sample of a successfully generated input row: `sampling.n` rows per id, all
+    committed together."""
 
     id: str
-    text: str
-    finish_reason: str
+    sample_index: int = Field(0, description="0..n-1; with a seed, sample i is drawn with seed + i.")
+    text: str = Field(description="The output; with a reasoning parser, the answer without its reasoning.")
+    finish_reason: str = Field(description="stop (EOS, a stop string or token), length (max_tokens) or abort.")
+    stop_reason: Optional[str] = Field(None, description="The stop string or stop token id that ended it; null for EOS or length.")
+    parsed: Optional[bool] = Field(
+        None, description="With a response_format: the text parses and follows it (false, e.g., when cut off by max_tokens); null: none asked."
+    )
+    parse_error: Optional[str] = Field(None, description="Why it does not parse.")
+    reasoning: Optional[str] = Field(None, description="The reasoning, split off the text by chat.reasoning_parser.")
+    logprobs: Optional[list[TokenLogprob]] = Field(None, description="Per generated token, with sampling.logprobs.")
+    prompt_logprobs: Optional[list[TokenLogprob]] = Field(
+        None, description="Per prompt token, with sampling.prompt_logprobs; on sample 0 only (the samples share the prompt)."
+    )
     prompt_tokens: int
     generated_tokens: int
     draft_tokens: int = Field(description="Draft tokens proposed for this request.")
@@ -100,8 +136,9 @@ class UnitStats(Contract):
     actor_id: str
     node_id: str
     rows: int
-    output_rows: int
+    output_rows: int = Field(description="Input rows generated (each with all its samples).")
     error_rows: int
+    samples: int = Field(0, description="Rows written to outputs/: one per sample of each generated input row.")
     retryable_error_rows: int = Field(0, description="Error rows a rerun generates again (ErrorRow.retryable).")
     clipped_rows: int = Field(0, description="Output rows whose max_tokens was clipped to fit max_model_len.")
     first_error: Optional[str] = Field(None, description="'<error_kind>: <id>' of the unit's first error row.")
@@ -184,8 +221,9 @@ class Lease(Contract):
 
 class JobTotals(Contract):
     input_rows: int = 0
-    output_rows: int = 0
+    output_rows: int = Field(0, description="Input rows generated.")
     error_rows: int = 0
+    samples: int = Field(0, description="Rows in outputs/: one per sample.")
     retryable_error_rows: int = Field(0, description="Error rows a rerun generates again.")
     clipped_rows: int = Field(0, description="Output rows whose max_tokens was clipped to fit max_model_len.")
     units: int = 0

@@ -3,6 +3,8 @@ no engine needed."""
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -167,7 +169,8 @@ def test_max_tokens_beyond_the_room_left_is_clipped_visibly_or_refused():
     row = {"prompt": "x = 1\n" * 4, "max_tokens": 500}
     clipping = Preprocessor(kit_paths()["target"], 64, {"max_tokens": 16})
     prepared = clipping.prepare(row, "prompt")
-    assert prepared["max_tokens_clipped"] and prepared["max_tokens"] == 64 - len(prepared["prompt_token_ids"])
+    sampling = json.loads(prepared["sampling"])
+    assert prepared["max_tokens_clipped"] and sampling["max_tokens"] == 64 - len(prepared["prompt_token_ids"])
     assert not clipping.prepare({"prompt": "x = 1"}, "prompt")["max_tokens_clipped"]
     strict = Preprocessor(kit_paths()["target"], 64, {"max_tokens": 16, "clip_max_tokens": False})
     with pytest.raises(RowError) as err:
