@@ -76,7 +76,7 @@ def sample_prompts(config: JobConfig, storage: Storage, n: int, seed: int = 0) -
         offset += rows
 
     preprocessor = Preprocessor(
-        config.model.tokenizer or config.model.path, config.engine.max_model_len, config.sampling.model_dump()
+        config.model.tokenizer or config.model.path, config.engine.max_model_len, config.sampling.model_dump(), storage
     )
     found: list[tuple[int, dict[str, Any]]] = []
     skipped = 0

@@ -71,10 +71,11 @@ class Preprocessor:
     """Ray Data stage: validates each row of a work unit, renders chat messages and tokenizes.
     A block is one whole unit (pipeline/units.py), and comes out as one block."""
 
-    def __init__(self, tokenizer_path: str, max_model_len: int, sampling: dict[str, Any]):
+    def __init__(self, tokenizer_path: str, max_model_len: int, sampling: dict[str, Any], storage=None):
         from transformers import AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        from pipeline.model_cache import localize  # a tokenizer in object storage: this node's cached copy
+        self.tokenizer = AutoTokenizer.from_pretrained(localize(tokenizer_path, storage, weights=False))
         self.max_model_len = max_model_len
         self.sampling = SamplingConfig.model_validate(sampling)
 

@@ -60,7 +60,7 @@ def probe_rows(config: JobConfig, storage: Storage, units: Sequence[WorkUnit], n
     step = max(1, len(units) // PROBE_UNITS)
     chosen = list(units)[::step][:PROBE_UNITS]
     preprocessor = Preprocessor(
-        config.model.tokenizer or config.model.path, config.engine.max_model_len, config.sampling.model_dump()
+        config.model.tokenizer or config.model.path, config.engine.max_model_len, config.sampling.model_dump(), storage
     )
     per_unit: list[list[dict[str, Any]]] = []
     skipped = 0
