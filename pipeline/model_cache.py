@@ -9,7 +9,8 @@ files calls `localize(uri, storage)` on its own node, which returns a local fold
   manifest (MANIFEST) recording each object's size and ETag. The cache is `storage.model_cache_dir`,
   else $SPECBATCH_MODEL_CACHE, else ~/.cache/specbatch/models.
 - Reuse: one listing (one LIST request per 1,000 keys); an entry whose manifest equals it is
-  used as it is. A changed object (new ETag or size) makes a new download.
+  used as it is. A changed object (new ETag or size) makes a new copy of the entry, in which
+  the objects that did not change are hard links to the old copy's files (not downloaded).
 - Once per node: the download runs under an exclusive `fcntl.flock` on `<entry>.lock` beside
   the entry. Concurrent actors and processes wait for it, then find the entry fresh.
 - Atomic: files go into `<entry>.tmp-<random>/`, the manifest last, and the folder is renamed
@@ -130,7 +131,7 @@ def _sync(uri: str, storage: Storage, entry: Path, files: dict[str, dict[str, An
                 shutil.rmtree(stale, ignore_errors=True)  # left by a killed process: the lock is ours
             staging = entry.parent / f"{entry.name}.tmp-{uuid.uuid4().hex[:8]}"
             try:
-                _copy(uri, storage, staging, files)
+                _copy(uri, storage, staging, files, entry)
                 now = remote_files(uri, storage)
                 if not weights:
                     now = {name: info for name, info in now.items() if not is_weight(name)}
@@ -146,17 +147,29 @@ def _sync(uri: str, storage: Storage, entry: Path, files: dict[str, dict[str, An
         raise RuntimeError(f"{uri} kept changing while it was copied ({COPY_ATTEMPTS} attempts)")
 
 
-def _copy(uri: str, storage: Storage, staging: Path, files: dict[str, dict[str, Any]]) -> None:
-    needed = sum(info["size"] for info in files.values())
+def _copy(uri: str, storage: Storage, staging: Path, files: dict[str, dict[str, Any]], previous: Path) -> None:
+    """Every object into `staging`; an object the stale entry `previous` already holds at the
+    same size and ETag is hard-linked from it, not downloaded again (a changed config must not
+    cost tens of GB of weights)."""
+    recorded = _recorded(previous) or {}
+    reused = {name for name, info in files.items() if recorded.get(name) == info and (previous / name).is_file()}
+    needed = sum(info["size"] for name, info in files.items() if name not in reused)
     staging.mkdir(parents=True)
     free = shutil.disk_usage(staging).free
     if needed > free:
         raise OSError(f"model cache {staging.parent}: {uri} needs {needed / 1e9:.1f} GB, {free / 1e9:.1f} GB free")
-    log.info("model cache: copying %s (%d files, %.2f GB) to %s", uri, len(files), needed / 1e9, staging.parent)
+    log.info("model cache: copying %s (%d files, %.2f GB; %d kept from the previous copy) to %s",
+             uri, len(files) - len(reused), needed / 1e9, len(reused), staging.parent)
     fs, root = storage.fs(uri.rstrip("/"))
     for name, info in sorted(files.items()):
         target = staging / name
         target.parent.mkdir(parents=True, exist_ok=True)
+        if name in reused:
+            try:
+                os.link(previous / name, target)
+                continue
+            except OSError:  # a file system without hard links: download it
+                pass
         storage.retrying(f"copy {uri}/{name}", lambda: fs.get_file(f"{root}/{name}", str(target)))
         if target.stat().st_size != info["size"]:
             raise OSError(f"{uri}/{name}: copied {target.stat().st_size} bytes, the listing says {info['size']}")
