@@ -72,7 +72,7 @@ def validate_check_names(names: Iterable[str]) -> list[str]:
 def _read_config(model_dir: Path, what: str) -> dict:
     path = model_dir / "config.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{what} {model_dir}: no config.json (a local model directory is expected)")
+        raise FileNotFoundError(f"{what} {model_dir}: no config.json (a model folder is expected)")
     return json.loads(path.read_text(encoding="utf-8"))
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import s3fs
 
+from pipeline.cluster import ClusterPathRefused, check_cluster_paths
 from pipeline.config import ConfigError, load_config, parse_config
 from pipeline.model_cache import MANIFEST, localize, remote_files
 from pipeline.runner import model_fingerprint, results_fingerprint
@@ -200,6 +201,12 @@ def test_the_driver_copies_no_weights_and_configs_keep_uris(s3_endpoint, s3_requ
     loaded = load_config(str(tmp_path / "job.yaml"))
     assert loaded.model.path == uri and loaded.input_uri == "s3://specbatch/in"
     assert loaded.model.tokenizer == str(tmp_path / "tok") and loaded.speculative.drafter == str(tmp_path / "drafter")
+    remote = parse_config({**config, "output_uri": "s3://specbatch/out", "model": {"path": uri}, "speculative": {
+        **config["speculative"], "drafter": f"{uri}-drafter"}})
+    check_cluster_paths(remote, nodes=3)  # models in object storage are fine on a cluster of several nodes
+    with pytest.raises(ClusterPathRefused, match="model.tokenizer") as refused:
+        check_cluster_paths(loaded.model_copy(update={"output_uri": "s3://specbatch/out"}), nodes=3)
+    assert "model.path" not in str(refused.value)  # the local tokenizer and drafter are refused, the URI is not
     config["speculative"]["drafter"] = "hf://meta-llama/some-eagle3"
     (tmp_path / "job.yaml").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match="speculative.drafter.*model hub"):
