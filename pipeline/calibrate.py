@@ -77,7 +77,7 @@ def sample_prompts(config: JobConfig, storage: Storage, n: int, seed: int = 0) -
 
     preprocessor = Preprocessor(
         config.model.tokenizer or config.model.path, config.engine.max_model_len, config.sampling.model_dump(),
-        config.chat.model_dump(), config.speculation, structured_backend(config),
+        config.chat.model_dump(), config.speculation, structured_backend(config), storage,
     )
     found: list[tuple[int, dict[str, Any]]] = []
     skipped = 0

@@ -31,6 +31,13 @@ class StorageConfig(Section):
             "pods). On a cluster of more than one node, local input, output and model paths must lie under one."
         ),
     )
+    model_cache_dir: Optional[str] = Field(
+        None,
+        description=(
+            "Each node's local folder for models read from object storage (pipeline/model_cache.py). Unset: "
+            "$SPECBATCH_MODEL_CACHE, else ~/.cache/specbatch/models; `~` is each node's own home."
+        ),
+    )
 
     @model_validator(mode="after")
     def _absolute_mounts(self):
@@ -46,9 +53,30 @@ class StorageConfig(Section):
         return self
 
 
+MODEL_URI_HELP = (
+    "A local folder (or one on the cluster's shared disk), or a folder in object storage (s3:// or any fsspec URI), "
+    "which each node copies once into storage.model_cache_dir. Never a model hub."
+)
+
+
+# fsspec schemes of model hubs: models are read from the user's own storage only.
+HUB_SCHEMES = ("hf",)
+
+
+def _not_a_hub(value: Optional[str], field: str) -> None:
+    if value and "://" in value and value.split("://", 1)[0] in HUB_SCHEMES:
+        raise ValueError(f"{field}: {value!r} is a model hub URI; models come from a local folder or your own storage")
+
+
 class ModelConfig(Section):
-    path: str = Field(description="Local path (or path on the cluster's shared disk) of the target model.")
-    tokenizer: Optional[str] = Field(None, description="Defaults to the model path.")
+    path: str = Field(description=f"The target model. {MODEL_URI_HELP}")
+    tokenizer: Optional[str] = Field(None, description="Defaults to the model path; a local folder or a URI like model.path.")
+
+    @model_validator(mode="after")
+    def _own_storage(self):
+        _not_a_hub(self.path, "model.path")
+        _not_a_hub(self.tokenizer, "model.tokenizer")
+        return self
 
 
 # Mean acceptance length (1 + accepted / drafts) below which a drafter is refused by the probe
@@ -91,7 +119,7 @@ class ProbeConfig(Section):
 class SpeculativeConfig(Section):
     enabled: bool = True
     method: Literal["eagle3"] = "eagle3"
-    drafter: Optional[str] = Field(None, description="Path of the EAGLE-3 / EAGLE-3.1 drafter.")
+    drafter: Optional[str] = Field(None, description=f"The EAGLE-3 / EAGLE-3.1 drafter. {MODEL_URI_HELP}")
     num_speculative_tokens: int = Field(3, ge=1, le=16, description="Draft depth; with depth_schedule, its largest k.")
     depth_schedule: Optional[list[tuple[int, int, int]]] = Field(
         None,
@@ -114,6 +142,11 @@ class SpeculativeConfig(Section):
         from pipeline.drafter_check import validate_check_names
 
         validate_check_names(self.checks_as_warnings)
+        return self
+
+    @model_validator(mode="after")
+    def _drafter_own_storage(self):
+        _not_a_hub(self.drafter, "speculative.drafter")
         return self
 
     @model_validator(mode="after")
@@ -540,7 +573,8 @@ def load_config(uri: str, overrides: Optional[dict[str, Any]] = None) -> JobConf
     return parse_config(data, source=uri)
 
 
-# Local paths of a config; a relative one is relative to the config file's folder.
+# Local paths of a config; a relative one is relative to the config file's folder. A URI
+# (anything with "://": s3://, gs://, file://) is left as it is.
 PATH_FIELDS = (("input_uri",), ("output_uri",), ("model", "path"), ("model", "tokenizer"), ("speculative", "drafter"))
 
 

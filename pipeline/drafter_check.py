@@ -17,6 +17,11 @@ A failed check refuses the drafter unless its name is in ``warn_only`` (the job'
 ``speculative.checks_as_warnings``, ``--warn-only`` on the command line): then it is a
 warning. Only the ``d2t`` tensor and a few weight shapes are read, never the weights.
 
+Models in object storage are copied into the model cache (pipeline/model_cache.py) where the
+check runs (the driver): the target's config and tokenizer files only, and the whole drafter,
+whose safetensors files hold ``d2t`` and the shapes (a drafter is one decoder layer: MBs to a
+few GB, and on a node that also runs an engine the engine reuses the copy).
+
     specbatch check-drafter --model TARGET --drafter DRAFTER [--warn-only CHECK ...]
 """
 
@@ -67,7 +72,7 @@ def validate_check_names(names: Iterable[str]) -> list[str]:
 def _read_config(model_dir: Path, what: str) -> dict:
     path = model_dir / "config.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{what} {model_dir}: no config.json (a local model directory is expected)")
+        raise FileNotFoundError(f"{what} {model_dir}: no config.json (a model folder is expected)")
     return json.loads(path.read_text(encoding="utf-8"))
 
 
@@ -441,11 +446,14 @@ def _notes(d: DrafterInfo, t: TargetInfo) -> list[str]:
 
 
 def inspect_drafter(target_path: str, drafter_path: str, warn_only: Iterable[str] = (),
-                    target_name: Optional[str] = None) -> DrafterReport:
-    """The report, without raising on failed checks (see `check_drafter`)."""
+                    target_name: Optional[str] = None, storage=None) -> DrafterReport:
+    """The report, without raising on failed checks (see `check_drafter`). Paths may be URIs
+    of `storage` (pipeline.storage.Storage); the report names them, not the cached copies."""
+    from pipeline.model_cache import localize
+
     warn_only = set(validate_check_names(warn_only))
-    target = read_target(target_path, target_name)
-    drafter = read_drafter(drafter_path, target.num_hidden_layers)
+    target = read_target(localize(target_path, storage, weights=False), target_name).model_copy(update={"path": target_path})
+    drafter = read_drafter(localize(drafter_path, storage), target.num_hidden_layers).model_copy(update={"path": drafter_path})
     checks = []
     for name, check in CHECK_FUNCTIONS.items():
         result = check(drafter, target)
@@ -475,10 +483,10 @@ def target_identity(checks: list[CheckResult]) -> str:
 
 
 def check_drafter(target_path: str, drafter_path: str, warn_only: Iterable[str] = (),
-                  target_name: Optional[str] = None) -> DrafterReport:
+                  target_name: Optional[str] = None, storage=None) -> DrafterReport:
     """The report when the drafter belongs to the target (warnings included); otherwise
     DrafterMismatch listing every refused check. ValueError for unknown check names."""
-    report = inspect_drafter(target_path, drafter_path, warn_only, target_name)
+    report = inspect_drafter(target_path, drafter_path, warn_only, target_name, storage)
     if not report.ok:
         failed = [c for c in report.checks if c.status == "fail"]
         lines = [f"drafter {drafter_path} does not belong to target {target_path}:"]
@@ -567,10 +575,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                         "it below speculative.probe.min_mean_acceptance_length")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    storage = None  # models in object storage: the default endpoint, or the config's
     if args.config:
         from pipeline.config import load_config
+        from pipeline.storage import Storage
 
         config = load_config(args.config)
+        storage = Storage.from_config(config.storage)
         if not config.speculative.drafter:
             parser.error(f"{args.config}: speculative.drafter is not set")
         args.model, args.drafter = args.model or config.model.path, args.drafter or config.speculative.drafter
@@ -581,7 +592,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser.error("--probe N needs --config (the probe runs the job's own rows at its lengths) and N >= 1")
     try:
         validate_check_names(args.warn_only)
-        report = inspect_drafter(args.model, args.drafter, args.warn_only, args.target_name)
+        report = inspect_drafter(args.model, args.drafter, args.warn_only, args.target_name, storage)
         if args.probe and report.ok:
             report.probe = _probe(config, args.probe)  # DrafterRejected below the floor
             if report.probe is None:

@@ -7,15 +7,21 @@ import os
 from typing import Any
 
 from pipeline.config import JobConfig
+from pipeline.model_cache import localize
+from pipeline.storage import Storage
 
 
 def engine_kwargs(config: JobConfig, *, speculative: bool | None = None, num_speculative_tokens: int | None = None) -> dict[str, Any]:
     """Keyword arguments for `vllm.LLM(...)` / `AsyncEngineArgs(...)`. `speculative` and
-    `num_speculative_tokens` override the config (calibration, side-by-side checks)."""
+    `num_speculative_tokens` override the config (calibration, side-by-side checks). Models in
+    object storage are copied into this node's model cache first (pipeline/model_cache.py): this
+    runs in the process that starts the engine, on the engine's node."""
     engine, spec = config.engine, config.speculative
+    storage = Storage.from_config(config.storage)
+    model = localize(config.model.path, storage)
     kwargs: dict[str, Any] = dict(
-        model=config.model.path,
-        tokenizer=config.model.tokenizer or config.model.path,
+        model=model,
+        tokenizer=localize(config.model.tokenizer, storage, weights=False) if config.model.tokenizer else model,
         dtype=engine.dtype,
         max_model_len=engine.max_model_len,
         max_num_seqs=engine.max_num_seqs,
@@ -42,7 +48,7 @@ def engine_kwargs(config: JobConfig, *, speculative: bool | None = None, num_spe
         kwargs["per_request_spec_decode_metrics"] = "summary"
         kwargs["speculative_config"] = {
             "method": spec.method,
-            "model": spec.drafter,
+            "model": localize(spec.drafter, storage),
             "num_speculative_tokens": num_speculative_tokens or spec.num_speculative_tokens,
         }
         if spec.depth_schedule and not num_speculative_tokens:  # a fixed depth asked for replaces the schedule

@@ -4,7 +4,9 @@ never become a dataset of row errors.
 One rendering pass: the tokenizer loads; the first row of the first file of each input kind
 (`prompt`, `messages`) renders and tokenizes as the job will (chat input needs a chat
 template); `max_tokens` leaves room in `max_model_len`; `max_model_len` is within what the
-model allows; the response_format compiles and the reasoning parser fits the tokenizer.
+model allows; the response_format compiles and the reasoning parser fits the tokenizer. Models
+in object storage: the driver copies their config and tokenizer files only
+(pipeline/model_cache.py), never the target's weights.
 """
 
 from __future__ import annotations
@@ -16,16 +18,17 @@ import pyarrow.parquet as pq
 
 from pipeline.config import ConfigError, JobConfig
 from pipeline.inputs import InputReport
+from pipeline.model_cache import localize
 from pipeline.storage import Storage
 
 
 def check_before_engines(config: JobConfig, inputs: InputReport, storage: Storage) -> None:
-    _check_lengths(config)
+    _check_lengths(config, storage)
     tokenizer_path = config.model.tokenizer or config.model.path
     try:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        tokenizer = AutoTokenizer.from_pretrained(localize(tokenizer_path, storage, weights=False))
     except Exception as exc:
         raise ConfigError(f"model.tokenizer: the tokenizer at {tokenizer_path} cannot be loaded ({type(exc).__name__}: {exc})") from None
     _check_structured_and_reasoning(config, tokenizer)
@@ -62,14 +65,14 @@ def _check_structured_and_reasoning(config: JobConfig, tokenizer) -> None:
         ) from None
 
 
-def _check_lengths(config: JobConfig) -> None:
+def _check_lengths(config: JobConfig, storage: Storage) -> None:
     limit = config.engine.max_model_len
     if config.sampling.max_tokens >= limit:
         raise ConfigError(
             f"sampling.max_tokens ({config.sampling.max_tokens}) leaves no room for a prompt in engine.max_model_len "
             f"({limit}): lower it, or raise engine.max_model_len"
         )
-    config_file = Path(config.model.path) / "config.json"
+    config_file = Path(localize(config.model.path, storage, weights=False)) / "config.json"
     if config_file.is_file():
         model = json.loads(config_file.read_text())
         allowed = model.get("max_position_embeddings") or model.get("text_config", {}).get("max_position_embeddings")

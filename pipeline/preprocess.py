@@ -38,13 +38,16 @@ class Preprocessor:
 
     def __init__(
         self, tokenizer_path: str, max_model_len: int, sampling: dict[str, Any], chat: dict[str, Any] | None = None,
-        speculation: str | None = None, structured_backend: str = "auto",
+        speculation: str | None = None, structured_backend: str = "auto", storage=None,
     ):
         """`speculation`: None (off), "gpu" or "cpu" (vLLM's CPU build), and the engine's
-        structured-output backend: what a row's parameters must run with."""
+        structured-output backend: what a row's parameters must run with. `storage` reaches a
+        tokenizer in object storage."""
         from transformers import AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        from pipeline.model_cache import localize  # a tokenizer in object storage: this node's cached copy
+
+        self.tokenizer = AutoTokenizer.from_pretrained(localize(tokenizer_path, storage, weights=False))
         self.max_model_len = max_model_len
         self.sampling = SamplingConfig.model_validate(sampling)
         self.sampling_values = self.sampling.model_dump()

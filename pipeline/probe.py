@@ -63,7 +63,7 @@ def probe_rows(config: JobConfig, storage: Storage, units: Sequence[WorkUnit], n
     chosen = list(units)[::step][:PROBE_UNITS]
     preprocessor = Preprocessor(
         config.model.tokenizer or config.model.path, config.engine.max_model_len, config.sampling.model_dump(),
-        config.chat.model_dump(), config.speculation, structured_backend(config),
+        config.chat.model_dump(), config.speculation, structured_backend(config), storage,
     )
     per_unit: list[list[dict[str, Any]]] = []
     skipped = 0

@@ -42,7 +42,8 @@ from pipeline.preflight import check_before_engines
 from pipeline.lease import OutputLease
 from pipeline.outputs import OutputLocation, error_units
 from pipeline.stats import Acceptance
-from pipeline.storage import TRANSIENT_ERRORS, Storage
+from pipeline.model_cache import remote_files
+from pipeline.storage import TRANSIENT_ERRORS, Storage, is_local
 from pipeline.units import WorkUnit, plan_units
 from schemas.report import CalibrationReport
 from schemas import (
@@ -51,8 +52,8 @@ from schemas import (
 
 log = logging.getLogger("specbatch")
 # Files of a model directory whose change changes the results: weights, their index, the
-# tokenizer and the configs. Fingerprinted by size and mtime (hashing GBs of weights would
-# cost minutes per run).
+# tokenizer and the configs. Fingerprinted by size and mtime, or size and ETag in object
+# storage (hashing GBs of weights would cost minutes per run).
 MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".json", ".model", ".txt", ".tiktoken", ".jinja")
 # The driver writes its stats file at least this often: a killed driver leaves the next
 # attempt few markers to read.
@@ -80,20 +81,30 @@ def versions() -> Versions:
     )
 
 
-def model_fingerprint(path: str) -> ModelFingerprint:
-    """sha256 of the model's config.json in canonical form, and the size and mtime of each
-    weight, index and tokenizer file; refuses a path without a config.json."""
-    root = Path(path)
-    config_file = root / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"{path}: no config.json (models are local paths; no hub downloads)")
-    config = json.loads(config_file.read_text())
+def model_fingerprint(path: str, storage: Optional[Storage] = None) -> ModelFingerprint:
+    """sha256 of the model's config.json in canonical form, and of each weight, index and
+    tokenizer file its size and version: the mtime for a local folder, the ETag for a folder in
+    object storage (from one listing; nothing is downloaded, and the ETags are what each node's
+    model cache copies and checks). Refuses a path without a config.json."""
+    if not is_local(path):
+        storage = storage or Storage()
+        listed = remote_files(path, storage)
+        if "config.json" not in listed:
+            raise FileNotFoundError(f"{path}: no config.json (models are local folders or folders in your storage; no hub)")
+        config = json.loads(storage.read_bytes(f"{path.rstrip('/')}/config.json"))
+        files = {name: f"{info['size']}:{info['etag']}" for name, info in listed.items() if name.endswith(MODEL_FILE_SUFFIXES)}
+    else:
+        root = Path(path[len("file://"):] if path.startswith("file://") else path)
+        config_file = root / "config.json"
+        if not config_file.is_file():
+            raise FileNotFoundError(f"{path}: no config.json (models are local folders or folders in your storage; no hub)")
+        config = json.loads(config_file.read_text())
+        files = {}
+        for file in sorted(root.iterdir()):
+            if file.is_file() and file.name.endswith(MODEL_FILE_SUFFIXES):
+                stat = file.stat()
+                files[file.name] = f"{stat.st_size}:{stat.st_mtime_ns}"
     canonical = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
-    files = {}
-    for file in sorted(root.iterdir()):
-        if file.is_file() and file.name.endswith(MODEL_FILE_SUFFIXES):
-            stat = file.stat()
-            files[file.name] = f"{stat.st_size}:{stat.st_mtime_ns}"
     return ModelFingerprint(
         path=path,
         config_sha256=hashlib.sha256(canonical).hexdigest(),
@@ -103,7 +114,7 @@ def model_fingerprint(path: str) -> ModelFingerprint:
 
 
 def model_id(fingerprint: ModelFingerprint) -> str:
-    return f"{Path(fingerprint.path).name}@{fingerprint.config_sha256[:12]}"
+    return f"{Path(fingerprint.path.rstrip('/')).name}@{fingerprint.config_sha256[:12]}"
 
 
 def _ray_init(verbose: bool = False, address: Optional[str] = None) -> tuple[Optional[str], str]:
@@ -167,6 +178,7 @@ def build_dataset(
             chat=config.chat.model_dump(),
             speculation=config.speculation,
             structured_backend=structured_backend(config),
+            storage=storage,  # a tokenizer in object storage is copied on the preprocess actor's node
         ),
         batch_format="pyarrow",
         batch_size=None,
@@ -350,8 +362,8 @@ def run_job(
     previous = None if restart else _previous_manifest(location)
     number = len(previous.attempts) + 1 if previous else 1
     job_id = previous.job_id if previous else job_id or _new_job_id(config)
-    target = model_fingerprint(config.model.path)
-    drafter = model_fingerprint(config.speculative.drafter) if config.speculative.enabled else None
+    target = model_fingerprint(config.model.path, storage)
+    drafter = model_fingerprint(config.speculative.drafter, storage) if config.speculative.enabled else None
     if previous:
         _refuse_changes(config, previous, target, drafter, location)
     inputs = inspect_inputs(config.input_uri, storage, previous.input_files if previous else None)
@@ -366,7 +378,9 @@ def run_job(
     if todo:  # refused before any engine starts: what one rendering pass and the configs reveal, ...
         check_before_engines(config, inputs, storage)
         if config.speculative.enabled:  # ... and a drafter of another target
-            report = check_drafter(config.model.path, config.speculative.drafter, config.speculative.checks_as_warnings)
+            report = check_drafter(
+                config.model.path, config.speculative.drafter, config.speculative.checks_as_warnings, storage=storage
+            )
             for warning in report.warnings:
                 log.warning("drafter check downgraded to a warning: %s", warning)
 

@@ -58,10 +58,14 @@ class Storage:
     endpoint_url: Optional[str] = None
     region: Optional[str] = None
     retry_seconds: float = 120.0
+    model_cache_dir: Optional[str] = None  # where models from object storage are copied (pipeline/model_cache.py)
 
     @classmethod
     def from_config(cls, config: StorageConfig) -> "Storage":
-        return cls(endpoint_url=config.endpoint_url, region=config.region, retry_seconds=config.retry_seconds)
+        return cls(
+            endpoint_url=config.endpoint_url, region=config.region, retry_seconds=config.retry_seconds,
+            model_cache_dir=config.model_cache_dir,
+        )
 
     def retrying(self, what: str, operation: Callable[[], T]) -> T:
         """Run `operation`, retrying transient errors with jittered exponential backoff for up

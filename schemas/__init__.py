@@ -188,12 +188,15 @@ class Versions(Contract):
 
 
 class ModelFingerprint(Contract):
-    path: str
+    path: str = Field(description="The model as configured: a local folder, or a folder URI in object storage (s3://...).")
     config_sha256: str
     architectures: list[str]
     files: dict[str, str] = Field(
         default_factory=dict,
-        description="Weight, index and tokenizer files -> 'size:mtime_ns': a model changed in place is refused on resume.",
+        description=(
+            "Weight, index and tokenizer files -> 'size:mtime_ns' for a local folder, 'size:ETag' for a folder in "
+            "object storage (names relative to it, from its listing): a model changed in place is refused on resume."
+        ),
     )
 
 

@@ -12,6 +12,7 @@ import s3fs
 
 from pipeline.config import parse_config
 from pipeline.outputs import OutputLocation
+from pipeline.model_cache import remote_files
 from pipeline.runner import run_job
 from pipeline.storage import Storage
 from tests.conftest import job_config, record_s3_requests, write_prompts
@@ -80,6 +81,23 @@ def s3_run(s3_endpoint, ray_local, trained_kit):
     ))
     manifest = run_job(config, progress=False)
     return ids, manifest, OutputLocation(Storage.from_config(config.storage), config.output_uri)
+
+
+@pytest.fixture(scope="module")
+def s3_models_run(s3_endpoint, ray_local, trained_kit, s3_run, tmp_path_factory):
+    """s3_run's job with its target and drafter in object storage: each process copies them
+    into the node's model cache (here a folder of the test's own, storage.model_cache_dir)."""
+    from tests.test_model_cache import upload
+
+    models = {"target": upload(s3_endpoint, trained_kit["target"], "models-e2e/target"),
+              "drafter": upload(s3_endpoint, trained_kit["drafter"], "models-e2e/drafter-eagle31")}
+    cache = tmp_path_factory.mktemp("model-cache")
+    config = parse_config(job_config(
+        "s3://specbatch/mixed/", "s3://specbatch/out-s3-models/", models,
+        storage={"endpoint_url": s3_endpoint, "model_cache_dir": str(cache)}, retries={"max_error_fraction": 0.5},
+    ))
+    manifest = run_job(config, progress=False)
+    return config, manifest, OutputLocation(Storage.from_config(config.storage), config.output_uri), cache
 
 
 @pytest.fixture(scope="module")
@@ -197,6 +215,43 @@ def test_speculation_is_lossless(s3_run, local_run_no_spec):
     assert spec == plain
     stats = plain_location.read_table("stats").to_pylist()
     assert all(r["draft_tokens"] == 0 and r["acceptance_rate"] is None for r in stats)
+
+
+def test_models_in_object_storage_generate_what_local_models_generate(s3_run, s3_models_run):
+    _, local_manifest, local_location = s3_run
+    config, manifest, location, cache = s3_models_run
+    texts = lambda loc: {r["id"]: (r["text"], r["model"], r["drafter"]) for r in loc.read_table("outputs").to_pylist()}
+    assert texts(location) == texts(local_location) and len(texts(location)) == len(GOOD_PROMPTS) + len(GOOD_CHATS)
+    assert sorted(location.read_table("errors").column("id").to_pylist()) == sorted(BAD_ROWS)
+    assert manifest.status == "succeeded" and manifest.totals.accepted_tokens == local_manifest.totals.accepted_tokens
+    # fingerprinted by the objects' sizes and ETags, the same model as the local one by its config
+    storage = Storage.from_config(config.storage)
+    listed = remote_files(config.model.path, storage)
+    assert manifest.model.path == config.model.path and manifest.model.config_sha256 == local_manifest.model.config_sha256
+    assert manifest.model.files == {name: f"{info['size']}:{info['etag']}" for name, info in listed.items()}
+    # the engine's full copies, and the driver's copy of the target without its weights
+    entries = {p.name.rsplit("-", 1)[0] + (".config" if p.name.endswith(".config") else ""): p for p in cache.iterdir() if p.is_dir()}
+    assert set(entries) == {"target", "target.config", "drafter-eagle31"}
+    assert (entries["target"] / "model.safetensors").is_file() and not (entries["target.config"] / "model.safetensors").exists()
+
+
+def test_a_changed_model_in_object_storage_refuses_the_resume(s3_endpoint, s3_models_run):
+    """The target's weights rewritten in place (a new ETag): the resume is refused before any
+    engine, naming the file, as for a local model; the same bytes put back are accepted."""
+    from pipeline.runner import ResultsChanged
+    from tests.test_model_cache import put_object
+
+    config, manifest, _, _ = s3_models_run
+    weights = f"{config.model.path}/model.safetensors"
+    original = Storage.from_config(config.storage).read_bytes(weights)
+    put_object(s3_endpoint, weights, original + b" ")
+    try:
+        with pytest.raises(ResultsChanged, match=r"model files: model\.safetensors"):
+            run_job(config, progress=False)
+    finally:
+        put_object(s3_endpoint, weights, original)
+    rerun = run_job(config, progress=False)  # nothing left to run: no engine starts
+    assert rerun.attempts[-1].units_skipped == rerun.attempts[-1].units_planned and rerun.status == "succeeded"
 
 
 def test_zeroed_lm_heads_accept_everything(tmp_path, ray_local, zero_kit):
