@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 
 from pipeline.inputs import InputError, InputReport, inspect_inputs, short_name
 from pipeline.outputs import OutputLocation
-from pipeline.storage import Storage, _version_of, is_local
+from pipeline.storage import Storage, _version_of
 from schemas import InputFile, JobManifest
 
 URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
@@ -119,6 +119,10 @@ class LineProblem(ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(message)
         self.field = field
+
+
+def _same(value: Any, default: Any) -> bool:
+    return type(value) is type(default) and value == default  # 0 is not false, true is not 1
 
 
 def _typed(body: dict, name: str, kind: str) -> Any:
@@ -254,7 +258,7 @@ def convert_request(request: Any, line: int, file: str) -> tuple[str, dict]:
         if body.get("suffix") == "":
             del body["suffix"]
     for name, default in DEFAULT_ONLY.items():
-        if name in body and body.pop(name) != default:
+        if name in body and not _same(body.pop(name), default):
             raise LineProblem(f"body.{name}", f"only {json.dumps(default)} is supported")
     if "stop" in body:
         stop = body.pop("stop")
