@@ -1,4 +1,4 @@
-"""specbatch command line: demo, run, report, calibrate, check-drafter, tiny-models."""
+"""specbatch command line: demo, run, report, calibrate, check-drafter, export, tiny-models."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ DELEGATED = {
     "report": ("pipeline.report", "cost per million tokens from jobs' _job.json and stats/"),
     "calibrate": ("pipeline.calibrate", "measure speculation depths on the job's own prompts"),
     "check-drafter": ("pipeline.drafter_check", "refuse a drafter that does not belong to its target"),
+    "export": ("pipeline.openai_batch", "write a job's outputs as OpenAI batch output files (--format openai_batch)"),
 }
 
 

@@ -458,6 +458,13 @@ class LeaseConfig(Section):
 class JobConfig(Section):
     job_name: str = Field("specbatch", pattern=r"^[A-Za-z0-9_.-]+$")
     input_uri: str = Field(description="A Parquet file, a folder or a glob; s3:// or any fsspec scheme.")
+    input_format: Literal["parquet", "openai_batch"] = Field(
+        "parquet",
+        description=(
+            "openai_batch: input_uri names JSONL files of OpenAI batch requests (a file, a folder of .jsonl files or a "
+            "glob), converted once into Parquet prompt rows under output_uri/_inputs/ (pipeline/openai_batch.py)."
+        ),
+    )
     output_uri: str
     model: ModelConfig
     speculative: SpeculativeConfig

@@ -37,7 +37,8 @@ from pipeline.drafter_check import check_drafter
 from pipeline.engine import structured_backend
 from pipeline.probe import probe_job_input
 from pipeline.guard import AcceptanceGuard, AcceptanceTooLow, speculation_verdict
-from pipeline.inputs import InputReport, inspect_inputs
+from pipeline.inputs import InputReport
+from pipeline.openai_batch import inspect_job_inputs
 from pipeline.preflight import check_before_engines
 from pipeline.lease import OutputLease
 from pipeline.outputs import OutputLocation, error_units
@@ -366,7 +367,7 @@ def run_job(
     drafter = model_fingerprint(config.speculative.drafter, storage) if config.speculative.enabled else None
     if previous:
         _refuse_changes(config, previous, target, drafter, location)
-    inputs = inspect_inputs(config.input_uri, storage, previous.input_files if previous else None)
+    inputs = inspect_job_inputs(config, storage, previous.input_files if previous else None)  # converts OpenAI batch files
     if previous:
         _refuse_changed_inputs(config, previous, inputs)
 

@@ -1,0 +1,689 @@
+"""OpenAI batch files: read as a job's input (`input_format: openai_batch`), written from a
+job's output (`specbatch export --format openai_batch OUTPUT_URI [--to DEST]`).
+
+Reading. `input_uri` names JSONL files of OpenAI batch requests, one per line:
+{"custom_id", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions", "body"}.
+Before the job's Parquet input check each file is converted once, streaming (lines read and rows
+written in batches), into Parquet files of the prompt row contract under
+`OUTPUT_URI/_inputs/`: `<stem>-<hash of the file's URI>-<hash of URI, size, version>.chat.parquet`
+for its chat lines and `....completions.parquet` for its completion lines, then a marker
+`<...>.json`. A file whose marker is listed there is not converted again. The job then runs over
+those Parquet files unchanged; each row's `metadata` is a JSON string holding what the export
+needs ({"url", "model", "file", "line"}).
+
+Like OpenAI's own batch validation, a file with any line that cannot be run refuses the whole job
+before any engine starts (InputError): the message names the file, the line, the custom_id and
+the field of each problem (the first LISTED_PROBLEMS, and their count). A value of the right type
+but out of range (temperature 7) is the request's own fault, as at OpenAI's endpoint: that row
+goes to errors/ and the rest of the job runs.
+
+Writing. `results.jsonl` holds one line per custom_id in OpenAI's batch output shape, its samples
+the choices of one chat.completion or text_completion body; `errors.jsonl` one line per failed
+custom_id. Units are read one output file at a time (all samples of an id are in one unit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import os
+import posixpath
+import sys
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterator, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.inputs import InputError, InputReport, inspect_inputs, short_name
+from pipeline.outputs import OutputLocation
+from pipeline.storage import Storage, _version_of
+from schemas import InputFile, JobManifest
+
+URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+CONVERTED = "_inputs"
+ROWS_PER_BATCH = 8192  # lines parsed before a row group is written
+LISTED_PROBLEMS = 20
+PARALLEL_FILES = 8
+MARKERS_PER_READ = 256  # commit markers the export holds at once
+
+MESSAGES = pa.list_(pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())]))
+
+
+def row_schema(kind: str) -> pa.Schema:
+    """The prompt row contract of a converted file: `messages` for chat lines, `prompt` for
+    completion lines (a file has one of the two)."""
+    text = pa.field("messages", MESSAGES) if kind == "chat" else pa.field("prompt", pa.string())
+    return pa.schema([
+        pa.field("id", pa.string(), nullable=False), text,
+        pa.field("max_tokens", pa.int64()), pa.field("temperature", pa.float64()), pa.field("top_p", pa.float64()),
+        pa.field("seed", pa.int64()), pa.field("n", pa.int64()), pa.field("stop", pa.list_(pa.string())),
+        pa.field("response_format", pa.string()), pa.field("sampling", pa.string()), pa.field("metadata", pa.string()),
+    ])
+
+
+# ---------------------------------------------------------------- the body of a request line
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+TYPES = {
+    "int": (_is_int, "an integer"),
+    "number": (_is_number, "a number"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "strings": (lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v), "a list of strings"),
+    "ints": (lambda v: isinstance(v, list) and all(_is_int(i) for i in v), "a list of integers"),
+}
+# Body field -> (row column, or "sampling.<SamplingParams name>"; its type), for both urls.
+SHARED_FIELDS = {
+    "max_tokens": ("max_tokens", "int"),
+    "temperature": ("temperature", "number"),
+    "top_p": ("top_p", "number"),
+    "seed": ("seed", "int"),
+    "n": ("n", "int"),
+    "presence_penalty": ("sampling.presence_penalty", "number"),
+    "frequency_penalty": ("sampling.frequency_penalty", "number"),
+    # vLLM's extra request fields, named as its SamplingParams
+    "top_k": ("sampling.top_k", "int"),
+    "min_p": ("sampling.min_p", "number"),
+    "repetition_penalty": ("sampling.repetition_penalty", "number"),
+    "min_tokens": ("sampling.min_tokens", "int"),
+    "stop_token_ids": ("sampling.stop_token_ids", "ints"),
+    "ignore_eos": ("sampling.ignore_eos", "bool"),
+    "skip_special_tokens": ("sampling.skip_special_tokens", "bool"),
+    "spaces_between_special_tokens": ("sampling.spaces_between_special_tokens", "bool"),
+    "include_stop_str_in_output": ("sampling.include_stop_str_in_output", "bool"),
+    "bad_words": ("sampling.bad_words", "strings"),
+    "prompt_logprobs": ("sampling.prompt_logprobs", "int"),
+}
+# Accepted and not used for generation (`model` is kept for the export to echo).
+IGNORED_FIELDS = ("model", "user", "metadata", "store")
+# Accepted only at their default value (null is always the default).
+DEFAULT_ONLY = {"stream": False, "echo": False, "best_of": 1}
+CHAT_ROLES = ("system", "developer", "user", "assistant")
+STRUCTURED_KINDS = {"json": "json_schema", "json_object": "json_object", "regex": "regex", "choice": "choice", "grammar": "grammar"}
+
+
+class LineProblem(ValueError):
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+def _same(value: Any, default: Any) -> bool:
+    return type(value) is type(default) and value == default  # 0 is not false, true is not 1
+
+
+def _typed(body: dict, name: str, kind: str) -> Any:
+    value = body[name]
+    ok, expected = TYPES[kind]
+    if not ok(value):
+        raise LineProblem(f"body.{name}", f"expected {expected}, got {json.dumps(value)[:60]}")
+    return float(value) if kind == "number" else value
+
+
+def _messages(value: Any) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise LineProblem("body.messages", "expected a non-empty list of messages")
+    out = []
+    for i, message in enumerate(value):
+        where = f"body.messages[{i}]"
+        if not isinstance(message, dict):
+            raise LineProblem(where, "expected an object {role, content}")
+        for key in message:
+            if key not in ("role", "content"):
+                raise LineProblem(f"{where}.{key}", "not supported (a message is its role and text content)")
+        role, content = message.get("role"), message.get("content")
+        if role not in CHAT_ROLES:
+            raise LineProblem(f"{where}.role", f"{json.dumps(role)} is not supported (one of {', '.join(CHAT_ROLES)})")
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text" or not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
+                    raise LineProblem(f"{where}.content[{j}]", f"type {json.dumps(kind)} is not supported (text parts only)")
+                texts.append(part["text"])
+            content = "\n".join(texts)  # as vLLM's server joins text parts
+        if not isinstance(content, str):
+            raise LineProblem(f"{where}.content", "expected a string or a list of text parts")
+        out.append({"role": role, "content": content})
+    return out
+
+
+def _response_format(value: Any, field: str = "body.response_format") -> Optional[dict]:
+    """OpenAI's response_format, plus the contract's vLLM extras (regex, choice, grammar);
+    None for {"type": "text"}."""
+    if not isinstance(value, dict):
+        raise LineProblem(field, "expected an object with a type")
+    kind = value.get("type")
+    expected = {"text": (), "json_object": (), "json_schema": ("json_schema",), "regex": ("regex",),
+                "choice": ("choice",), "grammar": ("grammar",)}
+    if kind not in expected:
+        raise LineProblem(f"{field}.type", f"{json.dumps(kind)} is not supported (one of {', '.join(expected)})")
+    extra = set(value) - {"type", *expected[kind]}
+    if extra:
+        raise LineProblem(f"{field}.{sorted(extra)[0]}", f"not supported with type {kind}")
+    if kind == "text":
+        return None
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise LineProblem(f"{field}.json_schema", "expected an object with a schema object")
+        unknown = set(spec) - {"name", "schema", "strict", "description"}
+        if unknown:
+            raise LineProblem(f"{field}.json_schema.{sorted(unknown)[0]}", "not supported")
+    elif kind == "choice" and not TYPES["strings"][0](value.get("choice")):
+        raise LineProblem(f"{field}.choice", "expected a list of strings")
+    elif kind in ("regex", "grammar") and not isinstance(value.get(kind), str):
+        raise LineProblem(f"{field}.{kind}", "expected a string")
+    return value
+
+
+def _structured_outputs(value: Any) -> dict:
+    """vLLM's `structured_outputs` {json | json_object | regex | choice | grammar} as the
+    row's response_format."""
+    field = "body.structured_outputs"
+    if not isinstance(value, dict):
+        raise LineProblem(field, "expected an object")
+    given = {k: v for k, v in value.items() if v is not None}
+    unknown = set(given) - set(STRUCTURED_KINDS)
+    if unknown:
+        raise LineProblem(f"{field}.{sorted(unknown)[0]}", "not supported")
+    if len(given) != 1:
+        raise LineProblem(field, f"expected exactly one of {', '.join(STRUCTURED_KINDS)}")
+    (key, spec), = given.items()
+    if key == "json":
+        spec = json.loads(spec) if isinstance(spec, str) else spec
+        return _response_format({"type": "json_schema", "json_schema": {"schema": spec}}, field)
+    if key == "json_object":
+        return {"type": "json_object"}
+    return _response_format({"type": key, key: spec}, field)
+
+
+def convert_request(request: Any, line: int, file: str) -> tuple[str, dict]:
+    """One request line (parsed JSON) -> (kind, row of the prompt row contract); LineProblem
+    names the field of what cannot be run."""
+    if not isinstance(request, dict):
+        raise LineProblem("(line)", "expected a JSON object {custom_id, method, url, body}")
+    unknown = set(request) - {"custom_id", "method", "url", "body"}
+    if unknown:
+        raise LineProblem(sorted(unknown)[0], "not a field of a batch request line")
+    custom_id = request.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise LineProblem("custom_id", "missing (a non-empty string is required)")
+    if request.get("method") != "POST":
+        raise LineProblem("method", f"{json.dumps(request.get('method'))} is not supported (POST)")
+    url = request.get("url")
+    if url not in URLS:
+        raise LineProblem("url", f"{json.dumps(url)} is not supported (one of {', '.join(URLS)})")
+    kind, body = URLS[url], request.get("body")
+    if not isinstance(body, dict):
+        raise LineProblem("body", "expected an object")
+    body = {k: v for k, v in body.items() if v is not None}  # null means not given, as at OpenAI's endpoint
+    row: dict[str, Any] = {"id": custom_id}
+    sampling: dict[str, Any] = {}
+    if kind == "chat":
+        if "messages" not in body:
+            raise LineProblem("body.messages", "missing")
+        row["messages"] = _messages(body.pop("messages"))
+        if "max_completion_tokens" in body:
+            value = _typed(body, "max_completion_tokens", "int")
+            if "max_tokens" in body and body["max_tokens"] != value:
+                raise LineProblem("body.max_completion_tokens", "differs from body.max_tokens; give one of them")
+            body["max_tokens"] = body.pop("max_completion_tokens")
+        if "top_logprobs" in body and body.get("logprobs") is not True:
+            raise LineProblem("body.top_logprobs", "requires logprobs: true")
+        if "logprobs" in body and _typed(body, "logprobs", "bool"):
+            sampling["logprobs"] = _typed(body, "top_logprobs", "int") if "top_logprobs" in body else 0
+        body.pop("logprobs", None), body.pop("top_logprobs", None)
+    else:
+        prompt = body.pop("prompt", None)
+        if not isinstance(prompt, str):
+            raise LineProblem("body.prompt", "expected a string (a list of prompts, or token ids, is not supported)")
+        row["prompt"] = prompt
+        if "logprobs" in body:
+            sampling["logprobs"] = _typed(body, "logprobs", "int")
+            del body["logprobs"]
+        if body.get("suffix") == "":
+            del body["suffix"]
+    for name, default in DEFAULT_ONLY.items():
+        if name in body and not _same(body.pop(name), default):
+            raise LineProblem(f"body.{name}", f"only {json.dumps(default)} is supported")
+    if "stop" in body:
+        stop = body.pop("stop")
+        stop = [stop] if isinstance(stop, str) else stop
+        if not TYPES["strings"][0](stop):
+            raise LineProblem("body.stop", "expected a string or a list of strings")
+        row["stop"] = stop or None
+    if "response_format" in body and "structured_outputs" in body:
+        raise LineProblem("body.structured_outputs", "give response_format or structured_outputs, not both")
+    fmt = (_response_format(body.pop("response_format")) if "response_format" in body
+           else _structured_outputs(body.pop("structured_outputs")) if "structured_outputs" in body else None)
+    row["response_format"] = json.dumps(fmt, sort_keys=True) if fmt else None
+    for name in list(body):
+        if name in SHARED_FIELDS:
+            where, type_name = SHARED_FIELDS[name]
+            value = _typed(body, name, type_name)
+            if where.startswith("sampling."):
+                sampling[where[len("sampling."):]] = value
+            else:
+                row[where] = value
+        elif name not in IGNORED_FIELDS:
+            raise LineProblem(f"body.{name}", "not supported by specbatch (refused rather than ignored)")
+    row["sampling"] = json.dumps(sampling, sort_keys=True) if sampling else None
+    meta = {"url": url, "model": body.get("model") if isinstance(body.get("model"), str) else None, "file": file, "line": line}
+    row["metadata"] = json.dumps(meta, sort_keys=True)
+    return kind, row
+
+
+# ---------------------------------------------------------------- files
+
+
+@contextlib.contextmanager
+def atomic_file(storage: Storage, uri: str) -> Iterator[Any]:
+    """A binary file written under a temporary name and renamed to `uri` when the block ends
+    without error (removed otherwise): a reader never sees it half-written. Written as a
+    stream (a multipart upload on S3), never held in memory."""
+    fs, path = storage.fs(uri)
+    staging = f"{path}.tmp-{uuid.uuid4().hex}"
+    if "file" in fs.protocol:
+        fs.makedirs(posixpath.dirname(path), exist_ok=True)
+    try:
+        with fs.open(staging, "wb") as f:
+            yield f
+    except BaseException:
+        with contextlib.suppress(Exception):
+            fs.rm(staging)
+        raise
+    if "file" in fs.protocol:
+        os.replace(staging, path)
+    else:  # S3 has no rename: a server-side copy, then the staging object goes
+        storage.retrying(f"rename {uri}", lambda: fs.mv(staging, path))
+
+
+class _Sink:
+    """One converted Parquet file, written in row groups as lines are read."""
+
+    def __init__(self, storage: Storage, uri: str, kind: str):
+        self.uri, self.schema, self.rows, self.pending = uri, row_schema(kind), 0, []
+        self._file = atomic_file(storage, uri)
+        self._writer = pq.ParquetWriter(self._file.__enter__(), self.schema, compression="zstd")
+
+    def add(self, row: dict) -> None:
+        self.pending.append(row)
+        if len(self.pending) >= ROWS_PER_BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            self._writer.write_table(pa.Table.from_pylist(self.pending, schema=self.schema))
+            self.rows, self.pending = self.rows + len(self.pending), []
+
+    def close(self, keep: bool) -> None:
+        if keep:
+            self.flush()
+        self._writer.close()
+        if keep:
+            self._file.__exit__(None, None, None)
+        else:
+            with contextlib.suppress(InputError):
+                self._file.__exit__(InputError, InputError("discarded"), None)
+
+
+def _identity_hash(*parts: Any) -> str:
+    return hashlib.sha256("\0".join(str(p) for p in parts).encode()).hexdigest()
+
+
+def converted_base(uri: str, size: int, version: str) -> str:
+    """`<stem>-<hash of the URI>-<hash of URI, size, version>`: the first two name the source,
+    the last its content."""
+    return f"{short_name(uri)}-{_identity_hash(uri)[:8]}-{_identity_hash(uri, size, version)[:12]}"
+
+
+def _source_key(converted_uri: str) -> str:
+    return posixpath.basename(converted_uri).split(".", 1)[0].rsplit("-", 1)[0]
+
+
+def expand_sources(storage: Storage, input_uri: str) -> dict[str, dict[str, Any]]:
+    """A JSONL file, a folder of `.jsonl` files (recursively) or a glob -> {URI: {size, version}}."""
+    fs, path = storage.fs(input_uri)
+
+    def expand():
+        if any(ch in path for ch in "*?["):
+            return {p: i for p, i in fs.glob(path, detail=True).items() if i.get("type") == "file"}
+        if fs.isdir(path):
+            return {p: i for p, i in fs.find(path, detail=True).items() if p.endswith(".jsonl")}
+        return {path: fs.info(path)} if fs.exists(path) else {}
+
+    found = storage.retrying(f"list {input_uri}", expand)
+    return {storage._unstrip(input_uri, p): {"size": int(i.get("size") or 0), "version": _version_of(i)}
+            for p, i in sorted(found.items())}
+
+
+def _convert_file(storage: Storage, uri: str, info: dict, folder: str) -> tuple[list[str], list[str], int]:
+    """Convert one JSONL file -> (converted URIs, problems (the first LISTED_PROBLEMS), count of
+    problems). Nothing is kept unless every line converts."""
+    base = converted_base(uri, info["size"], info["version"])
+    sinks: dict[str, _Sink] = {}
+    problems, count, lines_seen = [], 0, 0
+    hashes, line_numbers = [], []  # custom_id hashes: duplicates found without holding the ids
+    ids_batch, lines_batch = [], []
+
+    def note(line: int, custom_id: Any, field: str, message: str) -> None:
+        nonlocal count
+        count += 1
+        if len(problems) < LISTED_PROBLEMS:
+            who = f"custom_id {json.dumps(custom_id)}" if isinstance(custom_id, str) and custom_id else "no custom_id"
+            problems.append(f"{uri}, line {line}, {who}: {field}: {message}")
+
+    fs, path = storage.fs(uri)
+    try:
+        with storage.retrying(f"open {uri}", lambda: fs.open(path, "rb")) as f:
+            for line, raw in enumerate(f, 1):
+                lines_seen = line
+                if not raw.strip():
+                    continue
+                try:
+                    request = json.loads(raw)
+                except ValueError as exc:
+                    note(line, None, "(line)", f"not JSON ({exc})")
+                    continue
+                custom_id = request.get("custom_id") if isinstance(request, dict) else None
+                try:
+                    kind, row = convert_request(request, line, uri)
+                except LineProblem as exc:
+                    note(line, custom_id, exc.field, str(exc))
+                    continue
+                ids_batch.append(hashlib.blake2b(custom_id.encode(), digest_size=8).digest())
+                lines_batch.append(line)
+                if len(ids_batch) >= ROWS_PER_BATCH:
+                    hashes.append(np.frombuffer(b"".join(ids_batch), dtype=np.uint64))
+                    line_numbers.append(np.array(lines_batch, dtype=np.int64))
+                    ids_batch, lines_batch = [], []
+                if count:
+                    continue  # refused already: nothing more is written
+                if kind not in sinks:
+                    sinks[kind] = _Sink(storage, storage.join(folder, f"{base}.{kind}.parquet"), kind)
+                sinks[kind].add(row)
+        if ids_batch:
+            hashes.append(np.frombuffer(b"".join(ids_batch), dtype=np.uint64))
+            line_numbers.append(np.array(lines_batch, dtype=np.int64))
+        duplicates = _duplicates(hashes, line_numbers)
+        named = _custom_ids_at(storage, uri, {line for line, _ in duplicates[:LISTED_PROBLEMS]}) if duplicates else {}
+        for line, first in duplicates:
+            note(line, named.get(line), "custom_id", f"used again (first on line {first})")
+    except BaseException:
+        for sink in sinks.values():
+            sink.close(keep=False)
+        raise
+    keep = count == 0
+    for sink in sinks.values():
+        sink.close(keep)
+    if not keep:
+        return [], problems, count
+    marker = {"source": uri, "size": info["size"], "version": info["version"], "lines": lines_seen,
+              "files": {k: posixpath.basename(s.uri) for k, s in sinks.items()}, "rows": {k: s.rows for k, s in sinks.items()}}
+    storage.write_json(storage.join(folder, f"{base}.json"), marker)
+    return sorted(s.uri for s in sinks.values()), [], 0
+
+
+def _duplicates(hashes: list[np.ndarray], lines: list[np.ndarray]) -> list[tuple[int, int]]:
+    """(line, the line of its first use) of every custom_id used before in the file, found by
+    sorting 8-byte hashes of the ids (16 bytes a line, where a set of the ids could take GBs)."""
+    if not hashes:
+        return []
+    h, n = np.concatenate(hashes), np.concatenate(lines)
+    order = np.lexsort((n, h))
+    h, n = h[order], n[order]
+    same = np.concatenate([[False], h[1:] == h[:-1]])
+    first_of_group = np.maximum.accumulate(np.where(same, 0, np.arange(len(h))))
+    return sorted((int(n[i]), int(n[first_of_group[i]])) for i in np.flatnonzero(same))
+
+
+def _custom_ids_at(storage: Storage, uri: str, wanted: set[int]) -> dict[int, str]:
+    """The custom_ids of some lines (of refused duplicates only: a second read of the file)."""
+    found: dict[int, str] = {}
+    fs, path = storage.fs(uri)
+    with fs.open(path, "rb") as f:
+        for line, raw in enumerate(f, 1):
+            if line in wanted:
+                found[line] = json.loads(raw).get("custom_id")
+                if len(found) == len(wanted):
+                    break
+    return found
+
+
+def convert_batch_files(input_uri: str, storage: Storage, folder: str) -> list[str]:
+    """Convert every JSONL file of `input_uri` not converted yet into `folder`; returns the
+    converted Parquet URIs of all of them, in order. InputError lists every problem."""
+    sources = expand_sources(storage, input_uri)
+    if not sources:
+        raise InputError(f"input_uri {input_uri!r} matches no JSONL file")
+    listed = storage.list_files(folder)
+    done = {posixpath.basename(u)[: -len(".json")] for u in listed if u.endswith(".json")}
+    parquet = [u for u in listed if u.endswith(".parquet")]
+    converted, todo = {}, []
+    for uri, info in sources.items():
+        base = converted_base(uri, info["size"], info["version"])
+        if base in done:
+            converted[uri] = sorted(u for u in parquet if posixpath.basename(u).startswith(base + "."))
+        else:
+            todo.append((uri, info))
+    with ThreadPoolExecutor(PARALLEL_FILES) as pool:
+        results = list(pool.map(lambda item: _convert_file(storage, item[0], item[1], folder), todo))
+    problems, count = [], 0
+    for (uri, _), (files, file_problems, file_count) in zip(todo, results):
+        converted[uri] = files
+        problems += file_problems
+        count += file_count
+    if count:
+        shown = problems[:LISTED_PROBLEMS]
+        head = f"{count} problem{'s' if count > 1 else ''}" + (f", the first {len(shown)}" if count > len(shown) else "")
+        raise InputError(f"OpenAI batch input {input_uri!r} refused ({head}):\n  " + "\n  ".join(shown))
+    return [u for uri in sources for u in converted[uri]]
+
+
+def inspect_job_inputs(config, storage: Storage, known: Optional[list[InputFile]] = None) -> InputReport:
+    """The job's input check (`pipeline.inputs.inspect_inputs`), after converting OpenAI batch
+    files when `config.input_format` is openai_batch."""
+    if config.input_format == "parquet":
+        return inspect_inputs(config.input_uri, storage, known)
+    converted = convert_batch_files(config.input_uri, storage, storage.join(config.output_uri, CONVERTED))
+    if not converted:
+        raise InputError(f"input_uri {config.input_uri!r}: its JSONL files hold no request")
+    now = {_source_key(u) for u in converted}
+    replaced = sorted(f.uri for f in known or [] if _source_key(f.uri) in now and f.uri not in converted)
+    if replaced:
+        raise InputError(
+            f"OpenAI batch files changed since this job started at {config.output_uri} (their earlier conversions: "
+            + ", ".join(replaced) + "). Use a new output_uri, or rerun with --restart to start over."
+        )
+    with ThreadPoolExecutor(PARALLEL_FILES) as pool:
+        reports = list(pool.map(lambda uri: inspect_inputs(uri, storage, known), converted))
+    files = [f for r in reports for f in r.files]
+    return InputReport(files, sum(f.rows for f in files), footers_read=sum(r.footers_read for r in reports))
+
+
+# ---------------------------------------------------------------- export
+
+
+class ExportError(ValueError):
+    pass
+
+
+def _request_ids(job_id: str, custom_id: str) -> tuple[str, str]:
+    digest = _identity_hash(job_id, custom_id)
+    return f"batch_req_{digest[:24]}", f"req_{digest[24:48]}"
+
+
+def _chat_logprobs(entries: Optional[list[dict]]) -> Optional[dict]:
+    if entries is None:
+        return None
+
+    def one(e: dict) -> dict:
+        return {"token": e["token"], "logprob": e["logprob"], "bytes": list(e["token"].encode("utf-8"))}
+
+    return {"content": [{**one(e), "top_logprobs": [one(t) for t in e.get("top_logprobs") or []]} for e in entries],
+            "refusal": None}
+
+
+def _completion_logprobs(entries: Optional[list[dict]]) -> Optional[dict]:
+    if entries is None:
+        return None
+    offsets, at = [], 0
+    for e in entries:
+        offsets.append(at)
+        at += len(e["token"])
+    return {
+        "tokens": [e["token"] for e in entries],
+        "token_logprobs": [e["logprob"] for e in entries],
+        "top_logprobs": [{t["token"]: t["logprob"] for t in e.get("top_logprobs") or []} for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def _meta(row: dict, where: str) -> dict:
+    try:
+        meta = json.loads(row["metadata"]) if isinstance(row.get("metadata"), str) else None
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict) or meta.get("url") not in URLS:
+        raise ExportError(f"{where}: row of id {row['id']!r} has no OpenAI batch metadata (not converted from a batch file)")
+    return meta
+
+
+def result_line(samples: list[dict], job_id: str, created: int, where: str) -> dict:
+    """One custom_id's output rows (its samples) -> its line of results.jsonl."""
+    first = samples[0]
+    meta = _meta(first, where)
+    batch_id, request_id = _request_ids(job_id, first["id"])
+    chat = URLS[meta["url"]] == "chat"
+    choices = []
+    for s in sorted(samples, key=lambda s: s.get("sample_index") or 0):
+        choice = {"index": s.get("sample_index") or 0, "finish_reason": s["finish_reason"], "stop_reason": s.get("stop_reason")}
+        if chat:
+            message = {"role": "assistant", "content": s["text"], "refusal": None}
+            if s.get("reasoning") is not None:
+                message["reasoning"] = s["reasoning"]
+            choice.update(message=message, logprobs=_chat_logprobs(s.get("logprobs")))
+        else:
+            choice.update(text=s["text"], logprobs=_completion_logprobs(s.get("logprobs")))
+        choices.append(choice)
+    completion_tokens = sum(s["generated_tokens"] for s in samples)
+    body = {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{request_id[4:]}",
+        "object": "chat.completion" if chat else "text_completion",
+        "created": created,
+        "model": meta.get("model") or first["model"],
+        "choices": choices,
+        "usage": {"prompt_tokens": first["prompt_tokens"], "completion_tokens": completion_tokens,
+                  "total_tokens": first["prompt_tokens"] + completion_tokens},
+    }
+    if first.get("prompt_logprobs") is not None:
+        body["prompt_logprobs"] = first["prompt_logprobs"]
+    return {"id": batch_id, "custom_id": first["id"], "response": {"status_code": 200, "request_id": request_id, "body": body},
+            "error": None}
+
+
+def error_line(row: dict, job_id: str) -> dict:
+    """One custom_id's error row -> its line of errors.jsonl: a 400 for the request's own
+    fault, a 500 for what the engine or the infrastructure failed."""
+    batch_id, request_id = _request_ids(job_id, row["id"])
+    server = bool(row.get("retryable")) or row.get("stage") == "generate"
+    error = {"message": row["message"], "type": "server_error" if server else "invalid_request_error",
+             "param": row.get("field"), "code": row["error_kind"]}
+    return {"id": batch_id, "custom_id": row["id"],
+            "response": {"status_code": 500 if server else 400, "request_id": request_id, "body": {"error": error}},
+            "error": {"code": row["error_kind"], "message": row["message"]}}
+
+
+def _grouped(rows: list[dict]) -> list[list[dict]]:
+    groups: dict[str, list[dict]] = {}
+    for row in sorted(rows, key=lambda r: (r.get("row") or 0, r.get("sample_index") or 0)):
+        groups.setdefault(row["id"], []).append(row)
+    return list(groups.values())
+
+
+def export_openai_batch(storage: Storage, output_uri: str, dest: Optional[str] = None) -> dict[str, Any]:
+    """Write DEST/results.jsonl and DEST/errors.jsonl from the committed units of a job that is
+    not running; returns what was written."""
+    location = OutputLocation(storage, output_uri)
+    try:
+        manifest = JobManifest.model_validate(location.read_manifest())
+    except FileNotFoundError:
+        raise ExportError(f"{output_uri}: no _job.json (not a specbatch job output)") from None
+    if manifest.status == "running":
+        raise ExportError(
+            f"{output_uri}: job {manifest.job_id} is running (or its driver was killed: _job.json still says running). "
+            "Wait for it to end, or rerun `specbatch run` on its config to finish it, then export."
+        )
+    if manifest.config.get("input_format", "parquet") != "openai_batch":
+        raise ExportError(f"{output_uri}: job {manifest.job_id} did not read OpenAI batch files (input_format is not openai_batch)")
+    dest = (dest or location.path("export", "openai_batch")).rstrip("/")
+    ended = manifest.ended_at or manifest.started_at
+    created = int(dt.datetime.fromisoformat(ended).timestamp())
+    units = sorted(location.committed_units())
+    counts = {"results": 0, "errors": 0, "units": len(units)}
+    with atomic_file(storage, storage.join(dest, "results.jsonl")) as results, \
+            atomic_file(storage, storage.join(dest, "errors.jsonl")) as errors:
+        for start in range(0, len(units), MARKERS_PER_READ):
+            for marker in location.markers(units[start:start + MARKERS_PER_READ]).values():
+                if "outputs" in marker.files:
+                    uri = location.path(marker.files["outputs"])
+                    for samples in _grouped(storage.read_parquet(uri).to_pylist()):
+                        results.write((json.dumps(result_line(samples, manifest.job_id, created, uri)) + "\n").encode())
+                        counts["results"] += 1
+                if "errors" in marker.files:
+                    seen = set()
+                    for row in storage.read_parquet(location.path(marker.files["errors"])).to_pylist():
+                        if row["id"] not in seen:
+                            seen.add(row["id"])
+                            errors.write((json.dumps(error_line(row, manifest.job_id)) + "\n").encode())
+                            counts["errors"] += 1
+    counts.update(dest=dest, status=manifest.status, input_rows=manifest.totals.input_rows)
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="specbatch export",
+        description="Write a finished job's outputs as OpenAI batch output files: DEST/results.jsonl (one line per "
+        "custom_id, its samples as the choices of one chat.completion or text_completion) and DEST/errors.jsonl (one "
+        "line per failed custom_id). The job must have read OpenAI batch files (input_format: openai_batch) and must "
+        "not be running.",
+        epilog="example:\n  specbatch export --format openai_batch s3://bucket/outputs/2026-11-29 --to s3://bucket/exports/2026-11-29",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("output_uri", metavar="OUTPUT_URI", help="the job's output location (local or s3://...)")
+    parser.add_argument("--format", required=True, choices=["openai_batch"], help="what to write")
+    parser.add_argument("--to", dest="dest", metavar="DEST", help="where the files go (default OUTPUT_URI/export/openai_batch/)")
+    parser.add_argument("--endpoint-url", help="S3-compatible endpoint (as storage.endpoint_url in job configs)")
+    parser.add_argument("--region")
+    args = parser.parse_args(argv)
+    storage = Storage(endpoint_url=args.endpoint_url, region=args.region)
+    try:
+        done = export_openai_batch(storage, args.output_uri, args.dest)
+    except (ExportError, FileNotFoundError) as exc:
+        print(f"specbatch export: refused: {exc}", file=sys.stderr)
+        return 2
+    print(f"specbatch export: {done['results']:,} results and {done['errors']:,} errors from {done['units']:,} units "
+          f"written to {done['dest']}/ (results.jsonl, errors.jsonl)")
+    if done["status"] == "failed":
+        print("specbatch export: warning: the job failed; requests of units it never committed are in neither file "
+              "(rerun `specbatch run` to finish them, then export again)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
