@@ -18,7 +18,7 @@ from pipeline.inputs import InputError
 from pipeline.openai_batch import CONVERTED, LISTED_PROBLEMS, inspect_job_inputs, main as export_main
 from pipeline.outputs import OutputLocation
 from pipeline.storage import Storage
-from schemas import JobManifest, JobTotals, ModelFingerprint, Versions
+from schemas import ErrorRow, JobManifest, JobTotals, ModelFingerprint, OutputRow, Versions, arrow_schema
 from tests.conftest import job_config, record_s3_requests
 from tests.test_outputs import stats
 
@@ -217,35 +217,17 @@ def test_input_format_is_validated_in_the_config():
 
 
 TOKEN = pa.struct([("token_id", pa.int64()), ("token", pa.string()), ("logprob", pa.float64())])
-LOGPROBS = pa.list_(pa.struct([("token_id", pa.int64()), ("token", pa.string()), ("logprob", pa.float64()),
-                               ("top_logprobs", pa.list_(TOKEN))]))
-
-
 def output_table(rows: list[dict]) -> pa.Table:
-    """outputs/ rows of the output contract. Built here until the row contract change lands;
-    then: pa.Table.from_pylist(rows, schema=arrow_schema(OutputRow, metadata=pa.string()))."""
-    schema = pa.schema([
-        ("id", pa.string()), ("sample_index", pa.int64()), ("text", pa.string()), ("finish_reason", pa.string()),
-        ("stop_reason", pa.string()), ("parsed", pa.bool_()), ("parse_error", pa.string()), ("reasoning", pa.string()),
-        ("logprobs", LOGPROBS), ("prompt_logprobs", LOGPROBS), ("prompt_tokens", pa.int64()),
-        ("generated_tokens", pa.int64()), ("draft_tokens", pa.int64()), ("accepted_tokens", pa.int64()),
-        ("num_drafts", pa.int64()), ("mean_acceptance_length", pa.float64()), ("max_tokens_clipped", pa.bool_()),
-        ("model", pa.string()), ("drafter", pa.string()), ("source", pa.string()), ("row", pa.int64()),
-        ("unit_id", pa.string()), ("metadata", pa.string()),
-    ])
+    """outputs/ rows of the output contract, as the engine actor writes them."""
     defaults = dict(stop_reason=None, parsed=None, parse_error=None, reasoning=None, logprobs=None, prompt_logprobs=None,
                     draft_tokens=0, accepted_tokens=0, num_drafts=0, mean_acceptance_length=1.0,
                     max_tokens_clipped=False, model="target@abc", drafter=None, source="in.parquet")
-    return pa.Table.from_pylist([{**defaults, **r} for r in rows], schema=schema)
+    return pa.Table.from_pylist([{**defaults, **r} for r in rows], schema=arrow_schema(OutputRow, metadata=pa.string()))
 
 
 def error_table(rows: list[dict]) -> pa.Table:
     defaults = dict(source="in.parquet", field=None, retryable=False)
-    return pa.Table.from_pylist([{**defaults, **r} for r in rows], schema=pa.schema([
-        ("id", pa.string()), ("source", pa.string()), ("row", pa.int64()), ("stage", pa.string()),
-        ("error_kind", pa.string()), ("field", pa.string()), ("message", pa.string()), ("retryable", pa.bool_()),
-        ("unit_id", pa.string()),
-    ]))
+    return pa.Table.from_pylist([{**defaults, **r} for r in rows], schema=arrow_schema(ErrorRow))
 
 
 def meta(url: str, line: int, model: str | None = "gpt-4o-mini") -> str:
