@@ -216,7 +216,6 @@ def test_input_format_is_validated_in_the_config():
 # ---------------------------------------------------------------- export
 
 
-TOKEN = pa.struct([("token_id", pa.int64()), ("token", pa.string()), ("logprob", pa.float64())])
 def output_table(rows: list[dict]) -> pa.Table:
     """outputs/ rows of the output contract, as the engine actor writes them."""
     defaults = dict(stop_reason=None, parsed=None, parse_error=None, reasoning=None, logprobs=None, prompt_logprobs=None,
@@ -347,3 +346,65 @@ def test_export_is_a_specbatch_subcommand_whose_help_ends_with_an_example(capsys
     with pytest.raises(SystemExit):
         main(["export", "--help"])
     assert capsys.readouterr().out.rstrip().splitlines()[-1].strip().startswith("specbatch export --format openai_batch ")
+
+
+# ---------------------------------------------------------------- end to end
+
+
+def test_a_batch_file_runs_through_the_engine_and_exports(tmp_path, ray_local, capsys):
+    """JSONL in, a real job on vLLM's CPU build with the kit's EAGLE-3.1 drafter, export out, read
+    back through the openai package; a rerun converts nothing and starts no engine."""
+    from openai.types import BatchError, Completion
+    from openai.types.chat import ChatCompletion
+
+    from pipeline.runner import run_job
+    from pipeline.tinykit import kit_paths
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"],
+              "additionalProperties": False}
+    chat = lambda cid, body: {"custom_id": cid, "method": "POST", "url": "/v1/chat/completions",  # noqa: E731
+                              "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "import os"}], **body}}
+    lines = [
+        chat("lp", {"logprobs": True, "top_logprobs": 2, "max_tokens": 8}),
+        chat("json", {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}, "max_tokens": 24}),
+        chat("sampled", {"n": 2, "temperature": 0.7}),  # refused per row: the CPU build cannot sample with the drafter
+        {"custom_id": "cmpl", "method": "POST", "url": "/v1/completions",
+         "body": {"model": "davinci-002", "prompt": "def f(x):\n    return", "max_tokens": 12, "stop": ["\n"], "logprobs": 1}},
+        {"custom_id": "min-p", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x = ", "min_p": 0.1}},
+    ]
+    write_jsonl(tmp_path / "batch" / "requests.jsonl", lines)
+    kit = kit_paths()
+    config = parse_config(job_config(
+        str(tmp_path / "batch"), str(tmp_path / "out"), {"target": kit["target"], "drafter": kit["drafter_eagle31"]},
+        input_format="openai_batch", engine={"json_whitespace": False}, retries={"max_error_fraction": 0.5},
+    ))
+    manifest = run_job(config, progress=False)
+    assert (manifest.status, manifest.totals.input_rows, manifest.totals.error_rows) == ("succeeded", 5, 2)  # within 0.5
+    location = OutputLocation(Storage(), config.output_uri)
+    stats = location.read_table("stats").to_pylist()
+    assert sum(s["draft_tokens"] for s in stats) > 0  # the drafter ran
+
+    assert export_main(["--format", "openai_batch", config.output_uri]) == 0
+    capsys.readouterr()
+    dest = location.path("export", "openai_batch")
+    results = {line["custom_id"]: line for line in read_jsonl(location.storage, f"{dest}/results.jsonl")}
+    errors = {line["custom_id"]: line for line in read_jsonl(location.storage, f"{dest}/errors.jsonl")}
+    assert sorted(results) == ["cmpl", "json", "lp"] and sorted(errors) == ["min-p", "sampled"]
+
+    outputs = {o["id"]: o for o in location.read_table("outputs").to_pylist()}
+    lp = ChatCompletion.model_validate(results["lp"]["response"]["body"])
+    content = lp.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == lp.choices[0].message.content == outputs["lp"]["text"]
+    assert all(len(t.top_logprobs) == 2 and t.top_logprobs[0].token == t.token for t in content)  # greedy
+    assert lp.usage.completion_tokens == outputs["lp"]["generated_tokens"] == len(content)
+    answer = ChatCompletion.model_validate(results["json"]["response"]["body"]).choices[0].message.content
+    assert set(json.loads(answer)) == {"n"} and outputs["json"]["parsed"] is True
+    cmpl = Completion.model_validate(results["cmpl"]["response"]["body"])
+    assert cmpl.model == "davinci-002" and "\n" not in cmpl.choices[0].text and cmpl.choices[0].logprobs.tokens
+    assert BatchError.model_validate(errors["sampled"]["error"]).code == "invalid_sampling"
+    assert "min_p" in BatchError.model_validate(errors["min-p"]["error"]).message
+
+    converted = converted_files(location.storage, config.output_uri)
+    again = run_job(config, progress=False)
+    assert again.attempts[-1].processed_rows == 0 and again.attempts[-1].ray_cluster is None  # no engine
+    assert converted_files(location.storage, config.output_uri) == converted
