@@ -207,6 +207,7 @@ def check_cluster_paths(config: JobConfig, nodes: int) -> None:
         "model.path": config.model.path,
         "model.tokenizer": config.model.tokenizer,
         "speculative.drafter": config.speculative.drafter if config.speculative.enabled else None,
+        **{f"lora.adapters.{name}": path for name, path in (config.lora.adapters if config.lora else {}).items()},
     }
     local = {
         name: path for name, path in paths.items()

@@ -346,6 +346,21 @@ class ChatConfig(Section):
     )
 
 
+class LoraConfig(Section):
+    """LoRA adapters a row may ask for by name in its `lora` column; rows without one use the
+    base model. vLLM loads up to `max_loras` adapters into one batch."""
+
+    adapters: dict[str, str] = Field(description="Name -> adapter folder in PEFT format (local path or URI).")
+    max_rank: int = Field(16, ge=1, description="The largest rank among the adapters (vLLM's max_lora_rank).")
+    max_loras: int = Field(4, ge=1, description="Adapters in one engine batch (vLLM's max_loras).")
+
+    @model_validator(mode="after")
+    def _named(self):
+        if not self.adapters:
+            raise ValueError("lora.adapters is empty; leave lora out for the base model only")
+        return self
+
+
 class ReplicaRange(Section):
     """An autoscaling engine pool: Ray Data starts `min` engines and adds engines up to `max`
     while work is queued and the cluster (or its autoscaler) has room for them."""
@@ -471,6 +486,7 @@ class JobConfig(Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     chat: ChatConfig = Field(default_factory=ChatConfig)
+    lora: Optional[LoraConfig] = None
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
     retries: RetriesConfig = Field(default_factory=RetriesConfig)
@@ -519,6 +535,17 @@ class JobConfig(Section):
         if conflicts:
             name, why = conflicts[0]
             raise ValueError(f"sampling.{name} with speculative.enabled: {why}")
+        return self
+
+    @model_validator(mode="after")
+    def _lora_runs_with_speculation(self):
+        if self.lora and self.speculation == "cpu" and self.speculative.num_speculative_tokens > 1:
+            raise ValueError(
+                "lora with speculative decoding on vLLM's CPU build: vLLM 0.32 crashes the engine at "
+                "num_speculative_tokens > 1 when the drafter shares the target's embedding, as EAGLE-3 drafters do "
+                "(measured, docs/sampling.md); use speculative.num_speculative_tokens: 1, speculative.enabled: false, "
+                "or GPU engines"
+            )
         return self
 
     @property
@@ -602,3 +629,9 @@ def _resolve_relative_paths(data: dict[str, Any], folder: Optional[Path], source
                 "could be relative to; use an absolute path or a URI"
             )
         parent[keys[-1]] = os.path.normpath(folder / value)
+    adapters = (data.get("lora") or {}).get("adapters") if isinstance(data.get("lora"), dict) else None
+    for name, value in (adapters or {}).items() if isinstance(adapters, dict) else ():
+        if isinstance(value, str) and "://" not in value and not Path(value).is_absolute():
+            if folder is None:
+                raise ConfigError(f"{source}: lora.adapters.{name} = {value!r} is a relative path, and the config is not a local file")
+            adapters[name] = os.path.normpath(folder / value)

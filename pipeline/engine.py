@@ -37,6 +37,8 @@ def engine_kwargs(config: JobConfig, *, speculative: bool | None = None, num_spe
         # group (pipeline/cluster.py), possibly on other nodes. vLLM's CPU build has no Ray
         # executor: there its own multiprocessing executor runs the workers on the actor's node.
         kwargs["distributed_executor_backend"] = "ray"
+    if config.lora:
+        kwargs.update(enable_lora=True, max_lora_rank=config.lora.max_rank, max_loras=config.lora.max_loras)
     kwargs["structured_outputs_config"] = {"backend": structured_backend(config)}
     if not engine.json_whitespace:
         kwargs["structured_outputs_config"]["disable_any_whitespace"] = True

@@ -42,6 +42,21 @@ from schemas import ErrorRow, OutputRow, UnitStats, arrow_schema
 FINAL_GENERATE_ERRORS = (ValueError, TypeError)
 
 
+def lora_requests(config: JobConfig) -> dict[str, Any]:
+    """vLLM LoRARequest of each configured adapter, from this node's copy of it."""
+    if not config.lora:
+        return {}
+    from vllm.lora.request import LoRARequest
+
+    from pipeline.model_cache import localize
+
+    storage = Storage.from_config(config.storage)
+    return {
+        name: LoRARequest(name, number, localize(path, storage))
+        for number, (name, path) in enumerate(sorted(config.lora.adapters.items()), start=1)
+    }
+
+
 class EngineCrash(RuntimeError):
     """The row killed the engine when it was the only one in it."""
 
@@ -70,6 +85,7 @@ class Generator:
         self.in_flight: dict[str, set[int]] = {}  # unit -> rows submitted and not finished
         self.dying = False
         self.metrics = ReplicaMetrics(job_id, self.actor_id)
+        self.lora_requests = lora_requests(self.config)
         tokenizer = self.engine.get_tokenizer()
         self.decode = lambda token_id: tokenizer.decode([token_id])
         self.reasoning_parser = reasoning_parser(self.config.chat.reasoning_parser, tokenizer)
@@ -90,7 +106,9 @@ class Generator:
         self.in_flight.setdefault(unit_id, set()).add(i)
         final = None
         try:
-            async for output in self.engine.generate(TokensPrompt(prompt_token_ids=row["prompt_token_ids"]), params, f"{unit_id}-{i}"):
+            prompt = TokensPrompt(prompt_token_ids=row["prompt_token_ids"])
+            lora = self.lora_requests.get(row["lora"]) if row.get("lora") else None
+            async for output in self.engine.generate(prompt, params, f"{unit_id}-{i}", lora_request=lora):
                 final = output
         except EngineDeadError as exc:
             await self._engine_died(exc)
@@ -208,6 +226,7 @@ class Generator:
             generated_tokens += sum(sample["generated_tokens"] for sample in samples)
             shared = dict(
                 id=row["id"], max_tokens_clipped=bool(row["max_tokens_clipped"]), model=self.model_id, drafter=self.drafter_id,
+                lora=row.get("lora"),
                 source=row["source"], row=row["row"], unit_id=unit_id,
             )
             outputs += [{**sample, **shared} for sample in samples]

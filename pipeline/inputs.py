@@ -70,6 +70,7 @@ COLUMN_CHECKS = {
     "stop": (lambda t: pa.types.is_null(t) or (pa.types.is_list(t) and (_is_string(t.value_type) or pa.types.is_null(t.value_type))), "list<string>"),
     "response_format": (lambda t: _is_string(t) or pa.types.is_null(t), "string (JSON text)"),
     "sampling": (lambda t: _is_string(t) or pa.types.is_null(t), "string (JSON text of an object)"),
+    "lora": (lambda t: _is_string(t) or pa.types.is_null(t), "string (an adapter name of lora.adapters)"),
 }
 
 

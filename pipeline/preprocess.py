@@ -8,6 +8,7 @@ its resolved sampling parameters, pipeline/sampling.py) or marked with an error 
 
 from __future__ import annotations
 
+import difflib
 import json
 from typing import Any
 
@@ -26,6 +27,7 @@ PREPARED_SCHEMA_FIELDS = [
     pa.field("prompt_token_ids", pa.list_(pa.int32())),
     pa.field("sampling", pa.string()),  # the resolved parameters, JSON (pipeline/sampling.py)
     pa.field("max_tokens_clipped", pa.bool_()),
+    pa.field("lora", pa.string()),
     pa.field("error_kind", pa.string()),
     pa.field("error_field", pa.string()),
     pa.field("error_message", pa.string()),
@@ -38,11 +40,11 @@ class Preprocessor:
 
     def __init__(
         self, tokenizer_path: str, max_model_len: int, sampling: dict[str, Any], chat: dict[str, Any] | None = None,
-        speculation: str | None = None, structured_backend: str = "auto", storage=None,
+        speculation: str | None = None, structured_backend: str = "auto", storage=None, lora_adapters=(),
     ):
         """`speculation`: None (off), "gpu" or "cpu" (vLLM's CPU build), and the engine's
         structured-output backend: what a row's parameters must run with. `storage` reaches a
-        tokenizer in object storage."""
+        tokenizer in object storage; `lora_adapters` are the names a row's `lora` may give."""
         from transformers import AutoTokenizer
 
         from pipeline.model_cache import localize  # a tokenizer in object storage: this node's cached copy
@@ -54,6 +56,7 @@ class Preprocessor:
         self.chat = ChatConfig.model_validate(chat or {})
         self.formats_checked: dict[str, str | None] = {}  # response_format JSON -> why vLLM refuses it
         self.speculation, self.structured_backend = speculation, structured_backend
+        self.lora_adapters = set(lora_adapters)
 
     def render(self, row: dict[str, Any], text_column: str) -> list[int]:
         if text_column == "messages":
@@ -94,6 +97,11 @@ class Preprocessor:
             raise RowError("invalid_response_format", "response_format", f"vLLM cannot compile it: {self.formats_checked[key]}")
 
     def prepare(self, row: dict[str, Any], text_column: str) -> dict[str, Any]:
+        lora = row.get("lora")
+        if lora is not None and lora not in self.lora_adapters:
+            close = difflib.get_close_matches(lora, self.lora_adapters, n=1)
+            known = f"did you mean {close[0]!r}?" if close else f"the job's lora.adapters: {sorted(self.lora_adapters) or 'none'}"
+            raise RowError("invalid_lora", "lora", f"no LoRA adapter {lora!r} ({known})")
         sampling = resolve(row, self.sampling, self.sampling_values)
         if self.speculation and sampling is not self.sampling:
             for name, why in speculation_conflicts(sampling, cpu_engine=self.speculation == "cpu")[:1]:
@@ -120,7 +128,7 @@ class Preprocessor:
             )
         values["max_tokens"] = min(values["max_tokens"], room)
         values["min_tokens"] = min(values["min_tokens"], values["max_tokens"])
-        return {"prompt_token_ids": token_ids, "sampling": json.dumps(values), "max_tokens_clipped": clipped}
+        return {"prompt_token_ids": token_ids, "sampling": json.dumps(values), "max_tokens_clipped": clipped, "lora": lora}
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         columns = {f.name: [] for f in PREPARED_SCHEMA_FIELDS}

@@ -82,23 +82,24 @@ def versions() -> Versions:
     )
 
 
-def model_fingerprint(path: str, storage: Optional[Storage] = None) -> ModelFingerprint:
+def model_fingerprint(path: str, storage: Optional[Storage] = None, config_name: str = "config.json") -> ModelFingerprint:
     """sha256 of the model's config.json in canonical form, and of each weight, index and
     tokenizer file its size and version: the mtime for a local folder, the ETag for a folder in
     object storage (from one listing; nothing is downloaded, and the ETags are what each node's
-    model cache copies and checks). Refuses a path without a config.json."""
+    model cache copies and checks). Refuses a path without a config.json (`config_name`: a LoRA
+    adapter's adapter_config.json)."""
     if not is_local(path):
         storage = storage or Storage()
         listed = remote_files(path, storage)
-        if "config.json" not in listed:
-            raise FileNotFoundError(f"{path}: no config.json (models are local folders or folders in your storage; no hub)")
-        config = json.loads(storage.read_bytes(f"{path.rstrip('/')}/config.json"))
+        if config_name not in listed:
+            raise FileNotFoundError(f"{path}: no {config_name} (models are local folders or folders in your storage; no hub)")
+        config = json.loads(storage.read_bytes(f"{path.rstrip('/')}/{config_name}"))
         files = {name: f"{info['size']}:{info['etag']}" for name, info in listed.items() if name.endswith(MODEL_FILE_SUFFIXES)}
     else:
         root = Path(path[len("file://"):] if path.startswith("file://") else path)
-        config_file = root / "config.json"
+        config_file = root / config_name
         if not config_file.is_file():
-            raise FileNotFoundError(f"{path}: no config.json (models are local folders or folders in your storage; no hub)")
+            raise FileNotFoundError(f"{path}: no {config_name} (models are local folders or folders in your storage; no hub)")
         config = json.loads(config_file.read_text())
         files = {}
         for file in sorted(root.iterdir()):
@@ -180,6 +181,7 @@ def build_dataset(
             speculation=config.speculation,
             structured_backend=structured_backend(config),
             storage=storage,  # a tokenizer in object storage is copied on the preprocess actor's node
+            lora_adapters=sorted(config.lora.adapters) if config.lora else (),
         ),
         batch_format="pyarrow",
         batch_size=None,
@@ -244,10 +246,21 @@ def results_decisive(config: JobConfig, target: ModelFingerprint, drafter: Optio
         "drafter files": drafter.files if drafter else None,
         "sampling": config.sampling.model_dump(mode="json"),
         "chat": config.chat.model_dump(mode="json"),
+        "lora": _adapter_fingerprints(config),
         "engine.max_model_len": config.engine.max_model_len,
         "engine.dtype": config.engine.dtype,
         "engine.seed": config.engine.seed,
         "resources.rows_per_unit": config.resources.rows_per_unit,
+    }
+
+
+def _adapter_fingerprints(config: JobConfig) -> Optional[dict]:
+    if not config.lora:
+        return None
+    storage = Storage.from_config(config.storage)
+    return {
+        name: model_fingerprint(path, storage, "adapter_config.json").model_dump(exclude={"path", "architectures"})
+        for name, path in sorted(config.lora.adapters.items())
     }
 
 

@@ -36,6 +36,7 @@ UNIT_COLUMNS = [
     pa.field("stop", pa.list_(pa.string())),
     pa.field("response_format", pa.string()),
     pa.field("sampling", pa.string()),
+    pa.field("lora", pa.string()),
 ]
 
 

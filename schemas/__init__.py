@@ -47,6 +47,7 @@ class PromptRow(Contract):
     sampling: Optional[str] = Field(
         None, description="Any other sampling parameter, JSON text of an object: {\"top_k\": 20, \"logprobs\": 5}."
     )
+    lora: Optional[str] = Field(None, description="A LoRA adapter by its name in the job's lora.adapters; null: the base model.")
     metadata: Any = Field(default=None, description="Passed through to outputs untouched.")
 
 
@@ -101,6 +102,7 @@ class OutputRow(Contract):
     )
     model: str
     drafter: Optional[str] = None
+    lora: Optional[str] = Field(None, description="The LoRA adapter that generated it; null: the base model.")
     source: str = Field(description="The input file the row came from.")
     row: int = Field(description="The row's position in its input file (0-based).")
     unit_id: str = Field(description="The work unit that generated it (outputs/<unit_id>.<token>.parquet).")
