@@ -41,13 +41,17 @@ def check_supported(fmt: ResponseFormat | dict | None, tokenizer, backend: str =
     cannot compile the format: the check the engine makes when a request arrives."""
     from vllm import SamplingParams
     from vllm.config import StructuredOutputsConfig
+    from vllm.exceptions import VLLMError
 
     params = structured_outputs(fmt)
     if params is None:
         return
     request = SamplingParams(structured_outputs=params)
     model = types.SimpleNamespace(is_diffusion=False)  # all the check reads of the model config
-    request._validate_structured_outputs(model, StructuredOutputsConfig(backend=backend), tokenizer)
+    try:
+        request._validate_structured_outputs(model, StructuredOutputsConfig(backend=backend), tokenizer)
+    except VLLMError as exc:  # not a ValueError
+        raise ValueError(str(exc)) from None
 
 
 @functools.lru_cache(maxsize=64)

@@ -175,6 +175,50 @@ def test_parameters_speculation_cannot_run_are_refused_in_the_config():
     assert plain.speculation is None
 
 
+def test_a_format_or_reasoning_parser_vllm_cannot_use_is_refused_before_any_engine(tmp_path, trained_kit):
+    from pipeline.config import ConfigError
+
+    write_prompts(tmp_path / "in" / "p.parquet", {"id": ["a"], "prompt": ["x = 1"]})
+    base = dict(input_uri=str(tmp_path / "in"), output_uri=str(tmp_path / "out"), kit=trained_kit)
+    grammar = job_config(**base, sampling={"response_format": {"type": "grammar", "grammar": "root ::= ("}})
+    with pytest.raises(ConfigError, match=r"sampling\.response_format: vLLM cannot compile it"):
+        run_job(parse_config(grammar), progress=False)
+    parser = job_config(**base, chat={"reasoning_parser": "deepseek_r1"})
+    with pytest.raises(ConfigError, match=r"chat\.reasoning_parser: .*could not locate think start/end tokens"):
+        run_job(parse_config(parser), progress=False)
+    unknown = job_config(**base, chat={"reasoning_parser": "deepseek"})
+    with pytest.raises(ConfigError, match=r"chat\.reasoning_parser: 'deepseek' is not one of vLLM's reasoning parsers"):
+        run_job(parse_config(unknown), progress=False)
+    assert not (tmp_path / "out").exists()  # refused before the job wrote anything
+
+
+def test_a_rows_format_vllm_cannot_compile_is_its_error(trained_kit):
+    from pipeline.preprocess import Preprocessor
+
+    pre = Preprocessor(trained_kit["target"], 256, {})
+    bad = {"prompt": "x = ", "response_format": json.dumps({"type": "grammar", "grammar": "root ::= ("})}
+    with pytest.raises(RowError) as err:
+        pre.prepare(bad, "prompt")
+    assert (err.value.kind, err.value.field) == ("invalid_response_format", "response_format")
+    assert "Invalid grammar specification" in err.value.message
+    good = {"prompt": "x = ", "response_format": json.dumps({"type": "regex", "regex": "[0-9]+"})}
+    assert json.loads(pre.prepare(good, "prompt")["sampling"])["response_format"]["regex"] == "[0-9]+"
+
+
+def test_a_reasoning_parser_splits_the_reasoning_off_the_answer(trained_kit):
+    """The kit's tokenizer has no <think> markers (refused above); with them added, as a
+    reasoning model's tokenizer has them, vLLM's deepseek_r1 parser splits each output."""
+    from transformers import AutoTokenizer
+
+    from pipeline.completions import reasoning_parser, split_reasoning
+
+    tokenizer = AutoTokenizer.from_pretrained(trained_kit["target"])
+    tokenizer.add_tokens(["<think>", "</think>"])
+    parser = reasoning_parser("deepseek_r1", tokenizer)
+    assert split_reasoning(parser, "<think>2 + 2 is 4</think>The answer is 4.") == ("2 + 2 is 4", "The answer is 4.")
+    assert split_reasoning(None, "plain") == (None, "plain")
+
+
 # ---------------------------------------------------------------- end to end
 
 
