@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 
 from pipeline.inputs import InputError, InputReport, inspect_inputs, short_name
 from pipeline.outputs import OutputLocation
-from pipeline.storage import Storage, _version_of
+from pipeline.storage import Storage
 from schemas import InputFile, JobManifest
 
 URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
@@ -357,18 +357,7 @@ def _source_key(converted_uri: str) -> str:
 
 def expand_sources(storage: Storage, input_uri: str) -> dict[str, dict[str, Any]]:
     """A JSONL file, a folder of `.jsonl` files (recursively) or a glob -> {URI: {size, version}}."""
-    fs, path = storage.fs(input_uri)
-
-    def expand():
-        if any(ch in path for ch in "*?["):
-            return {p: i for p, i in fs.glob(path, detail=True).items() if i.get("type") == "file"}
-        if fs.isdir(path):
-            return {p: i for p, i in fs.find(path, detail=True).items() if p.endswith(".jsonl")}
-        return {path: fs.info(path)} if fs.exists(path) else {}
-
-    found = storage.retrying(f"list {input_uri}", expand)
-    return {storage._unstrip(input_uri, p): {"size": int(i.get("size") or 0), "version": _version_of(i)}
-            for p, i in sorted(found.items())}
+    return storage.expand_input(input_uri, ".jsonl")
 
 
 def _convert_file(storage: Storage, uri: str, info: dict, folder: str) -> tuple[list[str], list[str], int]:

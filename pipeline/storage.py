@@ -204,8 +204,8 @@ class Storage:
                 return keys
             token = {"ContinuationToken": page["NextContinuationToken"]}
 
-    def expand_input(self, uri: str) -> dict[str, dict[str, Any]]:
-        """A Parquet file, a folder of them (recursively) or a glob -> {file URI: {size,
+    def expand_input(self, uri: str, suffix: str = ".parquet") -> dict[str, dict[str, Any]]:
+        """A file, a folder of `suffix` files (recursively) or a glob -> {file URI: {size,
         version}}, sorted, from listings only (no request per file)."""
         fs, path = self.fs(uri)
 
@@ -213,7 +213,7 @@ class Storage:
             if any(ch in path for ch in "*?["):
                 return {p: i for p, i in fs.glob(path, detail=True).items() if i.get("type") == "file"}
             if fs.isdir(path):
-                return {p: i for p, i in fs.find(path, detail=True).items() if p.endswith(".parquet")}
+                return {p: i for p, i in fs.find(path, detail=True).items() if p.endswith(suffix)}
             return {path: fs.info(path)} if fs.exists(path) else {}
 
         found = self.retrying(f"list {uri}", expand)
