@@ -148,7 +148,8 @@ def test_sample_is_the_jobs_own_prompts_prepared_as_the_job_does(tmp_path):
     prompts, skipped = sample_prompts(config, Storage(), 100)
     assert len(prompts) == 30 and skipped == 2  # all good rows; the two empty prompts refused
     assert {p["id"] for p in prompts} == {f"a{i}" for i in range(20)} | {f"b{i}" for i in range(10)}
-    assert all(p["prompt_token_ids"] and p["max_tokens"] == 16 and p["temperature"] == 0.0 for p in prompts)
+    sampling = [json.loads(p["sampling"]) for p in prompts]
+    assert all(p["prompt_token_ids"] for p in prompts) and all(s["max_tokens"] == 16 and s["temperature"] == 0.0 for s in sampling)
     few, _ = sample_prompts(config, Storage(), 5, seed=1)
     assert len(few) == 5 and few == sample_prompts(config, Storage(), 5, seed=1)[0]  # the seed decides
 
