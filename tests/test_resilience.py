@@ -178,7 +178,7 @@ def test_driver_killed_then_rerun_completes_and_a_second_rerun_generates_nothing
     assert rerun.totals.output_rows == len(ids) and rerun.totals.units == len(units) and len(rerun.attempts) == 3
 
     # A change of results under the same output is refused, naming what changed...
-    changed = parse_config({**config, "sampling": {**config["sampling"], "temperature": 0.7}})
+    changed = parse_config({**config, "sampling": {**config["sampling"], "repetition_penalty": 1.1}})
     with pytest.raises(ResultsChanged, match=r"sampling: .*--restart"):
         run_job(changed, progress=False)
     # ...and so is an input file rewritten in place (its units would be new beside the old)...
