@@ -39,13 +39,13 @@ def structured_outputs(fmt: ResponseFormat | dict | None):
 def check_supported(fmt: ResponseFormat | dict | None, tokenizer, backend: str = "auto") -> None:
     """Raises ValueError when vLLM's structured-output backend (auto: xgrammar, then guidance)
     cannot compile the format: the check the engine makes when a request arrives."""
+    if _values(fmt) is None or _values(fmt)["type"] == "text":
+        return  # the driver imports no vLLM for a job without structured output
     from vllm import SamplingParams
     from vllm.config import StructuredOutputsConfig
     from vllm.exceptions import VLLMError
 
     params = structured_outputs(fmt)
-    if params is None:
-        return
     request = SamplingParams(structured_outputs=params)
     model = types.SimpleNamespace(is_diffusion=False)  # all the check reads of the model config
     try:

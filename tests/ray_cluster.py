@@ -124,10 +124,18 @@ class LocalCluster:
         children = [child for proc in mine for child in proc.children(recursive=True)]
         return mine + children
 
-    def kill_node(self, name: str) -> int:
+    def kill_node(self, name: str, wait_dead: bool = False) -> int:
         """SIGKILL every process of the node at once, as when a spot instance disappears.
-        Returns how many processes were killed."""
-        return _kill(self.node_processes(self.nodes.pop(name)))
+        Returns how many processes were killed. `wait_dead`: return once the GCS has declared
+        the node dead (until then it may still place actors there)."""
+        node = self.nodes.pop(name)
+        killed = _kill(self.node_processes(node))
+        deadline = time.time() + 180
+        while wait_dead and time.time() < deadline:
+            if not any(info["NodeID"] == node.node_id and info["Alive"] for info in self.ray_nodes()):
+                break
+            time.sleep(2)
+        return killed
 
     def engine_nodes(self) -> list[str]:
         return [name for name, node in self.nodes.items() if "engine_slot" in node.resources]

@@ -42,7 +42,7 @@ def engine_nodes(cluster: LocalCluster, count: int) -> None:
     """Exactly `count` live worker nodes with an engine slot (starting or killing nodes)."""
     names = cluster.engine_nodes()
     for name in names[count:]:
-        cluster.kill_node(name)
+        cluster.kill_node(name, wait_dead=True)  # or the next actor may be placed on it
     for i in range(count - len(names)):
         cluster.add_node(f"w{len(cluster.nodes)}{i}{int(time.time()) % 1000}", {"engine_slot": 1})
 
