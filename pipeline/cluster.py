@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import _thread
 import functools
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -304,9 +305,14 @@ class StallWatch(threading.Thread):
         while not self._stopped.wait(WATCH_SECONDS):
             if time.time() - self.last <= self.limit:
                 continue
-            waiting = self.watch.waiting()
+            try:
+                waiting = self.watch.waiting()
+            except Exception as exc:  # a GCS call that failed (a loaded or shrinking cluster): look again next round
+                logging.getLogger("specbatch").warning("stall watch: cannot read the cluster's state (%s)", exc)
+                continue
             with self._lock:
                 if waiting and not self._stopped.is_set():
                     self.waiting = waiting
+                    # Again each round until the driver stops the watch: an interrupt that lands in
+                    # code that swallows KeyboardInterrupt must not leave the job waiting forever.
                     _thread.interrupt_main()
-                    return

@@ -630,6 +630,7 @@ def _generate(
         except KeyboardInterrupt:
             if stall.waiting is None:
                 raise
+            stall.stop()
             note_losses()
             raise SchedulingStalled(stall_message(config, stall.waiting, stall.last)) from None
         except Exception as exc:

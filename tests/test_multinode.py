@@ -70,6 +70,14 @@ def write_job(tmp_path: Path, kit: dict, output_uri: str, units: int, rows_per_u
     return path, ids
 
 
+def run_cli(cluster: LocalCluster, config: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`specbatch run` to its end; a run that does not end in time fails the test with its output."""
+    try:
+        return subprocess.run([SPECBATCH, "run", str(config)], env=cluster.env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"specbatch run did not end in {timeout:g} s:\n{(exc.stderr or b'')[-4000:]}") from None
+
+
 def start(cluster: LocalCluster, config: Path, *flags: str) -> subprocess.Popen:
     return subprocess.Popen([SPECBATCH, "run", str(config), *flags], env=cluster.env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -204,7 +212,7 @@ def test_a_job_whose_engines_never_get_resources_stops_with_a_named_error(tmp_pa
     try:
         config, _ = write_job(tmp_path, random_kit, str(tmp_path / "out"), units=2,
                               resources={"replicas": 1}, retries={"stall_minutes": 0.4})
-        done = subprocess.run([SPECBATCH, "run", str(config)], env=cluster.env, capture_output=True, text=True, timeout=300)
+        done = run_cli(cluster, config)
     finally:
         subprocess.run([sys.executable, "-c", RELEASE_SLOTS, "1"], env=cluster.env, check=True, timeout=120)
     assert done.returncode == 1, done.stderr[-3000:]
@@ -261,7 +269,7 @@ def test_nodes_the_autoscaler_may_add_count_and_a_wait_for_them_ends(tmp_path, c
     assert refused.returncode == 2 and "needs {CPU: 1, big_node: 1}" in refused.stderr and "no autoscaler" in refused.stderr
     subprocess.run([sys.executable, "-c", PUBLISH_NODE_GROUP, "publish"], env=cluster.env, check=True, timeout=120)
     try:
-        waited = subprocess.run([SPECBATCH, "run", str(config)], env=cluster.env, capture_output=True, text=True, timeout=300)
+        waited = run_cli(cluster, config)
     finally:
         subprocess.run([sys.executable, "-c", PUBLISH_NODE_GROUP, "delete"], env=cluster.env, check=True, timeout=120)
     assert waited.returncode == 1, waited.stderr[-3000:]
