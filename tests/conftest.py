@@ -102,6 +102,15 @@ def ray_local():
 
 
 @pytest.fixture(scope="session")
+def trained_kit() -> dict[str, str]:
+    """The kit's trained target and its EAGLE-3.1 drafter."""
+    from pipeline.tinykit import kit_paths
+
+    kit = kit_paths()
+    return {"target": kit["target"], "drafter": kit["drafter_eagle31"]}
+
+
+@pytest.fixture(scope="session")
 def random_kit(tmp_path_factory) -> dict[str, str]:
     """Random weights: the drafter accepts nothing (acceptance 0)."""
     from pipeline.tinykit.random_kit import build_random_kit

@@ -63,14 +63,6 @@ def mixed_input(write) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def trained_kit() -> dict[str, str]:
-    from pipeline.tinykit import kit_paths
-
-    kit = kit_paths()
-    return {"target": kit["target"], "drafter": kit["drafter_eagle31"]}
-
-
-@pytest.fixture(scope="module")
 def s3_run(s3_endpoint, ray_local, trained_kit):
     """Spec on with the trained EAGLE-3.1 drafter, reading and writing s3:// on moto."""
     fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_endpoint})

@@ -18,11 +18,8 @@ PROMPTS = [f"def function_{i}(x):\n    return" for i in range(6)]
 
 
 @pytest.fixture(scope="module")
-def kit() -> dict[str, str]:
-    from pipeline.tinykit import kit_paths
-
-    paths = kit_paths()
-    return {"target": paths["target"], "drafter": paths["drafter_eagle31"]}
+def kit(trained_kit) -> dict[str, str]:
+    return trained_kit
 
 
 def test_lora_with_deep_speculation_on_the_cpu_build_is_refused(kit):

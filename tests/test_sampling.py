@@ -98,14 +98,6 @@ def _run(root, kit, speculative: bool):
 
 
 @pytest.fixture(scope="module")
-def trained_kit() -> dict[str, str]:
-    from pipeline.tinykit import kit_paths
-
-    kit = kit_paths()
-    return {"target": kit["target"], "drafter": kit["drafter_eagle31"]}
-
-
-@pytest.fixture(scope="module")
 def spec_run(tmp_path_factory, ray_local, trained_kit):
     return _run(tmp_path_factory.mktemp("sampling-spec"), trained_kit, speculative=True)
 
