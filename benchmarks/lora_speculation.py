@@ -90,7 +90,7 @@ def main() -> None:
     from vllm.lora.request import LoRARequest
 
     from pipeline.config import load_config
-    from pipeline.demo import sample_prompts
+    from pipeline.tools.demo import sample_prompts
     from pipeline.engine import engine_kwargs
     from pipeline.stats import Acceptance
     from pipeline.tinykit.lora import write_lora_adapter

@@ -162,7 +162,7 @@ def prepare(workdir: Path, endpoint: str, n: int, max_tokens: int, tag: str) -> 
     import s3fs
     import yaml
 
-    from pipeline.demo import demo_models, sample_prompts
+    from pipeline.tools.demo import demo_models, sample_prompts
 
     models = demo_models(workdir)
     prompts = sample_prompts(n, seed=1)

@@ -70,7 +70,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     args = parser.parse_args()
 
-    from pipeline.demo import demo_models, write_sample_shards
+    from pipeline.tools.demo import demo_models, write_sample_shards
 
     workdir = Path(tempfile.mkdtemp(prefix="specbatch-resume-"))
     models = demo_models(workdir)

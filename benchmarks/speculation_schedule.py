@@ -3,7 +3,7 @@ depth schedule, on a job with a realistic tail, side by side in one run (issue 1
 
     python benchmarks/speculation_schedule.py [--rows 512] [--rounds 2] [--quick]
 
-1. The input: `--rows` prompts (pipeline.demo.sample_prompts) in one Parquet file with a
+1. The input: `--rows` prompts (pipeline.tools.demo.sample_prompts) in one Parquet file with a
    per-row `max_tokens`: a random (seeded) `--long-fraction` of the rows (default 20%) get
    `--long-tokens` (128), the rest `--short-tokens` (16). The long rows keep the engine busy at
    falling concurrency once the short ones are done: the tail of an offline job.
@@ -53,7 +53,7 @@ os.environ.update(
     TOKENIZERS_PARALLELISM="false",
     RAY_DATA_DISABLE_PROGRESS_BARS="1",
 )
-# The calibration's measuring processes run `python -m pipeline.calibrate`: make sure they
+# The calibration's measuring processes run `python -m pipeline.tools.calibrate`: make sure they
 # import this checkout.
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
@@ -68,7 +68,7 @@ def build_input(folder: Path, n: int, seed: int, short: int, long: int, long_fra
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.demo import sample_prompts
+    from pipeline.tools.demo import sample_prompts
 
     prompts = sample_prompts(n, seed)
     ids = [f"row-{i:05d}" for i in range(n)]
@@ -107,7 +107,7 @@ def with_speculation(config: dict, output_uri: str, speculative: dict) -> dict:
 
 
 def calibrate(config_path: Path, out: Path, args: argparse.Namespace):
-    from pipeline import calibrate as calibration
+    from pipeline.tools import calibrate as calibration
     from schemas.report import CalibrationReport
 
     argv = [str(config_path), "--sample", str(args.sample), "--depths", args.depths, "--concurrency", args.concurrency,
@@ -267,7 +267,7 @@ def main() -> None:
     print_calibration(report, calibration_seconds)
 
     runs: dict[str, tuple[str, dict]] = {"a": ("(a) speculation off", {"enabled": False})}
-    from pipeline.calibrate import best_depths
+    from pipeline.tools.calibrate import best_depths
     from pipeline.engine import schedule_text
 
     depth = best_depths(report.rows)[max(report.concurrencies)]  # the sweep's best static depth (vLLM alone)

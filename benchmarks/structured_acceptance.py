@@ -103,7 +103,7 @@ def main() -> None:
     from vllm.sampling_params import StructuredOutputsParams
 
     from pipeline.config import load_config
-    from pipeline.demo import sample_prompts
+    from pipeline.tools.demo import sample_prompts
     from pipeline.engine import engine_kwargs
     from pipeline.stats import Acceptance
 

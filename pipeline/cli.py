@@ -8,10 +8,10 @@ import sys
 
 # Commands whose modules own their argument parsing (`specbatch NAME --help`).
 DELEGATED = {
-    "report": ("pipeline.report", "cost per million tokens from jobs' _job.json and stats/"),
-    "calibrate": ("pipeline.calibrate", "measure speculation depths on the job's own prompts"),
-    "check-drafter": ("pipeline.drafter_check", "refuse a drafter that does not belong to its target"),
-    "export": ("pipeline.openai_batch", "write a job's outputs as OpenAI batch output files (--format openai_batch)"),
+    "report": ("pipeline.tools.report", "cost per million tokens from jobs' _job.json and stats/"),
+    "calibrate": ("pipeline.tools.calibrate", "measure speculation depths on the job's own prompts"),
+    "check-drafter": ("pipeline.tools.check_drafter", "refuse a drafter that does not belong to its target"),
+    "export": ("pipeline.tools.export", "write a job's outputs as OpenAI batch output files (--format openai_batch)"),
 }
 
 
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         return importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "demo":
-        from pipeline.demo import run_demo
+        from pipeline.tools.demo import run_demo
 
         return run_demo(args.workdir, rows=args.rows)
     if args.command == "run":

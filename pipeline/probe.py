@@ -88,7 +88,7 @@ def probe_rows(config: JobConfig, storage: Storage, units: Sequence[WorkUnit], n
 def measure(config: JobConfig, rows: Sequence[dict[str, Any]], near_limit_rows: int = 0) -> ProbeResult:
     """Runs where the engine may run (a GPU worker): one engine with the drafter at the
     configured depth, the rows generated once."""
-    from pipeline.calibrate import measure_depth
+    from pipeline.measure import measure_depth
 
     spec = config.speculative
     (m,) = measure_depth(config, spec.num_speculative_tokens, rows)

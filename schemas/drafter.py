@@ -78,7 +78,7 @@ class TargetInfo(Contract):
     vocab_size: int
     max_position_embeddings: Optional[int]
     dtype: Optional[str]
-    config_fingerprint: str = Field(description="pipeline.tinykit.fingerprint.target_config_fingerprint of the target.")
+    config_fingerprint: str = Field(description="pipeline.fingerprint.target_config_fingerprint of the target.")
     tokenizer_vocab_sha256: Optional[str]
 
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.calibrate import (
+from pipeline.tools.calibrate import (
     CalibrationError, apply_depth, best_depths, calibration_rows, main as calibrate_main, parse_concurrencies, parse_depths,
     sample_prompts, schedule_from, schedule_pays,
 )
 from pipeline.config import load_config, parse_config
-from pipeline.demo import sample_prompts as stdlib_lines
+from pipeline.tools.demo import sample_prompts as stdlib_lines
 from pipeline.storage import Storage
 from pipeline.tinykit import kit_paths
 from schemas.report import CalibrationReport

@@ -15,7 +15,8 @@ import pytest
 
 from pipeline.config import ConfigError, parse_config
 from pipeline.inputs import InputError
-from pipeline.openai_batch import CONVERTED, LISTED_PROBLEMS, inspect_job_inputs, main as export_main
+from pipeline.openai_batch import CONVERTED, LISTED_PROBLEMS, inspect_job_inputs
+from pipeline.tools.export import main as export_main
 from pipeline.outputs import OutputLocation
 from pipeline.storage import Storage
 from schemas import ErrorRow, JobManifest, JobTotals, ModelFingerprint, OutputRow, Versions, arrow_schema

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pytest
 
 from pipeline.outputs import OutputLocation
-from pipeline.prices import Prices
-from pipeline.report import JobData, ReportError, build_report, busy_seconds, default_report_uri, main as report_main
+from pipeline.tools.prices import Prices
+from pipeline.tools.report import JobData, ReportError, build_report, busy_seconds, default_report_uri, main as report_main
 from pipeline.storage import Storage
 from schemas import JobManifest, UnitStats
 from schemas.report import CostReport

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import parse_config
-from pipeline.drafter_check import format_report, inspect_drafter
+from pipeline.drafter_check import inspect_drafter
+from pipeline.tools.check_drafter import format_report
 from pipeline.outputs import OutputLocation
 from pipeline.probe import DrafterRejected
 from pipeline.runner import run_job

@@ -16,7 +16,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pipeline.tinykit import KIT_DIR, kit_paths  # noqa: E402
-from pipeline.tinykit.fingerprint import target_config_fingerprint  # noqa: E402
+from pipeline.fingerprint import target_config_fingerprint  # noqa: E402
 from pipeline.tinykit.random_kit import build_random_kit  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -127,7 +127,7 @@ def test_committed_kit_layout_and_manifest():
 def test_committed_kit_is_built_from_the_current_recipe():
     """The kit is cached by a content hash of the recipe (RECIPE, the stdlib corpus and the
     training code). A different hash means the committed kit is stale: rebuild it with
-    `python -m pipeline.tinykit.build pipeline/tinykit/kit` and re-run the benchmark."""
+    `python -m pipeline.tinykit.build models/tinykit` and re-run the benchmark."""
     from pipeline.tinykit import build, corpus
 
     m = json.loads((Path(KIT_DIR) / "RECIPE.json").read_text())

@@ -11,7 +11,7 @@
 
     python -m pipeline.tinykit.build OUT [--seed 0] [--threads 2] [--smoke]
 
-The committed kit (pipeline/tinykit/kit/) was made by this command with the defaults.
+The committed kit (models/tinykit/) was made by this command with the defaults.
 """
 from __future__ import annotations
 
@@ -68,17 +68,20 @@ def smoke(recipe: dict) -> dict:
     return r
 
 
-SOURCES = ("corpus.py", "model.py", "drafter.py", "train.py", "layout.py", "build.py", "fingerprint.py")
+HERE = Path(__file__).parent
+# The code the kit is built by; the fingerprint is the runtime's own (pipeline/fingerprint.py).
+SOURCES = tuple(HERE / n for n in ("corpus.py", "model.py", "drafter.py", "train.py", "layout.py", "build.py")) + (
+    HERE.parent / "fingerprint.py",
+)
 
 
 def recipe_hash(recipe: dict, corpus_sha: str) -> str:
     h = hashlib.sha256()
     h.update(json.dumps(recipe, sort_keys=True).encode())
     h.update(corpus_sha.encode())
-    here = Path(__file__).parent
-    for name in SOURCES:
-        h.update(name.encode())
-        h.update((here / name).read_bytes())
+    for path in SOURCES:
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
     return "sha256:" + h.hexdigest()
 
 

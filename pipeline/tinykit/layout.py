@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from .drafter import DrafterConfig, Eagle3Drafter
-from .fingerprint import target_config_fingerprint
+from pipeline.fingerprint import target_config_fingerprint
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 

@@ -27,10 +27,10 @@ from typing import Any, Optional, Sequence
 
 from pydantic import ValidationError
 
-from pipeline import plots
+from pipeline.tools import plots
 from pipeline.outputs import OutputLocation
 from pipeline.config import ACCEPTANCE_FLOOR
-from pipeline.prices import Prices, load_prices
+from pipeline.tools.prices import Prices, load_prices
 from pipeline.stats import Acceptance
 from pipeline.storage import Storage
 from schemas import JobManifest
@@ -512,7 +512,7 @@ def write_report(storage: Storage, out_uri: str, report: CostReport, jobs: Seque
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="specbatch report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("output_uris", nargs="+", metavar="OUTPUT_URI", help="job output locations (local or s3://...)")
-    parser.add_argument("--prices", help="YAML prices adding to / replacing pipeline/prices.yaml")
+    parser.add_argument("--prices", help="YAML prices adding to / replacing pipeline/tools/prices.yaml")
     parser.add_argument("--out", help="where report/ files go (default: see above)")
     parser.add_argument("--endpoint-url", help="S3-compatible endpoint (as storage.endpoint_url in job configs)")
     parser.add_argument("--region")

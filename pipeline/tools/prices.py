@@ -1,5 +1,5 @@
 """Prices for cost figures: dollars per hour per accelerator kind (per GPU) or, for CPU-only
-replicas, per node kind. Defaults in `pipeline/prices.yaml`; a user file of the same shape
+replicas, per node kind. Defaults in `pipeline/tools/prices.yaml`; a user file of the same shape
 adds to or replaces them (`--prices FILE`, a local path or any storage URI)."""
 
 from __future__ import annotations

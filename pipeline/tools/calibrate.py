@@ -29,7 +29,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -39,14 +38,14 @@ import yaml
 from pipeline.config import ConfigError, JobConfig, load_config, parse_config
 from pipeline.engine import schedule_text, structured_backend
 from pipeline.inputs import InputError, inspect_inputs
-from pipeline.prices import load_prices
-from pipeline.report import format_terminal_table, per_million, to_csv
+from pipeline.measure import measure_depth
+from pipeline.tools.prices import load_prices
+from pipeline.tools.report import format_terminal_table, per_million, to_csv
 from pipeline.stats import Acceptance
 from pipeline.storage import Storage
 from schemas import SAMPLING_OVERRIDE_COLUMNS
 from schemas.report import CalibrationReport, CalibrationRow, JobCheckRow
 
-WARMUP_PROMPTS = 4
 
 
 class CalibrationError(ValueError):
@@ -107,86 +106,6 @@ def sample_prompts(config: JobConfig, storage: Storage, n: int, seed: int = 0) -
 # ---------------------------------------------------------------- one depth, in its own process
 
 
-def concurrency_sample(prompts: Sequence[Any], concurrency: Optional[int]) -> list:
-    """The prompts measured at one concurrency: all of them at once (None), or enough to keep
-    `concurrency` sequences running for a while (twice as many, at least 8)."""
-    if concurrency is None:
-        return list(prompts)
-    return list(prompts[: max(2 * concurrency, 8)])
-
-
-def generate_at_concurrency(llm, token_prompts: list, params: list, concurrency: Optional[int]) -> list:
-    """Outputs in prompt order, with at most `concurrency` requests in the engine: a new one is
-    added as soon as one finishes, as in an offline job's steady state. None: all at once."""
-    if concurrency is None or concurrency >= len(token_prompts):
-        return llm.generate(token_prompts, params, use_tqdm=False)
-    engine, waiting, outputs = llm.llm_engine, list(range(len(token_prompts))), {}
-    running = 0
-    while waiting or running:
-        while waiting and running < concurrency:
-            i = waiting.pop(0)
-            engine.add_request(f"calibrate-{i}", token_prompts[i], params[i])
-            running += 1
-        for output in engine.step():
-            if output.finished:
-                outputs[int(output.request_id.split("-", 1)[1])] = output
-                running -= 1
-    return [outputs[i] for i in range(len(token_prompts))]
-
-
-def measure_depth(
-    config: JobConfig, depth: Optional[int], prompts: Sequence[dict[str, Any]], repeats: int = 1,
-    concurrencies: Sequence[Optional[int]] = (None,),
-) -> list[dict[str, Any]]:
-    """Runs in a fresh process: one engine at this depth (0 = off), a warm-up, then per
-    concurrency the sample `repeats` times; the fastest run is kept (the others were disturbed
-    by something else). With a depth schedule in the config, depth None measures it."""
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    from pipeline.engine import engine_kwargs, prepare_process_env
-    from pipeline.sampling import row_sampling_params
-
-    prepare_process_env(config)
-    engine_started = time.perf_counter()
-    llm = LLM(**engine_kwargs(config, speculative=depth != 0, num_speculative_tokens=depth or None))
-    engine_start_seconds = time.perf_counter() - engine_started
-    llm.generate([TokensPrompt(prompt_token_ids=p["prompt_token_ids"]) for p in prompts[:WARMUP_PROMPTS]],
-                 SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)
-    results = []
-    for concurrency in concurrencies:
-        sample = concurrency_sample(prompts, concurrency)
-        params = [row_sampling_params(p) for p in sample]
-        token_prompts = [TokensPrompt(prompt_token_ids=p["prompt_token_ids"]) for p in sample]
-        best = None
-        for _ in range(repeats):
-            started = time.perf_counter()
-            outputs = generate_at_concurrency(llm, token_prompts, params, concurrency)
-            seconds = time.perf_counter() - started
-            if best is None or seconds < best[0]:
-                best = (seconds, outputs)
-        seconds, outputs = best
-        acceptance = Acceptance()
-        for output in outputs:
-            for sample in output.outputs:  # every one of n samples drafted
-                acceptance = acceptance + Acceptance.from_request(sample.spec_decode_metrics)
-        results.append({
-            "depth": depth,
-            "concurrency": concurrency or len(outputs),
-            "prompts": len(outputs),
-            "prompt_tokens": sum(len(o.prompt_token_ids) for o in outputs),
-            "generated_tokens": sum(len(c.token_ids) for o in outputs for c in o.outputs),
-            "seconds": seconds,
-            "num_drafts": acceptance.num_drafts,
-            "draft_tokens": acceptance.draft_tokens,
-            "accepted_tokens": acceptance.accepted_tokens,
-            "accepted_per_position": acceptance.accepted_per_position,
-            "engine_start_seconds": engine_start_seconds,
-        })
-    llm.llm_engine.engine_core.shutdown()  # the engine's processes and memory go now, not at interpreter exit
-    return results
-
-
 def run_depth_in_subprocess(
     config: JobConfig, depth: Optional[int], prompts: Sequence[dict[str, Any]], repeats: int, workdir: Path,
     concurrencies: Sequence[Optional[int]] = (None,),
@@ -196,7 +115,7 @@ def run_depth_in_subprocess(
     request.write_text(json.dumps({"config": config.model_dump(mode="json"), "depth": depth, "prompts": list(prompts),
                                    "repeats": repeats, "concurrencies": list(concurrencies)}))
     with log.open("w") as out:
-        code = subprocess.call([sys.executable, "-m", "pipeline.calibrate", "--measure", str(request), str(result)], stdout=out, stderr=subprocess.STDOUT)
+        code = subprocess.call([sys.executable, "-m", "pipeline.tools.calibrate", "--measure", str(request), str(result)], stdout=out, stderr=subprocess.STDOUT)
     if code != 0 or not result.exists():
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
         raise CalibrationError(f"{name}: the measuring process failed (exit {code}):\n{tail}")
@@ -395,8 +314,8 @@ def to_markdown(report: CalibrationReport) -> str:
 def to_html(report: CalibrationReport) -> str:
     from html import escape
 
-    from pipeline import plots
-    from pipeline.report import calibration_plots
+    from pipeline.tools import plots
+    from pipeline.tools.report import calibration_plots
 
     header, rows = table(report)
     return "\n".join([
@@ -611,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job-check", type=int, default=512, metavar="ROWS",
                         help="run off, the best single depth and the schedule through the job itself on this many rows "
                         "of the input and recommend the fastest (default 512; 0 skips: vLLM alone decides)")
-    parser.add_argument("--prices", help="YAML prices adding to / replacing pipeline/prices.yaml")
+    parser.add_argument("--prices", help="YAML prices adding to / replacing pipeline/tools/prices.yaml")
     parser.add_argument("--out", help="where the table and snippet go (default OUTPUT_URI/calibration)")
     parser.add_argument("--apply", action="store_true", help="write the recommended depth into the job config")
     parser.add_argument("--seed", type=int, default=0, help="which rows are sampled")
