@@ -229,21 +229,24 @@ def _aux_states_expected(view: dict, weights: Optional[_Weights], target_hidden:
     return len(ids) if ids else 3
 
 
+def _declared(raw: dict, where: str) -> tuple[str, dict, Optional[str], Optional[str], Optional[int]]:
+    """(format, the EAGLE-3 view of the config, declared target name, declared target
+    fingerprint, declared depth) of a drafter config in EAGLE-3 or speculators format."""
+    if "speculators_model_type" not in raw and "speculators_config" not in raw:
+        declared = raw.get("specbatch_target") or {}
+        return "eagle3", raw, declared.get("name"), declared.get("config_fingerprint"), None
+    speculators = raw.get("speculators_config") or {}
+    verifier = speculators.get("verifier") or {}
+    methods = speculators.get("proposal_methods") or [{}]
+    view = _speculators_view(raw, where)
+    return "speculators", view, verifier.get("name_or_path"), None, methods[0].get("speculative_tokens")
+
+
 def read_drafter(drafter_path: str, target_layers: int) -> DrafterInfo:
     model_dir = Path(drafter_path)
     raw = _read_config(model_dir, "drafter")
     where = f"drafter {drafter_path}"
-    if "speculators_model_type" in raw or "speculators_config" in raw:
-        fmt, view = "speculators", _speculators_view(raw, where)
-        verifier = (raw.get("speculators_config") or {}).get("verifier") or {}
-        declared_name, declared_fp = verifier.get("name_or_path"), None
-        methods = (raw.get("speculators_config") or {}).get("proposal_methods") or [{}]
-        num_spec = methods[0].get("speculative_tokens")
-    else:
-        fmt, view = "eagle3", raw
-        declared = raw.get("specbatch_target") or {}
-        declared_name, declared_fp = declared.get("name"), declared.get("config_fingerprint")
-        num_spec = None
+    fmt, view, declared_name, declared_fp, num_spec = _declared(raw, where)
     hidden = _required(view, "hidden_size", where)
     vocab = _required(view, "vocab_size", where)
     target_hidden = view.get("target_hidden_size") or hidden

@@ -45,13 +45,12 @@ def measure_depth(
     concurrencies: Sequence[Optional[int]] = (None,),
 ) -> list[dict[str, Any]]:
     """Runs in a fresh process: one engine at this depth (0 = off), a warm-up, then per
-    concurrency the sample `repeats` times; the fastest run is kept (the others were disturbed
-    by something else). With a depth schedule in the config, depth None measures it."""
+    concurrency the sample `repeats` times. With a depth schedule in the config, depth None
+    measures it."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     from pipeline.engine import engine_kwargs, prepare_process_env
-    from pipeline.sampling import row_sampling_params
 
     prepare_process_env(config)
     engine_started = time.perf_counter()
@@ -59,35 +58,43 @@ def measure_depth(
     engine_start_seconds = time.perf_counter() - engine_started
     llm.generate([TokensPrompt(prompt_token_ids=p["prompt_token_ids"]) for p in prompts[:WARMUP_PROMPTS]],
                  SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)
-    results = []
-    for concurrency in concurrencies:
-        sample = concurrency_sample(prompts, concurrency)
-        params = [row_sampling_params(p) for p in sample]
-        token_prompts = [TokensPrompt(prompt_token_ids=p["prompt_token_ids"]) for p in sample]
-        best = None
-        for _ in range(repeats):
-            started = time.perf_counter()
-            outputs = generate_at_concurrency(llm, token_prompts, params, concurrency)
-            seconds = time.perf_counter() - started
-            if best is None or seconds < best[0]:
-                best = (seconds, outputs)
-        seconds, outputs = best
-        acceptance = Acceptance()
-        for output in outputs:
-            for sample in output.outputs:  # every one of n samples drafted
-                acceptance = acceptance + Acceptance.from_request(sample.spec_decode_metrics)
-        results.append({
-            "depth": depth,
-            "concurrency": concurrency or len(outputs),
-            "prompts": len(outputs),
-            "prompt_tokens": sum(len(o.prompt_token_ids) for o in outputs),
-            "generated_tokens": sum(len(c.token_ids) for o in outputs for c in o.outputs),
-            "seconds": seconds,
-            "num_drafts": acceptance.num_drafts,
-            "draft_tokens": acceptance.draft_tokens,
-            "accepted_tokens": acceptance.accepted_tokens,
-            "accepted_per_position": acceptance.accepted_per_position,
-            "engine_start_seconds": engine_start_seconds,
-        })
+    results = [_measure_at(llm, prompts, concurrency, repeats) for concurrency in concurrencies]
+    for result in results:
+        result.update(depth=depth, engine_start_seconds=engine_start_seconds)
     llm.llm_engine.engine_core.shutdown()  # the engine's processes and memory go now, not at interpreter exit
     return results
+
+
+def _measure_at(llm, prompts: Sequence[dict[str, Any]], concurrency: Optional[int], repeats: int) -> dict[str, Any]:
+    """The sample at one concurrency, `repeats` times; the fastest run is kept (the others were
+    disturbed by something else)."""
+    from vllm.inputs import TokensPrompt
+
+    from pipeline.sampling import row_sampling_params
+
+    sample = concurrency_sample(prompts, concurrency)
+    params = [row_sampling_params(p) for p in sample]
+    token_prompts = [TokensPrompt(prompt_token_ids=p["prompt_token_ids"]) for p in sample]
+    best = None
+    for _ in range(repeats):
+        started = time.perf_counter()
+        outputs = generate_at_concurrency(llm, token_prompts, params, concurrency)
+        seconds = time.perf_counter() - started
+        if best is None or seconds < best[0]:
+            best = (seconds, outputs)
+    seconds, outputs = best
+    acceptance = Acceptance()
+    for output in outputs:
+        for completion in output.outputs:  # every one of n samples drafted
+            acceptance = acceptance + Acceptance.from_request(completion.spec_decode_metrics)
+    return {
+        "concurrency": concurrency or len(outputs),
+        "prompts": len(outputs),
+        "prompt_tokens": sum(len(o.prompt_token_ids) for o in outputs),
+        "generated_tokens": sum(len(c.token_ids) for o in outputs for c in o.outputs),
+        "seconds": seconds,
+        "num_drafts": acceptance.num_drafts,
+        "draft_tokens": acceptance.draft_tokens,
+        "accepted_tokens": acceptance.accepted_tokens,
+        "accepted_per_position": acceptance.accepted_per_position,
+    }

@@ -207,9 +207,8 @@ def _structured_outputs(value: Any) -> dict:
     return _response_format({"type": key, key: spec}, field)
 
 
-def convert_request(request: Any, line: int, file: str) -> tuple[str, dict]:
-    """One request line (parsed JSON) -> (kind, row of the prompt row contract); LineProblem
-    names the field of what cannot be run."""
+def _envelope(request: Any) -> tuple[str, str, str, dict]:
+    """(custom_id, url, kind, body) of a request line, its envelope checked."""
     if not isinstance(request, dict):
         raise LineProblem("(line)", "expected a JSON object {custom_id, method, url, body}")
     unknown = set(request) - {"custom_id", "method", "url", "body"}
@@ -223,36 +222,44 @@ def convert_request(request: Any, line: int, file: str) -> tuple[str, dict]:
     url = request.get("url")
     if url not in URLS:
         raise LineProblem("url", f"{json.dumps(url)} is not supported (one of {', '.join(URLS)})")
-    kind, body = URLS[url], request.get("body")
+    body = request.get("body")
     if not isinstance(body, dict):
         raise LineProblem("body", "expected an object")
-    body = {k: v for k, v in body.items() if v is not None}  # null means not given, as at OpenAI's endpoint
-    row: dict[str, Any] = {"id": custom_id}
-    sampling: dict[str, Any] = {}
-    if kind == "chat":
-        if "messages" not in body:
-            raise LineProblem("body.messages", "missing")
-        row["messages"] = _messages(body.pop("messages"))
-        if "max_completion_tokens" in body:
-            value = _typed(body, "max_completion_tokens", "int")
-            if "max_tokens" in body and body["max_tokens"] != value:
-                raise LineProblem("body.max_completion_tokens", "differs from body.max_tokens; give one of them")
-            body["max_tokens"] = body.pop("max_completion_tokens")
-        if "top_logprobs" in body and body.get("logprobs") is not True:
-            raise LineProblem("body.top_logprobs", "requires logprobs: true")
-        if "logprobs" in body and _typed(body, "logprobs", "bool"):
-            sampling["logprobs"] = _typed(body, "top_logprobs", "int") if "top_logprobs" in body else 0
-        body.pop("logprobs", None), body.pop("top_logprobs", None)
-    else:
-        prompt = body.pop("prompt", None)
-        if not isinstance(prompt, str):
-            raise LineProblem("body.prompt", "expected a string (a list of prompts, or token ids, is not supported)")
-        row["prompt"] = prompt
-        if "logprobs" in body:
-            sampling["logprobs"] = _typed(body, "logprobs", "int")
-            del body["logprobs"]
-        if body.get("suffix") == "":
-            del body["suffix"]
+    return custom_id, url, URLS[url], {k: v for k, v in body.items() if v is not None}  # null: not given, as at OpenAI
+
+
+def _chat_body(body: dict, row: dict, sampling: dict) -> None:
+    """Takes a chat request's own fields out of `body`."""
+    if "messages" not in body:
+        raise LineProblem("body.messages", "missing")
+    row["messages"] = _messages(body.pop("messages"))
+    if "max_completion_tokens" in body:
+        value = _typed(body, "max_completion_tokens", "int")
+        if "max_tokens" in body and body["max_tokens"] != value:
+            raise LineProblem("body.max_completion_tokens", "differs from body.max_tokens; give one of them")
+        body["max_tokens"] = body.pop("max_completion_tokens")
+    if "top_logprobs" in body and body.get("logprobs") is not True:
+        raise LineProblem("body.top_logprobs", "requires logprobs: true")
+    if "logprobs" in body and _typed(body, "logprobs", "bool"):
+        sampling["logprobs"] = _typed(body, "top_logprobs", "int") if "top_logprobs" in body else 0
+    body.pop("logprobs", None), body.pop("top_logprobs", None)
+
+
+def _completion_body(body: dict, row: dict, sampling: dict) -> None:
+    """Takes a completion request's own fields out of `body`."""
+    prompt = body.pop("prompt", None)
+    if not isinstance(prompt, str):
+        raise LineProblem("body.prompt", "expected a string (a list of prompts, or token ids, is not supported)")
+    row["prompt"] = prompt
+    if "logprobs" in body:
+        sampling["logprobs"] = _typed(body, "logprobs", "int")
+        del body["logprobs"]
+    if body.get("suffix") == "":
+        del body["suffix"]
+
+
+def _shared_body(body: dict, row: dict, sampling: dict) -> None:
+    """The fields both kinds share; anything left that specbatch cannot honour is refused."""
     for name, default in DEFAULT_ONLY.items():
         if name in body and not _same(body.pop(name), default):
             raise LineProblem(f"body.{name}", f"only {json.dumps(default)} is supported")
@@ -277,6 +284,16 @@ def convert_request(request: Any, line: int, file: str) -> tuple[str, dict]:
                 row[where] = value
         elif name not in IGNORED_FIELDS:
             raise LineProblem(f"body.{name}", "not supported by specbatch (refused rather than ignored)")
+
+
+def convert_request(request: Any, line: int, file: str) -> tuple[str, dict]:
+    """One request line (parsed JSON) -> (kind, row of the prompt row contract); LineProblem
+    names the field of what cannot be run."""
+    custom_id, url, kind, body = _envelope(request)
+    row: dict[str, Any] = {"id": custom_id}
+    sampling: dict[str, Any] = {}
+    (_chat_body if kind == "chat" else _completion_body)(body, row, sampling)
+    _shared_body(body, row, sampling)
     row["sampling"] = json.dumps(sampling, sort_keys=True) if sampling else None
     meta = {"url": url, "model": body.get("model") if isinstance(body.get("model"), str) else None, "file": file, "line": line}
     row["metadata"] = json.dumps(meta, sort_keys=True)
@@ -356,68 +373,86 @@ def expand_sources(storage: Storage, input_uri: str) -> dict[str, dict[str, Any]
     return storage.expand_input(input_uri, ".jsonl")
 
 
+class _FileConversion:
+    """One JSONL file's conversion: its rows to a Parquet sink per kind, its problems (the
+    first LISTED_PROBLEMS listed, all counted), and its custom_id hashes, so duplicates are
+    found without holding the ids. Once a problem is seen nothing more is written."""
+
+    def __init__(self, storage: Storage, uri: str, folder: str, base: str):
+        self.storage, self.uri, self.folder, self.base = storage, uri, folder, base
+        self.sinks: dict[str, _Sink] = {}
+        self.problems: list[str] = []
+        self.count = self.lines = 0
+        self.hashes, self.line_numbers = [], []
+        self.ids_batch, self.lines_batch = [], []
+
+    def note(self, line: int, custom_id: Any, field: str, message: str) -> None:
+        self.count += 1
+        if len(self.problems) < LISTED_PROBLEMS:
+            who = f"custom_id {json.dumps(custom_id)}" if isinstance(custom_id, str) and custom_id else "no custom_id"
+            self.problems.append(f"{self.uri}, line {line}, {who}: {field}: {message}")
+
+    def take(self, line: int, raw: bytes) -> None:
+        self.lines = line
+        if not raw.strip():
+            return
+        try:
+            request = json.loads(raw)
+        except ValueError as exc:
+            return self.note(line, None, "(line)", f"not JSON ({exc})")
+        custom_id = request.get("custom_id") if isinstance(request, dict) else None
+        try:
+            kind, row = convert_request(request, line, self.uri)
+        except LineProblem as exc:
+            return self.note(line, custom_id, exc.field, str(exc))
+        self.ids_batch.append(hashlib.blake2b(custom_id.encode(), digest_size=8).digest())
+        self.lines_batch.append(line)
+        if len(self.ids_batch) >= ROWS_PER_BATCH:
+            self._flush_ids()
+        if self.count:
+            return  # refused already: nothing more is written
+        if kind not in self.sinks:
+            self.sinks[kind] = _Sink(self.storage, self.storage.join(self.folder, f"{self.base}.{kind}.parquet"), kind)
+        self.sinks[kind].add(row)
+
+    def _flush_ids(self) -> None:
+        if self.ids_batch:
+            self.hashes.append(np.frombuffer(b"".join(self.ids_batch), dtype=np.uint64))
+            self.line_numbers.append(np.array(self.lines_batch, dtype=np.int64))
+            self.ids_batch, self.lines_batch = [], []
+
+    def check_duplicates(self) -> None:
+        self._flush_ids()
+        duplicates = _duplicates(self.hashes, self.line_numbers)
+        wanted = {line for line, _ in duplicates[:LISTED_PROBLEMS]}
+        named = _custom_ids_at(self.storage, self.uri, wanted) if duplicates else {}
+        for line, first in duplicates:
+            self.note(line, named.get(line), "custom_id", f"used again (first on line {first})")
+
+    def close(self, keep: bool) -> None:
+        for sink in self.sinks.values():
+            sink.close(keep)
+
+
 def _convert_file(storage: Storage, uri: str, info: dict, folder: str) -> tuple[list[str], list[str], int]:
     """Convert one JSONL file -> (converted URIs, problems (the first LISTED_PROBLEMS), count of
     problems). Nothing is kept unless every line converts."""
     base = converted_base(uri, info["size"], info["version"])
-    sinks: dict[str, _Sink] = {}
-    problems, count, lines_seen = [], 0, 0
-    hashes, line_numbers = [], []  # custom_id hashes: duplicates found without holding the ids
-    ids_batch, lines_batch = [], []
-
-    def note(line: int, custom_id: Any, field: str, message: str) -> None:
-        nonlocal count
-        count += 1
-        if len(problems) < LISTED_PROBLEMS:
-            who = f"custom_id {json.dumps(custom_id)}" if isinstance(custom_id, str) and custom_id else "no custom_id"
-            problems.append(f"{uri}, line {line}, {who}: {field}: {message}")
-
+    conversion = _FileConversion(storage, uri, folder, base)
     fs, path = storage.fs(uri)
     try:
         with storage.retrying(f"open {uri}", lambda: fs.open(path, "rb")) as f:
             for line, raw in enumerate(f, 1):
-                lines_seen = line
-                if not raw.strip():
-                    continue
-                try:
-                    request = json.loads(raw)
-                except ValueError as exc:
-                    note(line, None, "(line)", f"not JSON ({exc})")
-                    continue
-                custom_id = request.get("custom_id") if isinstance(request, dict) else None
-                try:
-                    kind, row = convert_request(request, line, uri)
-                except LineProblem as exc:
-                    note(line, custom_id, exc.field, str(exc))
-                    continue
-                ids_batch.append(hashlib.blake2b(custom_id.encode(), digest_size=8).digest())
-                lines_batch.append(line)
-                if len(ids_batch) >= ROWS_PER_BATCH:
-                    hashes.append(np.frombuffer(b"".join(ids_batch), dtype=np.uint64))
-                    line_numbers.append(np.array(lines_batch, dtype=np.int64))
-                    ids_batch, lines_batch = [], []
-                if count:
-                    continue  # refused already: nothing more is written
-                if kind not in sinks:
-                    sinks[kind] = _Sink(storage, storage.join(folder, f"{base}.{kind}.parquet"), kind)
-                sinks[kind].add(row)
-        if ids_batch:
-            hashes.append(np.frombuffer(b"".join(ids_batch), dtype=np.uint64))
-            line_numbers.append(np.array(lines_batch, dtype=np.int64))
-        duplicates = _duplicates(hashes, line_numbers)
-        named = _custom_ids_at(storage, uri, {line for line, _ in duplicates[:LISTED_PROBLEMS]}) if duplicates else {}
-        for line, first in duplicates:
-            note(line, named.get(line), "custom_id", f"used again (first on line {first})")
+                conversion.take(line, raw)
+        conversion.check_duplicates()
     except BaseException:
-        for sink in sinks.values():
-            sink.close(keep=False)
+        conversion.close(keep=False)
         raise
-    keep = count == 0
-    for sink in sinks.values():
-        sink.close(keep)
-    if not keep:
-        return [], problems, count
-    marker = {"source": uri, "size": info["size"], "version": info["version"], "lines": lines_seen,
+    conversion.close(keep=conversion.count == 0)
+    if conversion.count:
+        return [], conversion.problems, conversion.count
+    sinks = conversion.sinks
+    marker = {"source": uri, "size": info["size"], "version": info["version"], "lines": conversion.lines,
               "files": {k: posixpath.basename(s.uri) for k, s in sinks.items()}, "rows": {k: s.rows for k, s in sinks.items()}}
     storage.write_json(storage.join(folder, f"{base}.json"), marker)
     return sorted(s.uri for s in sinks.values()), [], 0

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 import hashlib
@@ -355,6 +356,62 @@ def _previous_manifest(location: OutputLocation) -> Optional[JobManifest]:
     return JobManifest.model_validate(doc)
 
 
+@dataclasses.dataclass
+class JobPlan:
+    """What a run or resume at `config.output_uri` would do, read without writing anything."""
+
+    location: OutputLocation
+    previous: Optional[JobManifest]
+    job_id: str
+    target: ModelFingerprint
+    drafter: Optional[ModelFingerprint]
+    inputs: InputReport
+    units: list[WorkUnit]
+    committed: set[str]
+    done: Optional[pa.Table]  # the committed units' stats rows
+    again: set[str]  # committed units that run again (their error rows)
+    todo: list[WorkUnit]
+
+    @property
+    def attempt_number(self) -> int:
+        return len(self.previous.attempts) + 1 if self.previous else 1
+
+
+def plan_job(config: JobConfig, job_id: Optional[str] = None, restart: bool = False, retry_errors: bool = False) -> JobPlan:
+    """The plan of a run: the previous run's manifest (a resume is refused if the results
+    would change), the input check, the units and the ones left to run. Reads only; an
+    OpenAI batch input is converted to Parquet under the output location first."""
+    storage = Storage.from_config(config.storage)
+    location = OutputLocation(storage, config.output_uri)
+    _refuse_a_file(location)
+    previous = None if restart else _previous_manifest(location)
+    target = model_fingerprint(config.model.path, storage)
+    drafter = model_fingerprint(config.speculative.drafter, storage) if config.speculative.enabled else None
+    if previous:
+        _refuse_changes(config, previous, target, drafter, location)
+    inputs = inspect_job_inputs(config, storage, previous.input_files if previous else None)
+    if previous:
+        _refuse_changed_inputs(config, previous, inputs)
+    units = plan_units(inputs.files, config.resources.rows_per_unit)
+    committed = set() if restart else location.committed_units()
+    done = location.stats_table(committed) if committed else None  # read once: units to retry, and a rerun's totals
+    again = error_units(done, retryable_only=not retry_errors) if done is not None else set()
+    todo = [u for u in units if u.unit_id not in committed or u.unit_id in again]
+    job_id = previous.job_id if previous else job_id or _new_job_id(config)
+    return JobPlan(location, previous, job_id, target, drafter, inputs, units, committed, done, again, todo)
+
+
+def check_before_any_engine(config: JobConfig, plan: JobPlan) -> list[str]:
+    """Refuses what one rendering pass and the configs reveal, and a drafter of another
+    target; returns the drafter checks downgraded to warnings."""
+    storage = plan.location.storage
+    check_before_engines(config, plan.inputs, storage)
+    if not config.speculative.enabled:
+        return []
+    spec = config.speculative
+    return check_drafter(config.model.path, spec.drafter, spec.checks_as_warnings, storage=storage).warnings
+
+
 def run_job(
     config: JobConfig,
     job_id: Optional[str] = None,
@@ -370,84 +427,74 @@ def run_job(
     error rows), which run again; a finished job reruns without starting an engine.
     `restart` wipes the location first; `take_over` takes the lease of a run whose heartbeat
     is stale; `address` is the Ray cluster to join (default RAY_ADDRESS, else a Ray of its own)."""
-    storage = Storage.from_config(config.storage)
-    location = OutputLocation(storage, config.output_uri)
-    _refuse_a_file(location)
-    previous = None if restart else _previous_manifest(location)
-    number = len(previous.attempts) + 1 if previous else 1
-    job_id = previous.job_id if previous else job_id or _new_job_id(config)
-    target = model_fingerprint(config.model.path, storage)
-    drafter = model_fingerprint(config.speculative.drafter, storage) if config.speculative.enabled else None
-    if previous:
-        _refuse_changes(config, previous, target, drafter, location)
-    inputs = inspect_job_inputs(config, storage, previous.input_files if previous else None)  # converts OpenAI batch files
-    if previous:
-        _refuse_changed_inputs(config, previous, inputs)
-
-    units = plan_units(inputs.files, config.resources.rows_per_unit)
-    committed = set() if restart else location.committed_units()
-    done = location.stats_table(committed) if committed else None  # read once: units to retry, and a rerun's totals
-    again = error_units(done, retryable_only=not retry_errors) if done is not None else set()
-    todo = [u for u in units if u.unit_id not in committed or u.unit_id in again]
-    if todo:  # refused before any engine starts: what one rendering pass and the configs reveal, ...
-        check_before_engines(config, inputs, storage)
-        if config.speculative.enabled:  # ... and a drafter of another target
-            report = check_drafter(
-                config.model.path, config.speculative.drafter, config.speculative.checks_as_warnings, storage=storage
-            )
-            for warning in report.warnings:
-                log.warning("drafter check downgraded to a warning: %s", warning)
-
-    lease = OutputLease(location, config.lease, job_id, number)
+    plan = plan_job(config, job_id, restart, retry_errors)
+    if plan.todo:
+        for warning in check_before_any_engine(config, plan):
+            log.warning("drafter check downgraded to a warning: %s", warning)
+    location, previous = plan.location, plan.previous
+    lease = OutputLease(location, config.lease, plan.job_id, plan.attempt_number)
     dead_owner = lease.acquire(take_over=take_over)
     try:
-        cluster = None
-        if todo:
-            logs, cluster = _ray_init(verbose, address)
-            _say(progress, f"Ray: {cluster}")
-            if logs and not verbose:
-                _say(progress, f"Ray's and vLLM's logs: {logs} (--verbose shows them here)")
-            nodes, can_add = cluster_capacity()  # refused before any engine starts: paths, and a graph that cannot fit
-            check_cluster_paths(config, len(nodes))
-            check_schedulable(config, nodes, can_add)
-        probe = _probe_drafter(config, storage, todo, previous, progress)
+        cluster = _join_cluster(config, progress, verbose, address) if plan.todo else None
+        probe = _probe_drafter(config, location.storage, plan.todo, previous, progress)
         if restart:
             location.clear()
         if previous:
             _close_killed_attempt(previous, dead_owner)
-        attempt = Attempt(
-            number=number,
-            started_at=_now(),
-            status="running",
-            skipped_rows=sum(u.rows for u in units) - sum(u.rows for u in todo),
-            units_planned=len(units),
-            units_skipped=len(units) - len(todo),
-            footers_read=inputs.footers_read,
-            ray_cluster=cluster,
-        )
-        manifest = JobManifest(
-            layout_version=LAYOUT_VERSION,
-            job_id=job_id,
-            status="running",
-            started_at=previous.started_at if previous else attempt.started_at,
-            config=config.redacted(),
-            results_fingerprint=results_fingerprint(config, target, drafter),
-            versions=versions(),
-            model=target,
-            drafter=drafter,
-            accelerator=config.resources.accelerator,
-            input_files=inputs.files,
-            totals=previous.totals if previous else JobTotals(input_rows=inputs.rows),
-            attempts=[*(previous.attempts if previous else []), attempt],
-            guard_events=previous.guard_events if previous else [],
-            probe=probe,
-        )
+        manifest = _new_manifest(config, plan, cluster, probe)
         location.write_manifest(manifest.model_dump(mode="json"))
-        _say(progress, _plan_summary(units, todo, len(again)))
-        _run_attempt(config, inputs, units, todo, committed, done, location, manifest, previous, target, drafter, progress, verbose)
+        _say(progress, _plan_summary(plan.units, plan.todo, len(plan.again)))
+        _run_attempt(
+            config, plan.inputs, plan.units, plan.todo, plan.committed, plan.done, location, manifest, previous,
+            plan.target, plan.drafter, progress, verbose,
+        )
     finally:
         lease.release()
     return manifest
+
+
+def _join_cluster(config: JobConfig, progress: bool, verbose: bool, address: Optional[str]) -> str:
+    """Joins (or starts) Ray; refuses local paths a multi-node cluster cannot read, and a
+    graph that cannot fit, before any engine starts."""
+    logs, cluster = _ray_init(verbose, address)
+    _say(progress, f"Ray: {cluster}")
+    if logs and not verbose:
+        _say(progress, f"Ray's and vLLM's logs: {logs} (--verbose shows them here)")
+    nodes, can_add = cluster_capacity()
+    check_cluster_paths(config, len(nodes))
+    check_schedulable(config, nodes, can_add)
+    return cluster
+
+
+def _new_manifest(config: JobConfig, plan: JobPlan, cluster: Optional[str], probe: Optional[ProbeResult]) -> JobManifest:
+    previous, units, todo = plan.previous, plan.units, plan.todo
+    attempt = Attempt(
+        number=plan.attempt_number,
+        started_at=_now(),
+        status="running",
+        skipped_rows=sum(u.rows for u in units) - sum(u.rows for u in todo),
+        units_planned=len(units),
+        units_skipped=len(units) - len(todo),
+        footers_read=plan.inputs.footers_read,
+        ray_cluster=cluster,
+    )
+    return JobManifest(
+        layout_version=LAYOUT_VERSION,
+        job_id=plan.job_id,
+        status="running",
+        started_at=previous.started_at if previous else attempt.started_at,
+        config=config.redacted(),
+        results_fingerprint=results_fingerprint(config, plan.target, plan.drafter),
+        versions=versions(),
+        model=plan.target,
+        drafter=plan.drafter,
+        accelerator=config.resources.accelerator,
+        input_files=plan.inputs.files,
+        totals=previous.totals if previous else JobTotals(input_rows=plan.inputs.rows),
+        attempts=[*(previous.attempts if previous else []), attempt],
+        guard_events=previous.guard_events if previous else [],
+        probe=probe,
+    )
 
 
 def _probe_drafter(
@@ -563,6 +610,41 @@ def plain_text(message: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", message)
 
 
+class _AttemptProgress:
+    """What the driver hears of an attempt's units: their stats rows (flushed to stats/ every
+    STATS_FLUSH_SECONDS), the error breaker, the acceptance guard and the progress line."""
+
+    def __init__(self, config: JobConfig, manifest: JobManifest, location: OutputLocation, heard: dict, total_rows: int,
+                 guard: Optional[AcceptanceGuard], progress: bool):
+        self.manifest, self.location, self.heard, self.total_rows = manifest, location, heard, total_rows
+        self.guard, self.progress = guard, progress
+        self.breaker = ErrorBreaker(config.retries)
+        self.started = self.flushed = time.time()
+        self.tokens = self.drafted = self.accepted = 0
+
+    def observe(self, stats: pa.Table) -> bool:
+        """Takes one batch of stats rows; True when the guard turned speculation off."""
+        attempt, rows = self.manifest.attempts[-1], stats.to_pylist()
+        for row in rows:
+            self.heard[row["unit_id"]] = row
+            self.breaker.observe(row)
+        attempt.processed_rows = sum(r["rows"] for r in self.heard.values())
+        self.tokens += sum(r["generated_tokens"] for r in rows)
+        self.drafted += sum(r["draft_tokens"] for r in rows)
+        self.accepted += sum(r["accepted_tokens"] for r in rows)
+        if self.progress:
+            acceptance = self.accepted / self.drafted if self.drafted else None
+            done = attempt.skipped_rows + attempt.processed_rows
+            _print_progress(done, self.total_rows, self.tokens, acceptance, time.time() - self.started)
+        if time.time() - self.flushed > STATS_FLUSH_SECONDS:
+            self.location.write_stats(attempt.number, list(self.heard.values()))
+            self.flushed = time.time()
+        events = [event for event in map(self.guard.observe, rows) if event] if self.guard else []
+        for event in events:
+            _apply_guard_event(event, self.manifest, self.location)
+        return any(event.action == "disable-speculation" for event in events)
+
+
 def _generate(
     config: JobConfig,
     todo: list[WorkUnit],
@@ -576,77 +658,70 @@ def _generate(
     """Run the Ray Data graph over the units not committed yet, feeding every stats row to the
     acceptance guard. The graph is rebuilt over the units still not committed when the guard
     disables speculation (leaving the loop shuts the graph down, killing its engines), and when
-    the dataset fails after a node left the cluster (up to `retries.max_node_losses`). Nodes
-    that leave are noted in `_job.json` when seen; a graph that commits nothing for
-    `retries.stall_minutes` while its actors wait for resources stops with SchedulingStalled."""
+    the dataset fails after a node left the cluster (up to `retries.max_node_losses`)."""
     attempt, guard_config = manifest.attempts[-1], config.speculative.guard
     # An earlier attempt's guard turned speculation off: a resume keeps it off.
     disabled = any(e.action == "disable-speculation" for e in manifest.guard_events)
     guard = AcceptanceGuard(guard_config, attempt.number) if guard_config and drafter and not disabled else None
-    breaker = ErrorBreaker(config.retries)
     total_rows = sum(u.rows for u in todo) + attempt.skipped_rows
-    started = flushed = time.time()
-    tokens = drafted = accepted = 0
+    heed = _AttemptProgress(config, manifest, location, heard, total_rows, guard, progress)
     while True:
         if disabled:
-            config, drafter, guard = _without_speculation(config), None, None
+            config, drafter, heed.guard = _without_speculation(config), None, None
         if not todo:
             return
         dataset = build_dataset(config, todo, model, drafter, manifest.job_id, disabled)
-        watch = ClusterWatch()
-        note_losses = functools.partial(_record_node_losses, watch, manifest, location, todo)
-        stall = StallWatch(watch, config.retries.stall_minutes * 60)
-        looked = time.time()
-        stall.start()
-        try:
-            for stats in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
-                stall.progress()
-                if time.time() - looked > WATCH_SECONDS:
-                    note_losses()
-                    looked = time.time()
-                rows = stats.to_pylist()
-                for row in rows:
-                    heard[row["unit_id"]] = row
-                    breaker.observe(row)
-                attempt.processed_rows = sum(r["rows"] for r in heard.values())
-                tokens += sum(r["generated_tokens"] for r in rows)
-                drafted += sum(r["draft_tokens"] for r in rows)
-                accepted += sum(r["accepted_tokens"] for r in rows)
-                if progress:
-                    done = attempt.skipped_rows + attempt.processed_rows
-                    _print_progress(done, total_rows, tokens, accepted / drafted if drafted else None, time.time() - started)
-                if time.time() - flushed > STATS_FLUSH_SECONDS:
-                    location.write_stats(attempt.number, list(heard.values()))
-                    flushed = time.time()
-                events = [event for event in map(guard.observe, rows) if event] if guard else []
-                for event in events:
-                    _apply_guard_event(event, manifest, location)
-                if any(event.action == "disable-speculation" for event in events):
-                    disabled = True
-                    break
-            else:
-                note_losses()
-                return
-        except KeyboardInterrupt:
-            if stall.waiting is None:
-                raise
-            stall.stop()
-            note_losses()
-            raise SchedulingStalled(stall_message(config, stall.waiting, stall.last)) from None
-        except Exception as exc:
-            if not watch.lost_nodes():
-                raise
-            _record_node_losses(watch, manifest, location, todo, exc)
-            if len(attempt.node_losses) > config.retries.max_node_losses:
-                raise RuntimeError(
-                    f"{len(attempt.node_losses)} Ray nodes lost in this attempt (retries.max_node_losses = "
-                    f"{config.retries.max_node_losses}); the last one failed the dataset: {plain_text(str(exc))[:500]}"
-                ) from exc
-            log.warning("%d node(s) lost; rebuilding the graph over the units not committed yet", len(watch.lost_nodes()))
-        finally:
-            stall.stop()
+        outcome = _run_graph(dataset, config, manifest, location, todo, heed)
+        if outcome == "finished":
+            return
+        disabled = disabled or outcome == "speculation-off"
         committed = location.committed_units()  # what the stopped engines committed
         todo = [u for u in todo if u.unit_id not in committed]
+
+
+def _run_graph(
+    dataset, config: JobConfig, manifest: JobManifest, location: OutputLocation, todo: list[WorkUnit],
+    heed: _AttemptProgress,
+) -> str:
+    """Iterates one graph: "finished", "speculation-off" (the guard turned it off) or
+    "node-lost" (the dataset failed after a node left). Nodes that leave are noted in
+    `_job.json` when seen; a graph that commits nothing for `retries.stall_minutes` while
+    its actors wait for resources stops with SchedulingStalled."""
+    attempt = manifest.attempts[-1]
+    watch = ClusterWatch()
+    note_losses = functools.partial(_record_node_losses, watch, manifest, location, todo)
+    stall = StallWatch(watch, config.retries.stall_minutes * 60)
+    looked = time.time()
+    stall.start()
+    try:
+        for stats in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
+            stall.progress()
+            if time.time() - looked > WATCH_SECONDS:
+                note_losses()
+                looked = time.time()
+            if heed.observe(stats):
+                return "speculation-off"
+        note_losses()
+        return "finished"
+    except KeyboardInterrupt:
+        if stall.waiting is None:
+            raise
+        stall.stop()
+        note_losses()
+        raise SchedulingStalled(stall_message(config, stall.waiting, stall.last)) from None
+    except Exception as exc:
+        if not watch.lost_nodes():
+            raise
+        _record_node_losses(watch, manifest, location, todo, exc)
+        if len(attempt.node_losses) > config.retries.max_node_losses:
+            raise RuntimeError(
+                f"{len(attempt.node_losses)} Ray nodes lost in this attempt (retries.max_node_losses = "
+                f"{config.retries.max_node_losses}); the last one failed the dataset: {plain_text(str(exc))[:500]}"
+            ) from exc
+        log.warning("%d node(s) lost; rebuilding the graph over the units not committed yet", len(watch.lost_nodes()))
+        return "node-lost"
+    finally:
+        stall.stop()
 
 
 def _record_node_losses(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Iterable
 
 import pyarrow as pa
 import pyarrow.parquet as pq

@@ -1,0 +1,126 @@
+"""The generation stage of the engine actor: a unit's rows as requests to the actor's one
+AsyncLLM engine, several units at once, with the engine's death recorded and its suspects
+narrowed down.
+
+When the engine dies (vLLM's EngineCore process killed by a GPU fault, CUDA OOM or the OOM
+killer; every call then raises EngineDeadError), nothing of the units in flight is committed:
+the stage records the death and, for each unit in flight, its suspects (rows submitted and not
+finished), then ends the process, so that Ray restarts the actor with a fresh engine and
+retries its units. A unit that was in flight at `retries.isolate_after_attempts` deaths is
+isolated: its other rows run as usual, its suspects run alone in the engine, half of them at a
+time, and a row that kills the engine when it is the only one in it is an `EngineCrash`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+from typing import Any, Optional
+
+from pipeline.outputs import OutputLocation
+from pipeline.sampling import row_sampling_params
+
+
+class EngineCrash(RuntimeError):
+    """The row killed the engine when it was the only one in it."""
+
+
+class EngineRequests:
+    def __init__(self, engine, location: OutputLocation, lora_requests: dict[str, Any], actor_id: str, node_id: str):
+        self.engine, self.location, self.lora_requests = engine, location, lora_requests
+        self.actor_id, self.node_id = actor_id, node_id
+        # An isolated unit's suspects run alone in the engine: they wait for the units in
+        # flight and hold off new ones.
+        self.isolation = asyncio.Lock()
+        self.units_generating = 0
+        self.isolated: Optional[str] = None
+        self.in_flight: dict[str, set[int]] = {}  # unit -> rows submitted and not finished
+        self.dying = False
+
+    async def run(self, unit_id: str, rows: list[dict], todo: list[int], suspects: Optional[dict]) -> dict[int, Any]:
+        """Each row of `todo`: its final RequestOutput, or the exception that ended it."""
+        async with self.isolation:  # not while another unit's suspects run alone
+            self.units_generating += 1
+        try:
+            if suspects is None:
+                return await self._generate_all(unit_id, rows, todo)
+            return await self._generate_isolated(unit_id, rows, todo, suspects)
+        finally:
+            self.units_generating -= 1
+            self.in_flight.pop(unit_id, None)
+
+    async def _generate(self, unit_id: str, i: int, row: dict[str, Any]):
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        params = row_sampling_params(row, output_kind=RequestOutputKind.FINAL_ONLY)
+        self.in_flight.setdefault(unit_id, set()).add(i)
+        final = None
+        try:
+            prompt = TokensPrompt(prompt_token_ids=row["prompt_token_ids"])
+            lora = self.lora_requests.get(row["lora"]) if row.get("lora") else None
+            async for output in self.engine.generate(prompt, params, f"{unit_id}-{i}", lora_request=lora):
+                final = output
+        except EngineDeadError as exc:
+            await self._engine_died(exc)
+        if self.engine.errored:
+            await self._engine_died(RuntimeError("the engine reports an error"))
+        self.in_flight[unit_id].discard(i)
+        return final
+
+    async def _generate_all(self, unit_id: str, rows: list[dict], todo: list[int]) -> dict[int, Any]:
+        results = await asyncio.gather(*(self._generate(unit_id, i, rows[i]) for i in todo), return_exceptions=True)
+        return dict(zip(todo, results))
+
+    async def _engine_died(self, exc: BaseException) -> None:
+        """Record the death and each unit's suspects, then end the process: nothing of the
+        units in flight is committed, and Ray restarts the actor and retries them."""
+        if self.dying:  # another request of this actor is already recording it
+            await asyncio.Event().wait()
+        self.dying = True
+        suspects = {unit: sorted(rows) for unit, rows in self.in_flight.items() if rows}
+        event = {
+            "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "actor_id": self.actor_id,
+            "node_id": self.node_id,
+            "error": f"{type(exc).__name__}: {exc}",
+            "units": sorted(suspects),
+        }
+
+        def record():
+            for unit, rows in suspects.items():
+                alone = unit == self.isolated and len(rows) == 1
+                self.location.record_suspects(unit, rows, alone)
+            self.location.record_engine_death(event)
+
+        try:
+            await asyncio.to_thread(record)
+        finally:
+            os._exit(1)
+
+    async def _generate_isolated(self, unit_id: str, rows: list[dict], todo: list[int], suspects: dict) -> dict[int, Any]:
+        """Rows that were not in flight at the unit's last engine death run as usual; its
+        suspects run alone in the engine, half of them at a time, so that the next death
+        narrows them down. A suspect that killed the engine alone is not run again."""
+        if suspects["alone"]:
+            (culprit,) = suspects["rows"]
+            crash = EngineCrash(f"the engine died each time this row was in it, the last time alone (unit {unit_id})")
+            results = await self._generate_all(unit_id, rows, [i for i in todo if i != culprit])
+            return {**results, **({culprit: crash} if culprit in todo else {})}
+        suspect_rows = [i for i in todo if i in set(suspects["rows"])]
+        results = await self._generate_all(unit_id, rows, [i for i in todo if i not in set(suspect_rows)])
+        self.units_generating -= 1  # the engine is the suspects' alone: wait for the others
+        try:
+            async with self.isolation:
+                while self.units_generating:
+                    await asyncio.sleep(0.05)
+                self.isolated = unit_id
+                half = max(1, (len(suspect_rows) + 1) // 2)
+                for chunk in (suspect_rows[:half], suspect_rows[half:]):
+                    results.update(await self._generate_all(unit_id, rows, chunk))
+        finally:
+            self.isolated = None
+            self.units_generating += 1
+        return results

@@ -1,0 +1,50 @@
+"""The layout holds: the runtime (pipeline/*.py, what a job runs) imports neither the tooling
+(pipeline/tools/) nor the training kit (pipeline/tinykit/), and reads in short functions."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNTIME = sorted((ROOT / "pipeline").glob("*.py"))
+MAX_FUNCTION_LINES = 50
+# The command line is the one runtime module that dispatches to the tools.
+DISPATCHERS = {"cli.py"}
+
+
+def imported_modules(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+def test_the_runtime_imports_no_tooling_and_no_training_kit():
+    offending = {
+        path.name: sorted(m for m in imported_modules(path) if m.startswith(("pipeline.tools", "pipeline.tinykit")))
+        for path in RUNTIME
+        if path.name not in DISPATCHERS
+    }
+    assert len(RUNTIME) > 20
+    assert {name: mods for name, mods in offending.items() if mods} == {}
+
+
+def test_no_runtime_function_is_longer_than_fifty_lines():
+    long = []
+    for path in RUNTIME:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.name}:{node.lineno} {node.name} ({lines} lines)")
+    assert long == [], "split these into steps that read top to bottom"
+
+
+def test_the_kit_weights_are_not_inside_the_package():
+    assert list((ROOT / "pipeline").rglob("*.safetensors")) == []
+    assert list((ROOT / "models" / "tinykit").rglob("*.safetensors"))
