@@ -12,6 +12,7 @@ DELEGATED = {
     "calibrate": ("pipeline.tools.calibrate", "measure speculation depths on the job's own prompts"),
     "check-drafter": ("pipeline.tools.check_drafter", "refuse a drafter that does not belong to its target"),
     "export": ("pipeline.tools.export", "write a job's outputs as OpenAI batch output files (--format openai_batch)"),
+    "status": ("pipeline.tools.status", "where a job stands: state, lease, rows and units done, errors by kind, ETA"),
 }
 
 

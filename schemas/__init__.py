@@ -410,3 +410,9 @@ from schemas.drafter import DrafterReport, ProbeResult  # noqa: E402  (imports C
 
 DOCUMENTS.update(drafter_report=DrafterReport)
 JobManifest.model_rebuild()  # its `probe` field is a ProbeResult
+
+# ---------------------------------------------------------------- status
+
+from schemas.status import StatusReport  # noqa: E402  (imports Contract)
+
+DOCUMENTS.update(status_report=StatusReport)

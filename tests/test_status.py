@@ -1,0 +1,239 @@
+"""`specbatch status`: one small real job (local Ray, the random kit, a few bad rows), read back
+finished, as a running job whose driver is gone or alive (the state such a job leaves, made
+from the finished one with the project's own manifest and lease code), from moto S3, and where
+no job has run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import s3fs
+import yaml
+
+from pipeline.cli import main as cli_main
+from pipeline.config import LeaseConfig, parse_config
+from pipeline.lease import OutputLease
+from pipeline.outputs import OutputLocation
+from pipeline.runner import run_job
+from pipeline.storage import Storage
+from pipeline.tools.status import job_status, main
+from schemas import JobManifest
+from schemas.status import StatusReport
+from tests.conftest import job_config, record_s3_requests, write_prompts
+
+ROWS = 28  # 4 units of 8, 8, 8, 4 rows
+BAD = {1: ("   ", None), 10: (None, None), 20: ("ok", 0)}  # row -> (prompt, max_tokens): 2 empty_prompt, 1 invalid_sampling
+EXPECTED_KINDS = {"empty_prompt": 2, "invalid_sampling": 1}
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory, ray_local, random_kit):
+    """The module's one job: 28 rows in 4 units, 3 of them bad, in units 0, 1 and 2."""
+    root = tmp_path_factory.mktemp("status")
+    prompts = [BAD[i][0] if i in BAD else f"def function_{i}(x):\n    return" for i in range(ROWS)]
+    max_tokens = [BAD[i][1] if i in BAD else None for i in range(ROWS)]
+    write_prompts(root / "in" / "p.parquet", {
+        "id": [f"r{i}" for i in range(ROWS)], "prompt": prompts, "max_tokens": pa.array(max_tokens, pa.int64()),
+    })
+    data = job_config(
+        str(root / "in"), str(root / "out"), random_kit, sampling={"max_tokens": 8}, resources={"rows_per_unit": 8},
+        retries={"max_error_fraction": 0.5},
+    )
+    (root / "job.yaml").write_text(yaml.safe_dump(data))
+    manifest = run_job(parse_config(data), progress=False)
+    assert manifest.status == "succeeded"
+    return root, manifest
+
+
+def status_json(capsys, *argv: str) -> StatusReport:
+    assert main([*argv, "--json"]) == 0
+    # the session's Ray forwards its workers' log lines to this stdout whenever they come
+    lines = [line for line in capsys.readouterr().out.splitlines() if line[:1] in ("{", "}", " ")]
+    return StatusReport.model_validate_json("\n".join(lines))
+
+
+def status_text(capsys, *argv: str) -> str:
+    assert main(list(argv)) == 0
+    return capsys.readouterr().out
+
+
+def assert_text_agrees(text: str, r: StatusReport) -> None:
+    assert f"job {r.job_id} at {r.output_uri}: {r.status}" in text
+    assert f"attempts:  {r.attempts}; the last, {r.last_attempt.number}: started {r.last_attempt.started_at}" in text
+    assert f"rows:      {r.rows_done:,} of {r.input_rows:,} done" in text
+    assert f"{r.output_rows:,} generated, {r.error_rows:,} errors" in text
+    assert f"units:     {r.units_committed:,} of {r.units_planned:,} committed" in text
+    assert "errors:    " + ", ".join(f"{k} {n:,}" for k, n in r.errors_by_kind.items()) in text
+    assert f"acceptance: rate {r.acceptance_rate:.3f}, mean acceptance length {r.mean_acceptance_length:.2f}" in text
+    assert f"generated: {r.generated_tokens:,} tokens, {r.tokens_per_second:,.1f} tok/s" in text
+    for note in r.notes:
+        assert note in text
+
+
+def test_a_finished_job_as_its_manifest_and_outputs_say(job, capsys):
+    root, manifest = job
+    out = str(root / "out")
+    location = OutputLocation(Storage(), out)
+    doc = JobManifest.model_validate(location.read_manifest())
+    r = status_json(capsys, out)
+    assert (r.job_id, r.status, r.driver, r.attempts, r.lease) == (doc.job_id, "succeeded", "none", 1, None)
+    assert r.last_attempt.model_dump() == doc.attempts[0].model_dump(include={"number", "status", "started_at", "ended_at", "error"})
+    outputs, errors = location.read_table("outputs"), location.read_table("errors")
+    assert r.input_rows == r.rows_done == ROWS == doc.totals.input_rows
+    assert r.output_rows == len(set(outputs.column("id").to_pylist())) == doc.totals.output_rows == ROWS - len(BAD)
+    assert r.error_rows == errors.num_rows == len(BAD)
+    assert r.errors_by_kind == dict(Counter(errors.column("error_kind").to_pylist())) == EXPECTED_KINDS
+    assert r.errors_by_kind_complete and r.error_units == r.error_units_read == 3
+    assert r.units_committed == r.units_planned == len(location.committed_units()) == 4
+    assert r.acceptance_rate is not None and r.acceptance_rate == doc.totals.acceptance_rate  # the random drafter drafts
+    assert r.mean_acceptance_length == doc.totals.mean_acceptance_length
+    assert r.generated_tokens == doc.totals.generated_tokens > 0 and r.tokens_per_second == doc.totals.tokens_per_second
+    assert r.counts_from == "manifest" and r.eta_seconds is None and r.notes == []
+    text = status_text(capsys, out)
+    assert_text_agrees(text, r)
+    assert "lease:     none" in text and "ETA" not in text and "WARNING" not in text
+
+    partial = job_status(Storage(), out, error_files=1)  # one error file of three: said so, not scaled
+    assert (partial.error_units, partial.error_units_read, partial.errors_by_kind_complete) == (3, 1, False)
+    assert sum(partial.errors_by_kind.values()) == 1 and "from 1 of the 3 units with error rows" in partial.notes[0]
+
+
+def running_copy(job, dest: Path, heartbeat_age: float) -> tuple[OutputLocation, JobManifest, float]:
+    """What a running job leaves: the job's output copied, its manifest back to running, the
+    last two units not committed yet (their marker, files and stats row gone), a lease whose
+    last heartbeat was `heartbeat_age` seconds ago. Returns the location, the manifest and the
+    attempt's pace in rows per second from the stats file."""
+    root, _ = job
+    shutil.copytree(root / "out", dest)
+    location = OutputLocation(Storage(), str(dest))
+    manifest = JobManifest.model_validate(location.read_manifest())
+    attempt = manifest.attempts[-1]
+    manifest.status, manifest.ended_at = "running", None
+    attempt.status, attempt.ended_at, attempt.wall_seconds = "running", None, 0.0
+    location.write_manifest(manifest.model_dump(mode="json"))
+
+    stats_uri = location.path("stats", "attempt-0001.parquet")
+    stats = location.storage.read_parquet(stats_uri).sort_by("unit_id")
+    kept, dropped = stats.slice(0, 2), stats.slice(2)
+    location.storage.write_parquet(stats_uri, kept)
+    markers = location.markers(dropped.column("unit_id").to_pylist())
+    for unit, marker in markers.items():
+        for path in marker.files.values():
+            location.storage.delete(location.path(path))
+        location.storage.delete(location.path("_commits", f"{unit}.json"))
+
+    lease = OutputLease(location, LeaseConfig(heartbeat_seconds=30, stale_after_seconds=180), manifest.job_id, attempt.number)
+    beat = lease.lease.model_copy(update={"heartbeat_at": time.time() - heartbeat_age})
+    location.storage.write_json(lease.uri, beat.model_dump(mode="json"))
+
+    rows = kept.to_pylist()
+    as_of = max(r["started_at"] + r["wall_seconds"] for r in rows)
+    from datetime import datetime
+
+    pace = sum(r["rows"] for r in rows) / (as_of - datetime.fromisoformat(attempt.started_at).timestamp())
+    return location, manifest, pace
+
+
+def test_a_running_job_whose_driver_is_gone(job, tmp_path, capsys):
+    root, _ = job
+    location, manifest, pace = running_copy(job, tmp_path / "out", heartbeat_age=15 * 60)
+    r = status_json(capsys, location.uri)
+    assert (r.status, r.driver, r.counts_from) == ("running", "gone", "stats")
+    assert r.lease.stale and r.lease.heartbeat_age_seconds == pytest.approx(15 * 60, abs=30)
+    assert r.notes[0] == "no heartbeat for 15 min: the driver is probably gone; resume with `specbatch run CONFIG --take-over`"
+    assert (r.units_committed, r.units_planned, r.input_rows) == (2, 4, ROWS)
+    errors = location.read_table("errors")  # the errors of the units still committed
+    assert r.rows_done == 16 and r.error_rows == errors.num_rows
+    assert r.errors_by_kind == dict(Counter(errors.column("error_kind").to_pylist()))
+    assert r.rows_per_second == pytest.approx(pace)
+    assert r.eta_seconds == pytest.approx((ROWS - 16) / pace) and r.eta_seconds > 0
+    assert r.eta_at is None  # nobody is running it
+    assert r.acceptance_rate is not None and r.stats_as_of
+
+    text = status_text(capsys, location.uri)
+    assert_text_agrees(text, r)
+    assert "WARNING: no heartbeat for 15 min: the driver is probably gone; resume with `specbatch run CONFIG --take-over`" in text
+    assert "ETA:" in text and "once resumed" in text and "STALE" in text
+
+    # with the job's config, the resume command names it (the output location is not the config's: it says so)
+    config = str(root / "job.yaml")
+    r = status_json(capsys, location.uri, "--config", config)
+    assert r.notes[0].endswith(f"resume with `specbatch run {config} --output-uri {location.uri} --take-over`")
+
+
+def test_a_running_job_whose_driver_is_alive(job, tmp_path, capsys):
+    location, _, pace = running_copy(job, tmp_path / "out", heartbeat_age=5)
+    r = status_json(capsys, location.uri)
+    assert (r.status, r.driver) == ("running", "alive") and not r.lease.stale
+    assert r.eta_seconds == pytest.approx((ROWS - 16) / pace) and r.eta_at
+    assert not [n for n in r.notes if "heartbeat" in n]
+    text = status_text(capsys, location.uri)
+    assert f"(about {r.eta_at})" in text and "WARNING" not in text and "fresh" in text
+
+
+def test_no_job(tmp_path, capsys):
+    assert main([str(tmp_path / "nothing")]) == 2
+    assert capsys.readouterr().err.strip() == f"specbatch status: no job has run at {tmp_path / 'nothing'}"
+    (tmp_path / "empty").mkdir()
+    assert main([str(tmp_path / "empty"), "--json"]) == 2
+    assert "no job has run at" in capsys.readouterr().err
+
+
+def test_help_ends_with_an_example(capsys):
+    with pytest.raises(SystemExit) as exit:
+        cli_main(["status", "--help"])
+    assert exit.value.code == 0
+    lines = capsys.readouterr().out.rstrip().splitlines()
+    assert lines[-3] == "example:" and lines[-1].strip() == "specbatch status s3://bucket/jobs/daily --json"
+
+
+@pytest.fixture(scope="module")
+def s3_job(job, s3_endpoint):
+    """The job's output copied to moto S3, as it is."""
+    root, _ = job
+    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_endpoint})
+    fs.put(str(root / "out") + "/", "specbatch/status-job/", recursive=True)
+    return "s3://specbatch/status-job"
+
+
+def test_status_on_s3_reads_the_aggregates_only(job, s3_job, s3_endpoint, capsys, monkeypatch):
+    root, _ = job
+    local = status_json(capsys, str(root / "out"))
+    calls = record_s3_requests(monkeypatch)
+    remote = status_json(capsys, s3_job, "--endpoint-url", s3_endpoint)
+    different = {"output_uri", "checked_at"}
+    assert remote.model_dump(exclude=different) == local.model_dump(exclude=different)
+    keys = [(method, key.split("status-job/", 1)[-1]) for method, key in calls]
+    read = sorted(key for method, key in keys if method == "get_object")
+    errors = [key for key in read if key.startswith("errors/")]
+    assert read == sorted(["_job.json", "stats/attempt-0001.parquet", *errors]), keys
+    assert len(errors) == 3  # one per unit with error rows, named by its stats row
+    # nothing else is touched (s3fs asks each object's size first, and looks for a folder of a missing one)
+    assert {key for _, key in keys} <= {*read, "_lease.json", "_lease.json/"}, keys
+
+
+def test_status_on_s3_takes_the_endpoint_from_the_environment(job, s3_job, s3_endpoint):
+    """The command line in a process of its own (a fresh s3fs), the endpoint in AWS_ENDPOINT_URL_S3."""
+    import os
+
+    env = {**os.environ, "AWS_ENDPOINT_URL_S3": s3_endpoint}
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "status", s3_job, "--json"], env=env, capture_output=True, text=True,
+        cwd=Path(__file__).parent.parent, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    r = StatusReport.model_validate(json.loads(done.stdout))
+    assert (r.status, r.rows_done, r.errors_by_kind) == ("succeeded", ROWS, EXPECTED_KINDS)
+    missing = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "status", "s3://specbatch/no-such-job"], env=env, capture_output=True,
+        text=True, cwd=Path(__file__).parent.parent, timeout=120,
+    )
+    assert missing.returncode == 2 and "no job has run at s3://specbatch/no-such-job" in missing.stderr
