@@ -129,9 +129,11 @@ class Storage:
 
     def read_bytes(self, uri: str) -> bytes:
         """One GET on S3. (Opening the file would add a HEAD, and pin its ETag: a small object
-        rewritten meanwhile, such as the lease renewed by its heartbeat, would fail the read.)"""
+        rewritten meanwhile, such as the lease renewed by its heartbeat, would fail the read.
+        s3fs asks for the size first (a HEAD) unless told to read in one request.)"""
         fs, path = self.fs(uri)
-        return self.retrying(f"read {uri}", lambda: fs.cat_file(path))
+        one_request = {"max_concurrency": 1} if "s3" in fs.protocol else {}
+        return self.retrying(f"read {uri}", lambda: fs.cat_file(path, **one_request))
 
     def delete(self, uri: str, recursive: bool = False) -> None:
         fs, path = self.fs(uri)

@@ -5,6 +5,7 @@ resume reads no output file."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 from collections import Counter
 
@@ -148,3 +149,13 @@ def test_units_with_errors_to_run_again_come_from_the_stats_not_the_output_files
     committed = location.committed_units()
     assert location.units_with_errors(committed, retryable_only=True) == {"retry"}
     assert location.units_with_errors(committed, retryable_only=False) == {"final", "retry"}
+
+
+def test_a_small_read_on_s3_is_one_get(s3_endpoint, monkeypatch):
+    """Markers, manifests and leases are read whole: one GET each, no size check first."""
+    storage = Storage(endpoint_url=s3_endpoint)
+    uri = "s3://specbatch/one-get/_job.json"
+    storage.write_json(uri, {"status": "running"})
+    calls = record_s3_requests(monkeypatch)
+    assert json.loads(storage.read_bytes(uri)) == {"status": "running"}
+    assert [m for m, _ in calls] == ["get_object"]
