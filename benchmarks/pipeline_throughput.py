@@ -164,7 +164,7 @@ def prepare(workdir: Path, endpoint: str, n: int, max_tokens: int, tag: str) -> 
 
     from pipeline.tools.demo import demo_models, sample_prompts
 
-    models = demo_models(workdir)
+    models, _ = demo_models(workdir)
     prompts = sample_prompts(n, seed=1)
     fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint})
     shards = 8

@@ -73,7 +73,7 @@ def main() -> None:
     from pipeline.tools.demo import demo_models, write_sample_shards
 
     workdir = Path(tempfile.mkdtemp(prefix="specbatch-resume-"))
-    models = demo_models(workdir)
+    models, _ = demo_models(workdir)
     write_sample_shards(workdir / "prompts", args.prompts)
     config = yaml.safe_load((ROOT / "jobs" / "configs" / "local.yaml").read_text())
     config.update(input_uri=str(workdir / "prompts"))

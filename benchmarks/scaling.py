@@ -80,7 +80,7 @@ def main() -> int:
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="scaling-"))
-    models = demo_models(work)
+    models, _ = demo_models(work)
     write_sample_shards(work / "prompts", args.rows)
     print(f"{platform.node()}: {os.cpu_count()} cores; {args.rows} prompts, {args.max_tokens} tokens each, "
           f"{args.rounds} rounds, alternating 1 and 2 replicas")

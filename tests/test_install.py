@@ -1,0 +1,195 @@
+"""A non-editable install, as `pip install .` and the Docker image (infra/docker/Dockerfile) make
+it: the wheel built from the checkout, installed into a folder of its own (`pip install
+--target`) and run from outside the checkout. The test venv has an editable install of a
+checkout, so each run first shows that `pipeline` and `schemas` are imported from that folder.
+
+Docker cannot run here (its client is installed, but no daemon runs), so the image is never
+built: its Dockerfile is read for what the demo needs (the kit and SPECBATCH_KIT_DIR), and the
+demo runs from the installed wheel with SPECBATCH_KIT_DIR set as the image sets it. That demo
+starts engines (the drafter probe's and the job's); nothing else here does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+KIT = ROOT / "models" / "tinykit"
+DOCKERFILE = ROOT / "infra" / "docker" / "Dockerfile"
+WEIGHTS = (".safetensors", ".bin", ".pt", ".gguf")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """`pip wheel --no-build-isolation`: the venv's setuptools, offline (build isolation would
+    download one). The build writes build/ and *.egg-info into its source, so it runs on a copy
+    of the checkout (models/ included, so that leaving the weights out is the wheel's doing)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "runs", "build", "*.egg-info", "__pycache__", ".pytest_cache"))
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir", "-q",
+         "-w", str(tmp / "dist"), str(src)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    [built] = (tmp / "dist").glob("specbatch-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> Path:
+    """The wheel installed into a folder of its own (its console script in bin/)."""
+    site = tmp_path_factory.mktemp("site")
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-cache-dir", "-q", "--target", str(site), str(wheel)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return site
+
+
+def run_installed(site: Path, cwd: Path, *args: str, kit_dir: Path | None = None, timeout: float = 120):
+    """The venv's python on `site` first, from `cwd` (outside the checkout)."""
+    env = dict(os.environ, PYTHONPATH=str(site))
+    env.pop("SPECBATCH_KIT_DIR", None)
+    if kit_dir is not None:
+        env["SPECBATCH_KIT_DIR"] = str(kit_dir)
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_wheel_holds_the_package_data_and_no_weights(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    assert not [n for n in names if n.endswith(WEIGHTS)], "model weights in the wheel"
+    assert {n.split("/")[0] for n in names} == {"pipeline", "schemas", wheel.name.split("-py3")[0] + ".dist-info"}
+    assert {"pipeline/tools/prices.yaml", "pipeline/tools/demo.yaml"} <= set(names)
+    schemas = {f"schemas/json/{p.name}" for p in (ROOT / "schemas" / "json").glob("*.schema.json")}
+    assert schemas and schemas <= set(names)
+    assert wheel.stat().st_size < 1_000_000, wheel.stat().st_size
+
+
+def test_the_installed_wheel_runs_outside_the_checkout(installed, tmp_path):
+    where = run_installed(installed, tmp_path, "-c", "import pipeline, schemas; print(pipeline.__file__); print(schemas.__file__)")
+    assert where.returncode == 0, where.stderr[-3000:]
+    assert all(Path(p).is_relative_to(installed) for p in where.stdout.split()), where.stdout
+
+    # The console script pip wrote, as a user runs it.
+    help_text = run_installed(installed, tmp_path, str(installed / "bin" / "specbatch"), "--help")
+    assert help_text.returncode == 0, help_text.stderr[-3000:]
+    assert "demo" in help_text.stdout and "check-drafter" in help_text.stdout
+
+    # The drafter checks on the kit the image ships.
+    check = run_installed(installed, tmp_path, "-m", "pipeline.cli", "check-drafter",
+                          "--model", str(KIT / "target"), "--drafter", str(KIT / "drafter-eagle31"))
+    assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-3000:]
+
+    # Without a kit (no SPECBATCH_KIT_DIR, no checkout beside the package) the demo builds a
+    # random-weight kit, and its config, from the package's demo.yaml, validates; the engine
+    # run itself is the next test's, on the trained kit.
+    fallback = run_installed(installed, tmp_path, "-c", """if True:
+        import json
+        from pathlib import Path
+        import yaml
+        from pipeline.config import load_config
+        from pipeline.tools.demo import demo_config, demo_models
+        root = Path("demo").resolve()
+        models, trained = demo_models(root)
+        path = root / "job.yaml"
+        path.write_text(yaml.safe_dump(demo_config(root, models, trained)))
+        config = load_config(str(path))
+        print(json.dumps({"trained": trained, "target": config.model.path, "probe": config.speculative.probe.rows,
+                          "guard": config.speculative.guard, "max_tokens": config.sampling.max_tokens}))
+    """, timeout=300)
+    assert fallback.returncode == 0, fallback.stderr[-3000:]
+    got = json.loads(fallback.stdout.splitlines()[-1])
+    demo_settings = yaml.safe_load((ROOT / "pipeline" / "tools" / "demo.yaml").read_text())
+    random_kit = (tmp_path / "demo" / "random-kit").resolve()
+    assert got == {"trained": False, "target": str(random_kit / "target"), "probe": 0, "guard": None,
+                   "max_tokens": demo_settings["sampling"]["max_tokens"]}
+    assert (random_kit / "drafter" / "config.json").is_file()
+
+
+def test_the_demo_runs_from_the_installed_wheel_with_the_kit_the_image_ships(installed, tmp_path):
+    """What `docker run IMAGE specbatch demo` runs, less Docker: the installed package, the kit
+    from SPECBATCH_KIT_DIR."""
+    import jsonschema
+
+    work = tmp_path / "demo"
+    out = run_installed(installed, tmp_path, str(installed / "bin" / "specbatch"), "demo", "--workdir", str(work),
+                        "--rows", "16", kit_dir=KIT, timeout=900)
+    console = out.stdout + out.stderr
+    assert out.returncode == 0, console[-4000:]
+    assert f"specbatch demo: kit: the trained tiny kit in {KIT}" in out.stdout
+    assert "specbatch demo: succeeded" in out.stdout, console[-4000:]
+    manifest = json.loads((work / "output" / "_job.json").read_text())
+    jsonschema.validate(manifest, json.loads((installed / "schemas" / "json" / "job_manifest.schema.json").read_text()))
+    assert manifest["status"] == "succeeded" and manifest["totals"]["output_rows"] == 16
+    assert manifest["model"]["path"] == str(KIT / "target")
+    rows = sum(pq.read_metadata(p).num_rows for p in (work / "output" / "outputs").rglob("*.parquet"))
+    assert rows == 16
+
+
+def test_on_vllms_cuda_build_the_demo_asks_for_a_gpu(tmp_path, monkeypatch):
+    """The image's default (vLLM's CUDA build, whose engine runs on a GPU only): the demo asks
+    Ray for a GPU, so a host without one refuses it before any engine starts."""
+    from pipeline.cluster import Unschedulable, check_schedulable
+    from pipeline.config import parse_config
+    from pipeline.tools import demo
+
+    monkeypatch.setattr(demo, "vllm_cuda_build", lambda: True)
+    config = parse_config(demo.demo_config(tmp_path, demo.trained_kit(), trained=True))
+    assert (config.resources.gpus_per_replica, config.engine.dtype) == (1, "float16")
+    with pytest.raises(Unschedulable, match="GPU: 1"):
+        check_schedulable(config, [{"CPU": 4.0}], [])
+    check_schedulable(config, [{"CPU": 4.0, "GPU": 1.0}], [])
+
+
+def test_local_yaml_is_the_demo_settings_with_the_checkouts_paths():
+    """One set of demo settings: the package's demo.yaml, and jobs/configs/local.yaml, the
+    example config, which is demo.yaml with this checkout's paths."""
+    from pipeline.config import load_config
+    from pipeline.tinykit import kit_paths
+
+    local = yaml.safe_load((ROOT / "jobs" / "configs" / "local.yaml").read_text())
+    paths = {"input_uri": local.pop("input_uri"), "output_uri": local.pop("output_uri"),
+             "model": local.pop("model"), "drafter": local["speculative"].pop("drafter")}
+    assert local == yaml.safe_load((ROOT / "pipeline" / "tools" / "demo.yaml").read_text())
+    assert set(paths["model"]) == {"path"}
+    config = load_config(str(ROOT / "jobs" / "configs" / "local.yaml"))
+    kit = kit_paths(str(KIT))
+    assert (config.model.path, config.speculative.drafter) == (kit["target"], kit["drafter_eagle31"])
+
+
+def test_the_dockerfile_ships_what_the_demo_needs():
+    """Read, not built (no Docker daemon here): the image copies the kit, points
+    SPECBATCH_KIT_DIR at it, and installs from what it copies."""
+    lines = [ln.strip() for ln in DOCKERFILE.read_text().splitlines() if not ln.strip().startswith("#")]
+    instructions = [ln for ln in "\n".join(lines).replace("\\\n", " ").splitlines() if ln]  # continuations joined
+    [workdir] = [ln.split()[1] for ln in instructions if ln.startswith("WORKDIR ")]
+    copies = {}
+    for ln in instructions:
+        if ln.startswith("COPY "):
+            *sources, dest = [w for w in ln.split()[1:] if not w.startswith("--")]
+            for source in sources:
+                copies[source] = dest
+    for source in copies:
+        assert (ROOT / source).exists(), f"COPY {source}: not in the checkout"
+    assert {"pyproject.toml", "README.md", "pipeline", "schemas", "jobs", "models/tinykit"} <= set(copies), copies
+    kit_in_image = os.path.normpath(os.path.join(workdir, copies["models/tinykit"]))
+    env = " ".join(ln for ln in instructions if ln.startswith("ENV "))
+    assert re.search(rf"\bSPECBATCH_KIT_DIR={re.escape(kit_in_image)}/?(\s|$)", env), (kit_in_image, env)
+    args = dict(a.split()[1].split("=", 1) for a in instructions if a.startswith("ARG ") and "=" in a)
+    assert args.get("EXTRA") == "cuda", args  # the default image is the CUDA build; EXTRA=cpu runs anywhere
+    assert any(re.search(r'pip install .*"\.\[\$\{?EXTRA\}?\]"', ln) for ln in instructions)
