@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 
 
 # Commands whose modules own their argument parsing (`specbatch NAME --help`).
@@ -16,31 +17,31 @@ DELEGATED = {
 }
 
 
+# Every command's --help ends with an example (tests/test_cli_help.py checks each one).
+EXAMPLES = {
+    "specbatch": (
+        "specbatch demo                         # a whole job on this machine: tiny models, CPU vLLM",
+        "specbatch run runs/demo/job.yaml       # a job from its config (the demo wrote this one)",
+        "specbatch report runs/demo/output      # what it cost",
+        "specbatch COMMAND --help               # each command's options, and an example",
+    ),
+    "demo": ("specbatch demo --workdir runs/demo --rows 64",),
+    "run": (
+        "specbatch run jobs/configs/gpu-cluster.yaml --output-uri s3://bucket/outputs/2026-11-29/",
+        "specbatch run job.yaml --take-over    # a run died holding the output's lease (the refusal says so)",
+        "specbatch run job.yaml --restart      # settings changed: wipe the output location and start over",
+    ),
+    "tiny-models": ("specbatch tiny-models build /tmp/tinykit --threads 2    # trains the kit anew: minutes on 2 cores",),
+}
+
+
+def example(lines: tuple[str, ...]) -> str:
+    """An argparse epilog (RawDescriptionHelpFormatter) with the example last."""
+    return "example:\n" + "\n".join(f"  {line}" for line in lines)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="specbatch", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    demo = sub.add_parser("demo", help="run the job on the embedded default (local Ray, tiny models, CPU vLLM)")
-    demo.add_argument("--workdir", default="runs/demo", help="where prompts, config and outputs go")
-    demo.add_argument("--rows", type=int, default=256)
-
-    run = sub.add_parser("run", help="run a job from a YAML config (local path or URI)")
-    run.add_argument("config")
-    run.add_argument("--output-uri", help="override output_uri (e.g. a dated prefix)")
-    run.add_argument("--job-id")
-    run.add_argument("--restart", action="store_true", help="wipe the output location and start over")
-    run.add_argument("--take-over", action="store_true", help="take the output location over from a run whose lease is stale")
-    run.add_argument("--retry-errors", action="store_true", help="run again every unit with error rows, final ones included")
-    run.add_argument("--verbose", action="store_true", help="show Ray's and vLLM's logs live")
-    run.add_argument("--address", help="the Ray cluster to join (default: RAY_ADDRESS, else a Ray of the job's own)")
-
-    tiny = sub.add_parser("tiny-models", help="the project's tiny model kit")
-    tiny.add_argument("action", choices=["build"])
-    tiny.add_argument("rest", nargs=argparse.REMAINDER)
-
-    for name, (_, help_text) in DELEGATED.items():
-        sub.add_parser(name, help=help_text)
-
+    parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in DELEGATED:
         import importlib
@@ -61,6 +62,57 @@ def main(argv: list[str] | None = None) -> int:
 
         return build_main(args.rest)
     return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="specbatch", description=__doc__, epilog=example(EXAMPLES["specbatch"]), formatter_class=raw
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser(
+        "demo", help="run the job on the embedded default (local Ray, tiny models, CPU vLLM)",
+        description=textwrap.fill(
+            "Run a whole job on the embedded default: sample prompts, the tiny model kit, local Ray and vLLM's CPU "
+            "build, through the code path a GPU cluster runs."
+        ),
+        epilog=example(EXAMPLES["demo"]), formatter_class=raw,
+    )
+    demo.add_argument("--workdir", default="runs/demo", help="where prompts, config and outputs go")
+    demo.add_argument("--rows", type=int, default=256)
+
+    run = sub.add_parser(
+        "run", help="run a job from a YAML config (local path or URI)",
+        description=textwrap.fill(
+            "Run, or resume, the job a YAML config describes (jobs/configs/ has examples). Exit 0 succeeded, 3 completed "
+            "with errors, 1 failed, 2 refused before it started: a refusal says what to change."
+        ),
+        epilog=example(EXAMPLES["run"]), formatter_class=raw,
+    )
+    run.add_argument("config")
+    run.add_argument("--output-uri", help="override output_uri (e.g. a dated prefix)")
+    run.add_argument("--job-id")
+    run.add_argument("--restart", action="store_true", help="wipe the output location and start over")
+    run.add_argument("--take-over", action="store_true", help="take the output location over from a run whose lease is stale")
+    run.add_argument("--retry-errors", action="store_true", help="run again every unit with error rows, final ones included")
+    run.add_argument("--verbose", action="store_true", help="show Ray's and vLLM's logs live")
+    run.add_argument("--address", help="the Ray cluster to join (default: RAY_ADDRESS, else a Ray of the job's own)")
+
+    tiny = sub.add_parser(
+        "tiny-models", help="the project's tiny model kit",
+        description=textwrap.fill(
+            "Build the project's tiny model kit (a target and its EAGLE-3 drafters, trained on this CPU); "
+            "`specbatch tiny-models build --help` lists the build's options."
+        ),
+        epilog=example(EXAMPLES["tiny-models"]), formatter_class=raw,
+    )
+    tiny.add_argument("action", choices=["build"])
+    tiny.add_argument("rest", nargs=argparse.REMAINDER, help="OUT [--seed N] [--threads N] [--smoke]")
+
+    for name, (_, help_text) in DELEGATED.items():
+        sub.add_parser(name, help=help_text)
+    return parser
 
 
 # Exit codes: a RayJob or a scheduler reads them.

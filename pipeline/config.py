@@ -6,12 +6,17 @@ configuration: they come from the environment or the cloud identity (see storage
 
 from __future__ import annotations
 
+import difflib
 import os
+import posixpath
+import re
+import types
+import typing
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Iterable, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from schemas import GuardAction
 
@@ -43,13 +48,19 @@ class StorageConfig(Section):
     def _absolute_mounts(self):
         for mount in self.shared_mounts:
             if not mount.startswith("/"):
-                raise ValueError(f"storage.shared_mounts: {mount!r} is not an absolute path")
+                raise ValueError(
+                    f"storage.shared_mounts: {mount!r} is not an absolute path; give the folder as every node mounts it, "
+                    "e.g. /mnt/shared"
+                )
         return self
 
     @model_validator(mode="after")
     def _no_credentials_in_url(self):
         if self.endpoint_url and "@" in self.endpoint_url.split("//", 1)[-1].split("/", 1)[0]:
-            raise ValueError("storage.endpoint_url must not carry credentials; use the environment")
+            raise ValueError(
+                "storage.endpoint_url must not carry credentials; remove them from the URL and give them in the environment "
+                "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) or the cloud identity"
+            )
         return self
 
 
@@ -65,7 +76,10 @@ HUB_SCHEMES = ("hf",)
 
 def _not_a_hub(value: Optional[str], field: str) -> None:
     if value and "://" in value and value.split("://", 1)[0] in HUB_SCHEMES:
-        raise ValueError(f"{field}: {value!r} is a model hub URI; models come from a local folder or your own storage")
+        raise ValueError(
+            f"{field}: {value!r} is a model hub URI; models come from a local folder or your own storage: copy the model "
+            f"there and set {field} to that folder or s3:// URI"
+        )
 
 
 class ModelConfig(Section):
@@ -104,7 +118,10 @@ class GuardConfig(Section):
     @model_validator(mode="after")
     def _a_floor(self):
         if self.min_acceptance_rate is None and self.min_mean_acceptance_length is None:
-            raise ValueError("speculative.guard needs min_acceptance_rate or min_mean_acceptance_length")
+            raise ValueError(
+                "speculative.guard needs a floor: set speculative.guard.min_mean_acceptance_length (e.g. "
+                f"{ACCEPTANCE_FLOOR}) or speculative.guard.min_acceptance_rate, or `guard: null` to turn the guard off"
+            )
         return self
 
 
@@ -141,7 +158,10 @@ class SpeculativeConfig(Section):
     def _known_checks(self):
         from pipeline.drafter_check import validate_check_names
 
-        validate_check_names(self.checks_as_warnings)
+        try:
+            validate_check_names(self.checks_as_warnings)
+        except ValueError as exc:
+            raise ValueError(f"speculative.checks_as_warnings: {exc}") from None
         return self
 
     @model_validator(mode="after")
@@ -152,7 +172,10 @@ class SpeculativeConfig(Section):
     @model_validator(mode="after")
     def _drafter_when_enabled(self):
         if self.enabled and not self.drafter:
-            raise ValueError("speculative.drafter is required when speculative.enabled is true")
+            raise ValueError(
+                "speculative.drafter is required when speculative.enabled is true: set it to the EAGLE-3 drafter's folder "
+                "(a local folder with config.json, or an s3:// URI), or set speculative.enabled: false"
+            )
         return self
 
     @model_validator(mode="after")
@@ -166,9 +189,11 @@ class SpeculativeConfig(Section):
         for lo, hi, k in schedule:
             where = f"speculative.depth_schedule entry ({lo}, {hi}, {k})"
             if lo != expected_lo:
-                raise ValueError(f"{where}: starts at {lo}, expected {expected_lo} (ranges start at 1, in order, no gap or overlap)")
+                raise ValueError(
+                    f"{where}: starts at {lo}; make it start at {expected_lo} (ranges start at 1, in order, no gap or overlap)"
+                )
             if hi < lo:
-                raise ValueError(f"{where}: ends before it starts")
+                raise ValueError(f"{where}: ends before it starts; swap {lo} and {hi}")
             if not 0 <= k <= 16:
                 raise ValueError(f"{where}: k must be 0..16")
             expected_lo = hi + 1
@@ -261,7 +286,7 @@ class ResponseFormat(Section):
         if not needed and given:
             raise ValueError(f"response_format of type {self.type!r} takes no {given[0]!r}")
         if self.choice is not None and not self.choice:
-            raise ValueError("response_format.choice is empty")
+            raise ValueError("response_format.choice is empty; give at least one choice")
         if self.regex is not None:
             import re
 
@@ -320,9 +345,13 @@ class SamplingConfig(Section):
     @model_validator(mode="after")
     def _consistent(self):
         if self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens ({self.min_tokens}) is above max_tokens ({self.max_tokens})")
+            raise ValueError(
+                f"min_tokens ({self.min_tokens}) is above max_tokens ({self.max_tokens}); lower min_tokens or raise max_tokens"
+            )
         if self.n > 1 and self.temperature == 0:
-            raise ValueError(f"n is {self.n} at temperature 0; vLLM samples n > 1 only at a temperature above 0")
+            raise ValueError(
+                f"n is {self.n} at temperature 0; vLLM samples n > 1 only at a temperature above 0: raise temperature, or set n: 1"
+            )
         return self
 
 
@@ -371,7 +400,7 @@ class ReplicaRange(Section):
     @model_validator(mode="after")
     def _ordered(self):
         if self.min > self.max:
-            raise ValueError(f"resources.replicas: min ({self.min}) is larger than max ({self.max})")
+            raise ValueError(f"resources.replicas: min ({self.min}) is larger than max ({self.max}); swap them")
         return self
 
 
@@ -406,8 +435,8 @@ class ResourcesConfig(Section):
         for name, amount in self.resources_per_replica.items():
             if name in ("CPU", "GPU", "memory") or amount <= 0:
                 raise ValueError(
-                    f"resources.resources_per_replica.{name}: custom resources only, each above 0 "
-                    "(CPUs and GPUs are cpus_per_replica and gpus_per_replica)"
+                    f"resources.resources_per_replica.{name}: custom resources only, each above 0; give CPUs and "
+                    "GPUs as resources.cpus_per_replica and resources.gpus_per_replica"
                 )
         return self
 
@@ -466,7 +495,10 @@ class LeaseConfig(Section):
     @model_validator(mode="after")
     def _stale_after_beats(self):
         if self.stale_after_seconds < 2 * self.heartbeat_seconds:
-            raise ValueError("lease.stale_after_seconds must be at least twice lease.heartbeat_seconds")
+            raise ValueError(
+                f"lease.stale_after_seconds ({self.stale_after_seconds:g}) must be at least twice lease.heartbeat_seconds "
+                f"({self.heartbeat_seconds:g}): raise it to {2 * self.heartbeat_seconds:g} or more, or lower the heartbeat"
+            )
         return self
 
 
@@ -480,9 +512,21 @@ class JobConfig(Section):
             "glob), converted once into Parquet prompt rows under output_uri/_inputs/ (pipeline/openai_batch.py)."
         ),
     )
-    output_uri: str
-    model: ModelConfig
-    speculative: SpeculativeConfig
+    output_uri: str = Field(
+        description=(
+            "A folder or prefix for the job's outputs, errors, stats and _job.json; local or s3:// (any fsspec scheme). "
+            "Never inside input_uri: a rerun would read the outputs as input."
+        )
+    )
+    model: ModelConfig = Field(description="The target model: model.path, a local folder with config.json or an s3:// URI.")
+    speculative: SpeculativeConfig = Field(
+        default_factory=lambda: SpeculativeConfig(enabled=False),
+        description=(
+            "Speculative decoding with an EAGLE-3 / EAGLE-3.1 drafter. Left out (or null): no speculation, plain "
+            "decoding, since there is no drafter to draft with. Given: on unless `enabled: false`, and then "
+            "speculative.drafter is required."
+        ),
+    )
     engine: EngineConfig = Field(default_factory=EngineConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     chat: ChatConfig = Field(default_factory=ChatConfig)
@@ -492,13 +536,29 @@ class JobConfig(Section):
     retries: RetriesConfig = Field(default_factory=RetriesConfig)
     lease: LeaseConfig = Field(default_factory=LeaseConfig)
 
+    @field_validator("speculative", mode="before")
+    @classmethod
+    def _no_section_no_speculation(cls, value):
+        return {"enabled": False} if value is None else value
+
+    @model_validator(mode="after")
+    def _output_outside_input(self):
+        inside = output_inside_input(self.input_uri, self.output_uri)
+        if inside:
+            raise ValueError(
+                f"output_uri ({self.output_uri}) {inside} the folder input_uri ({self.input_uri}) reads from: the job would "
+                "work once, then a rerun would read its own outputs as input. Set output_uri to a folder outside input_uri "
+                "(e.g. a sibling folder), or move the input into a folder of its own"
+            )
+        return self
+
     @model_validator(mode="after")
     def _schedule_covers_max_num_seqs(self):
         schedule = self.speculative.depth_schedule
         if schedule and schedule[-1][1] < self.engine.max_num_seqs:
             raise ValueError(
                 f"speculative.depth_schedule ends at {schedule[-1][1]}; it must cover 1..engine.max_num_seqs "
-                f"({self.engine.max_num_seqs})"
+                f"({self.engine.max_num_seqs}): end its last range at {self.engine.max_num_seqs}"
             )
         return self
 
@@ -509,10 +569,13 @@ class JobConfig(Section):
         if gpus and gpus != workers and workers > 1:
             raise ValueError(
                 f"resources.gpus_per_replica ({gpus:g}) must be engine.tensor_parallel_size x "
-                f"engine.pipeline_parallel_size ({workers}): one GPU per engine worker"
+                f"engine.pipeline_parallel_size ({workers}): one GPU per engine worker; set resources.gpus_per_replica: "
+                f"{workers}, or change the parallel sizes"
             )
         if gpus and gpus < workers:
-            raise ValueError(f"resources.gpus_per_replica ({gpus:g}) is smaller than the engine's {workers} workers")
+            raise ValueError(
+                f"resources.gpus_per_replica ({gpus:g}) is smaller than the engine's {workers} workers; set it to {workers}"
+            )
         return self
 
     @model_validator(mode="after")
@@ -521,7 +584,8 @@ class JobConfig(Section):
         if workers > 1 and not self.resources.gpus_per_replica and self.resources.cpus_per_replica < workers:
             raise ValueError(
                 f"resources.cpus_per_replica ({self.resources.cpus_per_replica:g}) is below the engine's {workers} "
-                "workers: on vLLM's CPU build each tensor/pipeline-parallel worker needs a core of its own"
+                f"workers: on vLLM's CPU build each tensor/pipeline-parallel worker needs a core of its own; set "
+                f"resources.cpus_per_replica: {workers} or more"
             )
         return self
 
@@ -534,7 +598,8 @@ class JobConfig(Section):
         conflicts = speculation_conflicts(self.sampling, cpu_engine=not self.resources.gpus_per_replica)
         if conflicts:
             name, why = conflicts[0]
-            raise ValueError(f"sampling.{name} with speculative.enabled: {why}")
+            fix = "" if "speculative.enabled: false" in why else f"; leave sampling.{name} out, or set speculative.enabled: false"
+            raise ValueError(f"sampling.{name} with speculative.enabled: {why}{fix}")
         return self
 
     @model_validator(mode="after")
@@ -573,14 +638,179 @@ class ConfigError(ValueError):
     pass
 
 
+# ---------------------------------------------------------------- where outputs may go
+
+
+GLOB_CHARS = "*?["
+
+
+def _comparable(uri: str) -> tuple[str, bool]:
+    """(the path or URI normalized for prefix comparison, whether it reaches into subfolders).
+    The query string and file:// are dropped, the scheme lowercased, `.`, `..`, doubled and
+    trailing slashes resolved. A glob is cut to the folder above its first wildcard: every file
+    it can match lies there, and in its subfolders only when the rest of the pattern has a `/`
+    or `**`. A folder is read recursively."""
+    uri = uri.split("?", 1)[0]
+    if uri.startswith("file://"):
+        uri = uri[len("file://"):]
+    deep = True
+    cut = min((uri.index(c) for c in GLOB_CHARS if c in uri), default=None)
+    if cut is not None:
+        folder = uri[:cut].rsplit("/", 1)[0] if "/" in uri[:cut] else ""
+        rest = uri[len(folder):].lstrip("/")
+        deep = "/" in rest or "**" in rest
+        uri = folder
+    if "://" in uri:
+        scheme, rest = uri.split("://", 1)
+        rest = posixpath.normpath(rest) if rest.strip("/") else ""
+        return f"{scheme.lower()}://{rest.strip('/')}", deep
+    return os.path.normpath(os.path.abspath(uri or ".")), deep
+
+
+def output_inside_input(input_uri: str, output_uri: str) -> Optional[str]:
+    """"is" or "is inside" when the job's outputs would land where its input is read from
+    (local paths and URIs alike), else None. A job writes files in output_uri itself
+    (_job.json) and Parquet files in its subfolders (outputs/, stats/, ...)."""
+    (inp, deep), (out, _) = _comparable(input_uri), _comparable(output_uri)
+    if ("://" in inp) != ("://" in out):
+        return None
+    if out == inp:
+        return "is"
+    return "is inside" if deep and out.startswith(inp.rstrip("/") + "/") else None
+
+
+# ---------------------------------------------------------------- messages that say what to do
+
+
+def closest(word: str, choices: Iterable[str], cutoff: float = 0.6) -> Optional[str]:
+    """The choice a mistyped `word` most likely meant (case aside), or None: the one
+    did-you-mean of config keys, row overrides, LoRA names and drafter check names."""
+    by_lower: dict[str, str] = {}
+    for choice in choices:
+        by_lower.setdefault(str(choice).lower(), str(choice))
+    match = difflib.get_close_matches(str(word).lower(), list(by_lower), n=1, cutoff=cutoff)
+    return by_lower[match[0]] if match else None
+
+
+def _keys(model: type[BaseModel]) -> list[str]:
+    """The keys a section takes, as written in YAML (aliases where a field has one)."""
+    return [field.alias or name for name, field in model.model_fields.items()]
+
+
+def _field(model: type[BaseModel], key: str):
+    return next((f for name, f in model.model_fields.items() if key in (name, f.alias)), None)
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The types of a union (None left out), or [annotation]."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [a for a in typing.get_args(annotation) if a is not type(None)]
+    return [annotation]
+
+
+def _section(annotation: Any) -> Optional[type[BaseModel]]:
+    members = _members(annotation)
+    if len(members) == 1 and isinstance(members[0], type) and issubclass(members[0], BaseModel):
+        return members[0]
+    return None
+
+
+def _item(annotation: Any) -> Any:
+    """What a list index or a dict key of `annotation` holds."""
+    args = typing.get_args(_members(annotation)[0]) if len(_members(annotation)) == 1 else ()
+    return args[-1] if args else None
+
+
+def _locate(loc: tuple) -> tuple[list[str], Optional[type[BaseModel]], bool]:
+    """(the path as the user wrote it, the section its last key belongs to, whether it went
+    through a union member other than a section). pydantic puts a union member's tag in the
+    location (`resources.replicas.function-after[_ordered(), ReplicaRange].max`); it is left out."""
+    parts: list[str] = []
+    current: Any = JobConfig
+    owner: Optional[type[BaseModel]] = None
+    scalar_member = False
+    for seg in loc:
+        section = _section(current)
+        if section is not None and isinstance(seg, str):
+            owner, field = section, _field(section, seg)
+            parts.append(seg)
+            current = field.annotation if field else None
+            continue
+        members = _members(current) if current is not None else []
+        if len(members) > 1 and isinstance(seg, str):
+            named = [m for m in members if re.search(rf"\b{re.escape(getattr(m, '__name__', str(m)))}\b", seg)]
+            current = named[0] if named else None
+            scalar_member = scalar_member or _section(current) is None
+            continue
+        parts.append(str(seg))
+        owner, current = None, _item(current) if current is not None else None
+    return parts, owner, scalar_member
+
+
+def _sections(model: Optional[type[BaseModel]] = None, prefix: str = "") -> dict[str, type[BaseModel]]:
+    """Every section of the job config by its dotted path ("" for the top level)."""
+    model = model or JobConfig
+    found = {prefix: model}
+    for name, field in model.model_fields.items():
+        for member in _members(field.annotation):
+            if isinstance(member, type) and issubclass(member, BaseModel):
+                found.update(_sections(member, f"{prefix}{field.alias or name}."))
+    return found
+
+
+def unknown_key_message(key: str, where: str, owner: type[BaseModel]) -> str:
+    """`unknown key; did you mean 'max_num_seqs'?` for a typo of a key of this section, else the
+    key's own section when it sits in another one (`max_tokens` under engine), else a looser
+    match, else the keys this section takes."""
+    typo = closest(key, _keys(owner), cutoff=0.8)
+    if typo:
+        return f"unknown key; did you mean {typo!r}?"
+    elsewhere = [path + key for path, section in _sections().items() if key in _keys(section) and section is not owner]
+    if elsewhere:
+        return f"unknown key here; did you mean {elsewhere[0]!r}?"
+    close = closest(key, _keys(owner))
+    if close:
+        return f"unknown key; did you mean {close!r}?"
+    return f"unknown key; {where or 'the top level'} takes: {', '.join(_keys(owner))}"
+
+
+def _error_line(err: dict) -> Optional[str]:
+    parts, owner, _ = _locate(tuple(err["loc"]))
+    path = ".".join(parts)
+    if err["type"] == "extra_forbidden" and owner is not None:
+        return f"{path}: {unknown_key_message(parts[-1], '.'.join(parts[:-1]), owner)}"
+    if err["type"] == "missing":
+        field = _field(owner, parts[-1]) if owner is not None else None
+        about = f": {field.description}" if field is not None and field.description else ""
+        return f"{path}: required, and not set{about}"
+    message = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    if not path or message.startswith(parts[0]):  # a rule across fields names them itself
+        return message
+    return f"{path}: {message}"
+
+
+def config_error_lines(exc: ValidationError) -> list[str]:
+    """One line per problem, each naming the field and what to do. A union's member that does not
+    match what was given (an int where a mapping was written) is not reported beside the member
+    that does."""
+    errors = exc.errors()
+    located = [(_locate(tuple(e["loc"])), e) for e in errors]
+    section_paths = {tuple(parts[:-1]) for (parts, owner, scalar), _ in located if not scalar and owner is not None}
+    lines: list[str] = []
+    for (parts, owner, scalar), err in located:
+        if scalar and isinstance(err.get("input"), dict) and tuple(parts) in section_paths:
+            continue
+        line = _error_line(err)
+        if line and line not in lines:
+            lines.append(line)
+    return lines
+
+
 def parse_config(data: dict[str, Any], source: str = "<config>") -> JobConfig:
     try:
         return JobConfig.model_validate(data)
     except ValidationError as exc:
-        lines = [f"{source}: invalid job config"]
-        for err in exc.errors():
-            field = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            lines.append(f"  {field}: {err['msg']}")
+        lines = [f"{source}: invalid job config"] + [f"  {line}" for line in config_error_lines(exc)]
         raise ConfigError("\n".join(lines)) from None
 
 
@@ -591,17 +821,25 @@ def load_config(uri: str, overrides: Optional[dict[str, Any]] = None) -> JobConf
 
     if Path(uri).exists():
         text = Path(uri).read_text()
+    elif "://" not in uri:
+        raise ConfigError(f"{uri}: no such config file; give the path of a job YAML (jobs/configs/local.yaml is an example)")
     else:
-        with fsspec.open(uri, "r") as f:
-            text = f.read()
+        try:
+            with fsspec.open(uri, "r") as f:
+                text = f.read()
+        except FileNotFoundError:
+            raise ConfigError(f"{uri}: no such config file; give the URI of a job YAML") from None
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{uri}, line {mark.line + 1}, column {mark.column + 1}" if mark else uri
-        raise ConfigError(f"{where}: not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
+        raise ConfigError(f"{where}: not valid YAML ({getattr(exc, 'problem', None) or exc}); fix it there") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{uri}: a job config is a YAML mapping, got {type(data).__name__}")
+        raise ConfigError(
+            f"{uri}: a job config is a YAML mapping (`input_uri: ...`, `output_uri: ...`, `model: {{path: ...}}`), "
+            f"got {type(data).__name__}"
+        )
     _resolve_relative_paths(data, Path(uri).resolve().parent if Path(uri).exists() else None, uri)
     data.update(overrides or {})
     return parse_config(data, source=uri)
@@ -633,5 +871,8 @@ def _resolve_relative_paths(data: dict[str, Any], folder: Optional[Path], source
     for name, value in (adapters or {}).items() if isinstance(adapters, dict) else ():
         if isinstance(value, str) and "://" not in value and not Path(value).is_absolute():
             if folder is None:
-                raise ConfigError(f"{source}: lora.adapters.{name} = {value!r} is a relative path, and the config is not a local file")
+                raise ConfigError(
+                    f"{source}: lora.adapters.{name} = {value!r} is a relative path, and the config is not a local file it "
+                    "could be relative to; use an absolute path or a URI"
+                )
             adapters[name] = os.path.normpath(folder / value)

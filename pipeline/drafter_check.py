@@ -60,7 +60,10 @@ def validate_check_names(names: Iterable[str]) -> list[str]:
     names = list(names)
     unknown = [n for n in names if n not in CHECKS]
     if unknown:
-        raise ValueError(f"unknown drafter check(s) {', '.join(map(repr, unknown))}; valid checks: {', '.join(CHECKS)}")
+        from pipeline.config import closest
+
+        hints = [f"{n!r} (did you mean {closest(n, CHECKS)!r}?)" if closest(n, CHECKS) else repr(n) for n in unknown]
+        raise ValueError(f"unknown drafter check(s) {', '.join(hints)}; valid checks: {', '.join(CHECKS)}")
     return names
 
 

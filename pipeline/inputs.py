@@ -79,7 +79,10 @@ def inspect_inputs(input_uri: str, storage: Storage, known: Optional[list[InputF
     same size and version are taken as they were recorded."""
     listed = storage.expand_input(input_uri)
     if not listed:
-        raise InputError(f"input_uri {input_uri!r} matches no Parquet file")
+        raise InputError(
+            f"input_uri {input_uri!r} matches no Parquet file; set input_uri to a Parquet file, a folder holding .parquet "
+            "files or a glob (s3://bucket/prompts/*.parquet); for OpenAI batch .jsonl files set input_format: openai_batch"
+        )
     cached = {(f.uri, f.size, f.version): f for f in known or []}
     todo = [(uri, info) for uri, info in listed.items() if (uri, info["size"], info["version"]) not in cached]
     with ThreadPoolExecutor(PARALLEL_FOOTERS) as pool:
@@ -98,7 +101,10 @@ def inspect_inputs(input_uri: str, storage: Storage, known: Optional[list[InputF
         by_file = "; ".join(f"{f}: {t}" for f, t in metadata_types.items())
         problems.append(f"column 'metadata' has different types across files ({by_file})")
     if problems:
-        raise InputError(f"input {input_uri!r} refused:\n  " + "\n  ".join(problems))
+        raise InputError(
+            f"input {input_uri!r} refused:\n  " + "\n  ".join(problems)
+            + "\nFix these files (the input contract: README.md, 'Input contract'), or move them out of input_uri."
+        )
     return InputReport(files, sum(f.rows for f in files), footers_read=len(todo))
 
 

@@ -75,7 +75,10 @@ class OutputLease:
         self._write()
         time.sleep(0.05)
         if (self.current() or self.lease).owner != self.lease.owner:
-            raise LeaseHeld(f"{self.location.uri}: another run took the lease at the same moment; it goes on, this one stops")
+            raise LeaseHeld(
+                f"{self.location.uri}: another run took the lease at the same moment; it goes on, this one stops. "
+                "Nothing to do while it runs; rerun once it has ended to finish what it left"
+            )
         self._thread = threading.Thread(target=self._heartbeat, name="specbatch-lease", daemon=True)
         self._thread.start()
         return held

@@ -489,7 +489,10 @@ def convert_batch_files(input_uri: str, storage: Storage, folder: str) -> list[s
     converted Parquet URIs of all of them, in order. InputError lists every problem."""
     sources = expand_sources(storage, input_uri)
     if not sources:
-        raise InputError(f"input_uri {input_uri!r} matches no JSONL file")
+        raise InputError(
+            f"input_uri {input_uri!r} matches no JSONL file; set input_uri to a .jsonl file, a folder holding .jsonl "
+            "files or a glob; for Parquet prompt files set input_format: parquet"
+        )
     listed = storage.list_files(folder)
     done = {posixpath.basename(u)[: -len(".json")] for u in listed if u.endswith(".json")}
     parquet = [u for u in listed if u.endswith(".parquet")]
@@ -510,7 +513,10 @@ def convert_batch_files(input_uri: str, storage: Storage, folder: str) -> list[s
     if count:
         shown = problems[:LISTED_PROBLEMS]
         head = f"{count} problem{'s' if count > 1 else ''}" + (f", the first {len(shown)}" if count > len(shown) else "")
-        raise InputError(f"OpenAI batch input {input_uri!r} refused ({head}):\n  " + "\n  ".join(shown))
+        raise InputError(
+            f"OpenAI batch input {input_uri!r} refused ({head}):\n  " + "\n  ".join(shown)
+            + "\nFix these lines (each a request of OpenAI's batch format with a custom_id unique in its file) and run again."
+        )
     return [u for uri in sources for u in converted[uri]]
 
 
@@ -521,7 +527,9 @@ def inspect_job_inputs(config, storage: Storage, known: Optional[list[InputFile]
         return inspect_inputs(config.input_uri, storage, known)
     converted = convert_batch_files(config.input_uri, storage, storage.join(config.output_uri, CONVERTED))
     if not converted:
-        raise InputError(f"input_uri {config.input_uri!r}: its JSONL files hold no request")
+        raise InputError(
+            f"input_uri {config.input_uri!r}: its JSONL files hold no request; point input_uri at files with request lines"
+        )
     now = {_source_key(u) for u in converted}
     replaced = sorted(f.uri for f in known or [] if _source_key(f.uri) in now and f.uri not in converted)
     if replaced:

@@ -30,7 +30,11 @@ def check_before_engines(config: JobConfig, inputs: InputReport, storage: Storag
 
         tokenizer = AutoTokenizer.from_pretrained(localize(tokenizer_path, storage, weights=False))
     except Exception as exc:
-        raise ConfigError(f"model.tokenizer: the tokenizer at {tokenizer_path} cannot be loaded ({type(exc).__name__}: {exc})") from None
+        field = "model.tokenizer" if config.model.tokenizer else "model.path"
+        raise ConfigError(
+            f"{field}: the tokenizer at {tokenizer_path} cannot be loaded ({type(exc).__name__}: {exc}); set "
+            "model.tokenizer to a folder with the tokenizer's files (tokenizer.json, tokenizer_config.json)"
+        ) from None
     _check_structured_and_reasoning(config, tokenizer)
     first_of_kind = {}
     for file in inputs.files:
@@ -55,7 +59,7 @@ def _check_structured_and_reasoning(config: JobConfig, tokenizer) -> None:
     try:
         check_supported(config.sampling.response_format, tokenizer, structured_backend(config))
     except ValueError as exc:
-        raise ConfigError(f"sampling.response_format: vLLM cannot compile it ({exc})") from None
+        raise ConfigError(f"sampling.response_format: vLLM cannot compile it ({exc}); fix or remove it") from None
     try:
         reasoning_parser(config.chat.reasoning_parser, tokenizer)
     except Exception as exc:
@@ -101,5 +105,6 @@ def _render_first_row(
     except Exception as exc:
         raise ConfigError(
             f"the first row of {uri} does not render with the tokenizer at {tokenizer_path} "
-            f"({type(exc).__name__}: {exc}); every {kind} row would fail the same way"
+            f"({type(exc).__name__}: {exc}); every {kind} row would fail the same way. Fix the rows, or the chat "
+            "template (chat.template_kwargs, or model.tokenizer for another tokenizer)"
         ) from None

@@ -8,13 +8,12 @@ its resolved sampling parameters, pipeline/sampling.py) or marked with an error 
 
 from __future__ import annotations
 
-import difflib
 import json
 from typing import Any
 
 import pyarrow as pa
 
-from pipeline.config import ChatConfig, SamplingConfig
+from pipeline.config import ChatConfig, SamplingConfig, closest
 from pipeline.sampling import COLUMNS as SAMPLING_COLUMNS
 from pipeline.sampling import RowError, engine_values, resolve, speculation_conflicts
 
@@ -99,8 +98,8 @@ class Preprocessor:
     def prepare(self, row: dict[str, Any], text_column: str) -> dict[str, Any]:
         lora = row.get("lora")
         if lora is not None and lora not in self.lora_adapters:
-            close = difflib.get_close_matches(lora, self.lora_adapters, n=1)
-            known = f"did you mean {close[0]!r}?" if close else f"the job's lora.adapters: {sorted(self.lora_adapters) or 'none'}"
+            close = closest(lora, self.lora_adapters)
+            known = f"did you mean {close!r}?" if close else f"the job's lora.adapters: {sorted(self.lora_adapters) or 'none'}"
             raise RowError("invalid_lora", "lora", f"no LoRA adapter {lora!r} ({known})")
         sampling = resolve(row, self.sampling, self.sampling_values)
         if self.speculation and sampling is not self.sampling:
@@ -138,8 +137,13 @@ class Preprocessor:
             try:
                 if row["id"] is None or not row["id"].strip():
                     raise RowError("invalid_id", "id", f"id is blank at row {row['row']}")
-                if row["id"] in first_row_of:
-                    raise RowError("duplicate_id", "id", f"id {row['id']!r} is also at row {first_row_of[row['id']]}")
+                if row["id"] in first_row_of:  # a unit is rows of one file: both rows are in row["source"]
+                    first = first_row_of[row["id"]]
+                    raise RowError(
+                        "duplicate_id", "id",
+                        f"id {row['id']!r} appears twice in {row['source']} (rows {first} and {row['row']}); row {first} "
+                        f"is generated, this one is not: give it an id of its own",
+                    )
                 first_row_of[row["id"]] = row["row"]
                 out.update(self.prepare(row, row["text_column"]))
             except RowError as err:

@@ -155,7 +155,10 @@ def probe_job_input(
                 "drafting; raise max_model_len by %d for speculation to pay", near, 2 * config.speculative.num_speculative_tokens,
             )
             return None
-        raise DrafterMismatch(f"the probe found no usable row in {config.input_uri}")
+        raise DrafterMismatch(
+            f"the probe found no usable row in {config.input_uri} (every row read was refused); fix the input rows, or "
+            "set speculative.probe.rows: 0 to skip the probe"
+        )
     result = run_probe(config, rows, near)
     rejected = refusal(config, result)
     if rejected:

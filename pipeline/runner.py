@@ -83,24 +83,35 @@ def versions() -> Versions:
     )
 
 
-def model_fingerprint(path: str, storage: Optional[Storage] = None, config_name: str = "config.json") -> ModelFingerprint:
+def model_fingerprint(
+    path: str, storage: Optional[Storage] = None, config_name: str = "config.json", field: Optional[str] = None
+) -> ModelFingerprint:
     """sha256 of the model's config.json in canonical form, and of each weight, index and
     tokenizer file its size and version: the mtime for a local folder, the ETag for a folder in
     object storage (from one listing; nothing is downloaded, and the ETags are what each node's
     model cache copies and checks). Refuses a path without a config.json (`config_name`: a LoRA
-    adapter's adapter_config.json)."""
+    adapter's adapter_config.json), naming the config `field` it came from."""
+    where = f"{field}: {path}" if field else path
+    expected = f"a local folder with {config_name}, or an s3:// URI"
     if not is_local(path):
         storage = storage or Storage()
-        listed = remote_files(path, storage)
+        try:
+            listed = remote_files(path, storage)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{where}: no such folder, nothing is stored under it ({expected})") from None
         if config_name not in listed:
-            raise FileNotFoundError(f"{path}: no {config_name} (models are local folders or folders in your storage; no hub)")
+            raise FileNotFoundError(f"{where}: no {config_name} in it ({expected}; models are never read from a hub)")
         config = json.loads(storage.read_bytes(f"{path.rstrip('/')}/{config_name}"))
         files = {name: f"{info['size']}:{info['etag']}" for name, info in listed.items() if name.endswith(MODEL_FILE_SUFFIXES)}
     else:
         root = Path(path[len("file://"):] if path.startswith("file://") else path)
         config_file = root / config_name
+        if not root.exists():
+            raise FileNotFoundError(f"{where}: no such directory ({expected})")
+        if not root.is_dir():
+            raise FileNotFoundError(f"{where}: not a directory ({expected})")
         if not config_file.is_file():
-            raise FileNotFoundError(f"{path}: no {config_name} (models are local folders or folders in your storage; no hub)")
+            raise FileNotFoundError(f"{where}: no {config_name} in it ({expected}; models are never read from a hub)")
         config = json.loads(config_file.read_text())
         files = {}
         for file in sorted(root.iterdir()):
@@ -260,7 +271,9 @@ def _adapter_fingerprints(config: JobConfig) -> Optional[dict]:
         return None
     storage = Storage.from_config(config.storage)
     return {
-        name: model_fingerprint(path, storage, "adapter_config.json").model_dump(exclude={"path", "architectures"})
+        name: model_fingerprint(path, storage, "adapter_config.json", f"lora.adapters.{name}").model_dump(
+            exclude={"path", "architectures"}
+        )
         for name, path in sorted(config.lora.adapters.items())
     }
 
@@ -385,8 +398,12 @@ def plan_job(config: JobConfig, job_id: Optional[str] = None, restart: bool = Fa
     location = OutputLocation(storage, config.output_uri)
     _refuse_a_file(location)
     previous = None if restart else _previous_manifest(location)
-    target = model_fingerprint(config.model.path, storage)
-    drafter = model_fingerprint(config.speculative.drafter, storage) if config.speculative.enabled else None
+    target = model_fingerprint(config.model.path, storage, field="model.path")
+    _refuse_missing_tokenizer(config)
+    drafter = (
+        model_fingerprint(config.speculative.drafter, storage, field="speculative.drafter")
+        if config.speculative.enabled else None
+    )
     if previous:
         _refuse_changes(config, previous, target, drafter, location)
     inputs = inspect_job_inputs(config, storage, previous.input_files if previous else None)
@@ -515,10 +532,26 @@ def _probe_drafter(
     return result
 
 
+def _refuse_missing_tokenizer(config: JobConfig) -> None:
+    """A local model.tokenizer that is not there (one in object storage is read, and refused by
+    name, before any engine starts: pipeline/preflight.py)."""
+    path = config.model.tokenizer
+    if not path or not is_local(path):
+        return
+    root = Path(path[len("file://"):] if path.startswith("file://") else path)
+    if not root.is_dir():
+        raise FileNotFoundError(
+            f"model.tokenizer: {path}: {'not a directory' if root.exists() else 'no such directory'} (a local folder "
+            "with the tokenizer's files, or an s3:// URI); leave model.tokenizer out to use model.path's tokenizer"
+        )
+
+
 def _refuse_a_file(location: OutputLocation) -> None:
     fs, path = location.storage.fs(location.uri)
     if location.storage.retrying(f"info {location.uri}", lambda: fs.isfile(path)):
-        raise ConfigError(f"output_uri {location.uri!r} is a file; it must be a folder (or prefix) for the job's outputs")
+        raise ConfigError(
+            f"output_uri {location.uri!r} is a file; set output_uri to a folder (or prefix) for the job's outputs"
+        )
 
 
 def _close_killed_attempt(previous: JobManifest, dead_owner: Optional[Lease]) -> None:

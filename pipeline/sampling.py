@@ -9,14 +9,13 @@ inside `sampling`); the other rows go on.
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 from typing import Any, Optional
 
 from pydantic import ValidationError
 
-from pipeline.config import JOB_ONLY_SAMPLING, SamplingConfig
+from pipeline.config import JOB_ONLY_SAMPLING, SamplingConfig, closest
 
 COLUMNS = ("max_tokens", "temperature", "top_p", "seed", "n", "stop")
 
@@ -79,8 +78,8 @@ def resolve(row: dict[str, Any], defaults: SamplingConfig, default_values: dict[
         inner = ".".join(str(p) for p in error["loc"][1:])
         where = f"{field}.{inner}" if inner else field
         if error["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(key, SamplingConfig.model_fields, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            close = closest(key, (k for k in SamplingConfig.model_fields if k not in JOB_ONLY_SAMPLING))
+            hint = f" (did you mean {close!r}?)" if close else ""
             raise RowError("invalid_sampling", where, f"unknown sampling key {key!r}{hint}") from None
         raise RowError("invalid_sampling", where, f"{where}: {error['msg']}") from None
 

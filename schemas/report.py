@@ -33,6 +33,7 @@ class JobFigures(Contract):
     accelerator: str
     replicas: int
     gpus_per_replica: float = Field(description="Billed units per replica: GPUs, or 1 node for CPU-only replicas.")
+    cpu_only: bool = Field(False, description="The replicas had no GPU (the job's resources.gpus_per_replica 0).")
     speculative: bool = Field(description="The job's config asked for speculation.")
     num_speculative_tokens: int = Field(description="Draft depth; 0 with speculation off.")
     units: int
@@ -82,6 +83,11 @@ class ReportTotals(Contract):
     cost_per_million_generated_tokens: Optional[float]
     cost_per_million_total_tokens: Optional[float]
     tokens_per_second_per_gpu: Optional[float]
+    num_drafts: int = Field(0, description="Summed over the jobs, as are draft_tokens and accepted_tokens.")
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    acceptance_rate: Optional[float] = Field(None, description="accepted / draft tokens of all jobs; null without drafts.")
+    mean_acceptance_length: Optional[float] = Field(None, description="1 + accepted / drafts of all jobs; null without drafts.")
 
 
 class SpeculationComparison(Contract):

@@ -108,9 +108,9 @@ def test_a_depth_schedule_is_validated_naming_the_entry():
         return parse_config(job_config("in", "out", TINY_KIT, engine={"max_num_seqs": max_num_seqs},
                                        speculative={"depth_schedule": entries}))
 
-    with pytest.raises(ConfigError, match=r"\(3, 8, 2\): starts at 3, expected 2"):
+    with pytest.raises(ConfigError, match=r"\(3, 8, 2\): starts at 3; make it start at 2"):
         schedule([[1, 1, 3], [3, 8, 2], [9, 32, 0]])  # a gap
-    with pytest.raises(ConfigError, match=r"\(4, 32, 0\): starts at 4, expected 5"):
+    with pytest.raises(ConfigError, match=r"\(4, 32, 0\): starts at 4; make it start at 5"):
         schedule([[1, 4, 3], [4, 32, 0]])  # an overlap
     with pytest.raises(ConfigError, match="k must be 0..16"):
         schedule([[1, 4, 17], [5, 32, 0]])

@@ -70,7 +70,7 @@ def test_guard_is_on_by_default_and_needs_a_floor():
     guard = parse_config({**base, "speculative": spec}).speculative.guard
     assert (guard.action, guard.min_mean_acceptance_length, guard.min_acceptance_rate) == ("disable-speculation", ACCEPTANCE_FLOOR, None)
     assert parse_config({**base, "speculative": {**spec, "guard": None}}).speculative.guard is None  # turned off
-    with pytest.raises(ConfigError, match="speculative.guard.*min_acceptance_rate or min_mean_acceptance_length"):
+    with pytest.raises(ConfigError, match=r"speculative\.guard needs a floor: set speculative\.guard\.min_mean_acceptance_length .* or speculative\.guard\.min_acceptance_rate"):
         parse_config({**base, "speculative": {**spec, "guard": {"min_mean_acceptance_length": None, "action": "fail"}}})
     with pytest.raises(ConfigError, match="speculative.guard.action"):
         parse_config({**base, "speculative": {**spec, "guard": {"min_acceptance_rate": 0.1, "action": "stop"}}})

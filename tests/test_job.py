@@ -285,7 +285,7 @@ def test_engine_processes_talk_over_loopback(tmp_path):
         "from pipeline.config import parse_config\n"
         "from pipeline.engine import prepare_process_env\n"
         "from vllm.utils.network_utils import get_ip\n"
-        f"prepare_process_env(parse_config({{'input_uri': '{tmp_path}', 'output_uri': '{tmp_path}/o',"
+        f"prepare_process_env(parse_config({{'input_uri': '{tmp_path}/in', 'output_uri': '{tmp_path}/o',"
         " 'model': {'path': 'm'}, 'speculative': {'enabled': False}}))\n"
         "print(get_ip())\n"
     )

@@ -164,7 +164,8 @@ def test_the_listing_is_capped_and_counts_every_problem_across_files(tmp_path):
         inspect_job_inputs(config_for(str(tmp_path / "in"), str(tmp_path / "out")), Storage())
     lines = str(refused.value).splitlines()
     assert f"(26 problems, the first {LISTED_PROBLEMS})" in lines[0]
-    assert len(lines) == 1 + LISTED_PROBLEMS and all("method" in line for line in lines[1:])
+    assert len(lines) == 1 + LISTED_PROBLEMS + 1 and all("method" in line for line in lines[1:-1])
+    assert lines[-1].startswith("Fix these lines")  # what to do comes last
 
 
 def test_conversion_happens_once_and_a_changed_file_is_refused_on_resume(tmp_path):

@@ -18,7 +18,9 @@ import pytest
 
 from pipeline.outputs import OutputLocation
 from pipeline.tools.prices import Prices
-from pipeline.tools.report import JobData, ReportError, build_report, busy_seconds, default_report_uri, main as report_main
+from pipeline.tools.report import (
+    JobData, ReportError, build_report, busy_seconds, default_report_uri, main as report_main, terminal_summary,
+)
 from pipeline.storage import Storage
 from schemas import JobManifest, UnitStats
 from schemas.report import CostReport
@@ -149,6 +151,11 @@ def test_overall_figures_and_speculation_saving(three_jobs):
     assert s.cost_per_million_generated_tokens_on == pytest.approx(2.0)
     assert s.cost_per_million_generated_tokens_off == pytest.approx(2.5)
     assert s.saving_per_million_generated_tokens == pytest.approx(0.5) and s.saving_fraction == pytest.approx(0.2)
+    # Acceptance pooled over every job's drafts, as each job's own: A 200 drafts / 200 accepted, C 10 / 15.
+    assert (o.num_drafts, o.draft_tokens, o.accepted_tokens) == (210, 430, 215)
+    assert o.mean_acceptance_length == pytest.approx(1 + 215 / 210) and o.acceptance_rate == pytest.approx(215 / 430)
+    overall_row = terminal_summary(report).splitlines()[2 + len(report.jobs)]
+    assert overall_row.startswith("overall") and f"{1 + 215 / 210:.2f}" in overall_row.split()
     assert report.warnings == []
     assert report.prices["gpu"]["test-gpu"] == 2.0 and report.prices["gpu"]["nvidia-h100-80gb"] == 4.0  # --prices adds to the defaults
 
@@ -162,6 +169,8 @@ def test_files_written_csv_and_markdown(three_jobs):
     assert rows[0]["accepted_per_position"] == "0.625;0.375" and rows[1]["acceptance_rate"] == ""
     markdown = (out / "report.md").read_text()
     assert "| job-a | succeeded | test-gpu | 2 x 1 | k=2 |" in markdown
+    assert "| job-c | succeeded | test-node | 3 replicas, CPU | k=3 |" in markdown  # gpus_per_replica 0: no "x 1" GPU
+    assert rows[2]["cpu_only"] == "True" and rows[0]["cpu_only"] == "False"
     assert "+20.0%" in markdown  # the saving of k=2 over off
 
 
@@ -325,3 +334,72 @@ def test_browser_check_sees_console_errors(tmp_path, browser):
                     "<script>console.error('deliberate'); undefinedFunction();</script></body></html>")
     errors, _ = browser.load(page.as_uri(), "1")
     assert any("deliberate" in e for e in errors) and any("undefinedFunction" in e for e in errors)
+
+
+TABLES_ON_PAGE = """JSON.stringify(Object.fromEntries([...document.querySelectorAll('h2')].filter(h => h.nextElementSibling
+  && h.nextElementSibling.tagName === 'TABLE').map(h => {
+  const table = h.nextElementSibling;
+  const header = [...table.querySelectorAll('thead th')].map(th => th.textContent);
+  return [h.textContent, [...table.querySelectorAll('tbody tr')].map(tr =>
+    Object.fromEntries([...tr.querySelectorAll('td')].map((td, i) => [header[i], td.textContent])))];
+})))"""
+
+
+def test_html_tables_show_cpu_replicas_and_the_overall_acceptance(three_jobs, browser):
+    out, report = three_jobs
+    errors, value = browser.load((out / "report.html").as_uri(), TABLES_ON_PAGE)
+    assert errors == []
+    tables = json.loads(value)
+    jobs = {row["job"]: row for row in tables["Jobs"]}
+    assert jobs["job-a"]["replicas x GPUs"] == "2 x 1" and jobs["job-b"]["replicas x GPUs"] == "1 x 2"
+    assert jobs["job-c"]["replicas x GPUs"] == "3 replicas, CPU"
+    (overall,) = tables["Overall"]
+    assert overall["mean acceptance length"] == f"{1 + 215 / 210:.3f}" and overall["acceptance rate"] == f"{215 / 430:.3f}"
+
+
+LONG_ID = "2026-11-29-nightly-llama-3.3-70b-instruct-eagle31-depth-3-on-the-cpu-pool-of-cluster-east"
+
+LEGENDS_ON_PAGE = """JSON.stringify([...document.querySelectorAll('svg.plot')].map(svg => {
+  const box = svg.getBoundingClientRect();
+  return {plot: svg.dataset.plot, left: box.left, right: box.right, top: box.top, bottom: box.bottom,
+          entries: [...svg.querySelectorAll('g.legend-entry')].map(entry => {
+            const text = entry.querySelector('text.legend'), r = text.getBoundingClientRect();
+            return {label: entry.querySelector('title').textContent, shown: text.textContent,
+                    left: r.left, right: r.right, top: r.top, bottom: r.bottom};
+          }),
+          bar_labels: [...svg.querySelectorAll('text.bar-label')].map(text => {
+            const r = text.getBoundingClientRect();
+            return {shown: text.textContent, left: r.left, right: r.right, top: r.top, bottom: r.bottom};
+          })};
+}))"""
+
+
+def test_legend_labels_are_whole_and_inside_their_chart(tmp_path, browser):
+    """A job id longer than the legend's old 170 px: the chart widens (or the label wraps) so that
+    every label shows in full, inside the chart, in a real browser's layout."""
+    uris = [str(tmp_path / "long"), str(tmp_path / "a")]
+    write_job(Storage(), uris[0], manifest(LONG_ID, accelerator="test-node", replicas=1, gpus=0, wall=3600, speculative=True, k=3), JOB_C)
+    write_job(Storage(), uris[1], manifest("job-a", accelerator="test-gpu", replicas=2, gpus=1, wall=1800, speculative=True, k=2), JOB_A)
+    prices = tmp_path / "prices.yaml"
+    prices.write_text(PRICES)
+    assert report_main([*uris, "--prices", str(prices), "--out", str(tmp_path / "report")]) == 0
+    html = (tmp_path / "report" / "report.html").read_text()
+    assert "1 replica, CPU" in html and "…" not in html
+    errors, value = browser.load((tmp_path / "report" / "report.html").as_uri(), LEGENDS_ON_PAGE)
+    assert errors == []
+    charts = {chart["plot"]: chart for chart in json.loads(value)}
+    assert set(charts) == {"acceptance", "throughput", "cost"}
+    labels = {e["label"] for chart in charts.values() for e in chart["entries"]}
+    assert {f"{LONG_ID} (k=3)", "job-a (k=2)", LONG_ID, "job-a", "speculation k=3", "speculation k=2"} <= labels
+    for chart in charts.values():
+        assert chart["entries"], chart["plot"]
+        for entry in chart["entries"]:
+            assert entry["shown"].replace(" ", "") == entry["label"].replace(" ", ""), entry  # whole, not cut short
+            assert chart["left"] <= entry["left"] and entry["right"] <= chart["right"], (chart["plot"], entry)
+            assert chart["top"] <= entry["top"] and entry["bottom"] <= chart["bottom"], (chart["plot"], entry)
+    assert charts["acceptance"]["right"] - charts["acceptance"]["left"] > 640  # the legend area grew to fit
+    bar_labels = charts["cost"]["bar_labels"]  # the bars' own labels on the left: whole too
+    assert sorted(b["shown"] for b in bar_labels) == sorted([LONG_ID, "job-a"])
+    for label in bar_labels:
+        assert charts["cost"]["left"] <= label["left"] and label["right"] <= charts["cost"]["right"], label
+        assert charts["cost"]["top"] <= label["top"] and label["bottom"] <= charts["cost"]["bottom"], label

@@ -148,7 +148,7 @@ def test_a_bad_override_is_the_rows_error_naming_the_field(row, field, words):
 def test_an_unknown_sampling_key_in_the_config_is_refused_by_name():
     from pipeline.config import ConfigError
 
-    with pytest.raises(ConfigError, match=r"sampling\.top_kk: Extra inputs are not permitted"):
+    with pytest.raises(ConfigError, match=r"sampling\.top_kk: unknown key; did you mean 'top_k'\?"):
         parse_config(job_config("in", "out", {"target": "t", "drafter": "d"}, sampling={"top_kk": 3}))
 
 

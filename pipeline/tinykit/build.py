@@ -200,7 +200,11 @@ def build(out_dir: str, recipe: dict, threads: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="specbatch tiny-models build", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="specbatch tiny-models build", description=__doc__.split("\n\n")[0],
+        epilog="example:\n  specbatch tiny-models build /tmp/kit --smoke      # seconds: the same code path, untrained",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("out", metavar="OUT", help="output directory (target/, drafter-*/, RECIPE.json)")
     ap.add_argument("--seed", type=int, default=RECIPE["seed"])
     ap.add_argument("--threads", type=int, default=2, help="torch threads (results depend on it)")

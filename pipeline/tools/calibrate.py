@@ -520,7 +520,11 @@ def write_config_depth(storage: Storage, config_uri: str, depth: int, schedule=N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="specbatch calibrate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="specbatch calibrate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example:\n"
+        "  specbatch calibrate job.yaml --sample 256 --depths 0,1,2,3,4 --apply   # measure, then write the best depth",
+    )
     parser.add_argument("config", nargs="?", help="the job config (YAML, local path or URI)")
     parser.add_argument("--sample", type=int, default=256, help="prompts to measure (default 256)")
     parser.add_argument("--depths", default="0,1,2,3,4,5", help="speculation depths to measure; 0 = off (default 0,1,2,3,4,5)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from typing import Optional
 
 from pipeline.drafter_check import CHECKS, DrafterMismatch, inspect_drafter, validate_check_names
@@ -74,9 +75,16 @@ def format_report(report: DrafterReport) -> str:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="specbatch check-drafter",
-        description="Refuse an EAGLE-3 / EAGLE-3.1 drafter that does not belong to its target. "
-        "Exit 0: shapes match and no declared target disagrees (warnings allowed); 1: refused; 2: usage or unreadable files.",
-        epilog="checks: " + "; ".join(f"{n}: {h}" for n, h in CHECKS.items()),
+        description=textwrap.fill(
+            "Refuse an EAGLE-3 / EAGLE-3.1 drafter that does not belong to its target. Exit 0: shapes match and no "
+            "declared target disagrees (warnings allowed); 1: refused; 2: usage or unreadable files."
+        ),
+        epilog="checks (--warn-only NAME downgrades one to a warning):\n"
+        + "\n".join(f"  {n}: {h}" for n, h in CHECKS.items())
+        + "\n\nexample:\n"
+        "  specbatch check-drafter --model models/tinykit/target --drafter models/tinykit/drafter-eagle31\n"
+        "  specbatch check-drafter --config job.yaml --probe 64     # then 64 of the job's rows with the drafter",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", help="a job config: its model, drafter, checks_as_warnings, input and lengths")
     parser.add_argument("--model", help="the target model directory (instead of --config)")
@@ -94,10 +102,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         from pipeline.config import load_config
         from pipeline.storage import Storage
 
-        config = load_config(args.config)
+        try:
+            config = load_config(args.config)
+        except ValueError as exc:  # ConfigError: names the field and what to do
+            print(f"specbatch check-drafter: {exc}", file=sys.stderr)
+            return 2
         storage = Storage.from_config(config.storage)
-        if not config.speculative.drafter:
-            parser.error(f"{args.config}: speculative.drafter is not set")
+        if not (args.drafter or config.speculative.drafter):
+            parser.error(f"{args.config}: speculative.drafter is not set; set it there, or give --drafter DIR")
         args.model, args.drafter = args.model or config.model.path, args.drafter or config.speculative.drafter
         args.warn_only += config.speculative.checks_as_warnings
     if not (args.model and args.drafter):

@@ -131,6 +131,7 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
         accelerator=m.accelerator,
         replicas=replicas,
         gpus_per_replica=units,
+        cpu_only=not float(resources.get("gpus_per_replica", 0)),
         speculative=speculative,
         num_speculative_tokens=int(spec.get("num_speculative_tokens", 0)) if speculative else 0,
         units=len(stats),
@@ -162,6 +163,9 @@ def totals(jobs: Sequence[JobFigures]) -> ReportTotals:
     generated = sum(j.generated_tokens for j in jobs)
     prompt = sum(j.prompt_tokens for j in jobs)
     gpu_hours = sum(j.gpu_hours for j in jobs)
+    acceptance = Acceptance(
+        sum(j.num_drafts for j in jobs), sum(j.draft_tokens for j in jobs), sum(j.accepted_tokens for j in jobs)
+    )
     return ReportTotals(
         jobs=len(jobs),
         input_rows=sum(j.input_rows for j in jobs),
@@ -175,6 +179,7 @@ def totals(jobs: Sequence[JobFigures]) -> ReportTotals:
         cost_per_million_generated_tokens=per_million(cost, generated),
         cost_per_million_total_tokens=per_million(cost, generated + prompt),
         tokens_per_second_per_gpu=_ratio(generated, gpu_hours * 3600),
+        **acceptance.summary(),
     )
 
 
@@ -265,6 +270,13 @@ def _depth(job: JobFigures) -> str:
     return f"k={job.num_speculative_tokens}" if job.speculative else "off"
 
 
+def _replicas(job: JobFigures) -> str:
+    """"2 x 1" (replicas x GPUs each), or "3 replicas, CPU" for replicas without a GPU."""
+    if job.cpu_only:
+        return f"{job.replicas} replica{'s' if job.replicas != 1 else ''}, CPU"
+    return f"{job.replicas} x {job.gpus_per_replica:g}"
+
+
 Table = tuple[list[str], list[list[str]]]
 
 
@@ -277,16 +289,18 @@ def tables(report: CostReport) -> dict[str, Table]:
     out: dict[str, Table] = {}
     out["Overall"] = (
         ["jobs", "generated tokens", "prompt tokens", "GPU-hours", "busy GPU-hours", f"cost ({c})",
-         f"{c} / 1M generated", f"{c} / 1M total", "tokens/s per GPU", "failed rows"],
+         f"{c} / 1M generated", f"{c} / 1M total", "tokens/s per GPU", "acceptance rate", "mean acceptance length",
+         "failed rows"],
         [[str(o.jobs), _num(o.generated_tokens), _num(o.prompt_tokens), _num(o.gpu_hours, 4), _num(o.busy_gpu_hours, 4),
           _num(o.cost, 4), _num(o.cost_per_million_generated_tokens, 4), _num(o.cost_per_million_total_tokens, 4),
-          _num(o.tokens_per_second_per_gpu, 1), _num(o.failed_rows)]],
+          _num(o.tokens_per_second_per_gpu, 1), _num(o.acceptance_rate), _num(o.mean_acceptance_length),
+          _num(o.failed_rows)]],
     )
     out["Jobs"] = (
         ["job", "status", "accelerator", "replicas x GPUs", "speculation", "wall s", "GPU-hours", "busy GPU-hours",
          "generated tokens", "prompt tokens", f"cost ({c})", f"{c} / 1M generated", f"{c} / 1M total",
          "tokens/s per GPU", "failed rows"],
-        [[j.job_id, j.status, j.accelerator, f"{j.replicas} x {j.gpus_per_replica:g}", _depth(j), _num(j.wall_seconds, 1),
+        [[j.job_id, j.status, j.accelerator, _replicas(j), _depth(j), _num(j.wall_seconds, 1),
           _num(j.gpu_hours, 4), _num(j.busy_gpu_hours, 4), _num(j.generated_tokens), _num(j.prompt_tokens), _num(j.cost, 4),
           _num(j.cost_per_million_generated_tokens, 4), _num(j.cost_per_million_total_tokens, 4),
           _num(j.tokens_per_second_per_gpu, 1), _num(j.failed_rows)] for j in jobs],
@@ -318,7 +332,7 @@ DEFINITIONS = [
     "GPU-hours: replicas x GPUs per replica x the job's wall time (what is billed); for CPU-only runs, one node per replica.",
     "Busy GPU-hours: per engine actor, the union of its units' engine intervals (units overlap), times GPUs per replica.",
     "Cost: GPU-hours x the price per GPU-hour of the job's accelerator kind.",
-    "Acceptance rate: accepted / draft tokens. Mean acceptance length: 1 + accepted / drafts. Position i: share of drafts whose i-th token was accepted.",
+    "Acceptance rate: accepted / draft tokens. Mean acceptance length: 1 + accepted / drafts. Position i: share of drafts whose i-th token was accepted. Overall: every job's drafts pooled.",
     "Speculation on vs off: jobs on the same target model and accelerator kind, pooled per side; a negative saving means speculation cost money.",
 ]
 
@@ -465,7 +479,8 @@ def terminal_summary(report: CostReport) -> str:
     ]
     o = report.overall
     rows.append(["overall", "", "", _num(o.generated_tokens), _num(o.gpu_hours, 4), _num(o.cost, 4),
-                 _num(o.cost_per_million_generated_tokens, 4), _num(o.tokens_per_second_per_gpu, 1), "", _num(o.failed_rows)])
+                 _num(o.cost_per_million_generated_tokens, 4), _num(o.tokens_per_second_per_gpu, 1),
+                 _num(o.mean_acceptance_length, 2), _num(o.failed_rows)])
     text = format_terminal_table(header, rows)
     for j in report.jobs:
         text += "".join(f"\nWARNING {j.job_id}: {flag}" for flag in j.speculation_flags)
@@ -510,7 +525,12 @@ def write_report(storage: Storage, out_uri: str, report: CostReport, jobs: Seque
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="specbatch report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="specbatch report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example:\n"
+        "  specbatch report s3://bucket/outputs/daily/2026-11-29/          # one job -> .../2026-11-29/report/\n"
+        "  specbatch report runs/a/output runs/b/output --out runs/report --prices my-prices.yaml",
+    )
     parser.add_argument("output_uris", nargs="+", metavar="OUTPUT_URI", help="job output locations (local or s3://...)")
     parser.add_argument("--prices", help="YAML prices adding to / replacing pipeline/tools/prices.yaml")
     parser.add_argument("--out", help="where report/ files go (default: see above)")
