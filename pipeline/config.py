@@ -27,7 +27,7 @@ class Section(BaseModel):
 
 class StorageConfig(Section):
     endpoint_url: Optional[str] = Field(None, description="S3-compatible endpoint, e.g. http://127.0.0.1:9000.")
-    region: Optional[str] = None
+    region: Optional[str] = Field(None, description="The S3 region; null: from the environment (AWS_DEFAULT_REGION, the profile).")
     retry_seconds: float = Field(120.0, ge=0, description="How long transient storage errors are retried.")
     shared_mounts: list[str] = Field(
         default_factory=list,
@@ -134,9 +134,13 @@ class ProbeConfig(Section):
 
 
 class SpeculativeConfig(Section):
-    enabled: bool = True
-    method: Literal["eagle3"] = "eagle3"
-    drafter: Optional[str] = Field(None, description=f"The EAGLE-3 / EAGLE-3.1 drafter. {MODEL_URI_HELP}")
+    enabled: bool = Field(True, description="false runs the target alone, without a drafter.")
+    method: Literal["eagle3"] = Field(
+        "eagle3", description="EAGLE-3 and EAGLE-3.1 drafters (3.1 is switched on by the drafter's own config)."
+    )
+    drafter: Optional[str] = Field(
+        None, description=f"The EAGLE-3 / EAGLE-3.1 drafter; required when enabled. {MODEL_URI_HELP}"
+    )
     num_speculative_tokens: int = Field(3, ge=1, le=16, description="Draft depth; with depth_schedule, its largest k.")
     depth_schedule: Optional[list[tuple[int, int, int]]] = Field(
         None,
@@ -145,7 +149,7 @@ class SpeculativeConfig(Section):
             "ranges covering 1..engine.max_num_seqs, k in 0..16 (0: no drafting). `specbatch calibrate --apply` writes it."
         ),
     )
-    probe: ProbeConfig = Field(default_factory=ProbeConfig)
+    probe: ProbeConfig = Field(default_factory=ProbeConfig, description="The drafter probe before the full run.")
     checks_as_warnings: list[str] = Field(
         default_factory=list,
         description="Drafter compatibility checks (pipeline/drafter_check.py) downgraded to warnings; for experts.",
@@ -204,12 +208,30 @@ class SpeculativeConfig(Section):
 
 
 class EngineConfig(Section):
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    max_model_len: int = Field(2048, ge=16)
-    max_num_seqs: int = Field(256, ge=1)
-    max_num_batched_tokens: Optional[int] = Field(None, ge=16)
-    tensor_parallel_size: int = Field(1, ge=1)
-    pipeline_parallel_size: int = Field(1, ge=1)
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto", description="Weights and activations; auto: the model's own. float32 is fastest on vLLM's CPU build."
+    )
+    max_model_len: int = Field(
+        2048,
+        ge=16,
+        description=(
+            "Prompt plus output tokens of one request; a prompt of this many tokens or more goes to errors/ "
+            "(prompt_too_long). At most the model's max_position_embeddings."
+        ),
+    )
+    max_num_seqs: int = Field(256, ge=1, description="Sequences one engine runs at once (vLLM's max_num_seqs).")
+    max_num_batched_tokens: Optional[int] = Field(
+        None, ge=16, description="Tokens one engine step takes at most (vLLM's max_num_batched_tokens); null: vLLM's default."
+    )
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        description=(
+            "Tensor-parallel workers of one engine. Above 1 on GPUs: one placement group per replica and vLLM's Ray "
+            "executor; on the CPU build, vLLM's multiprocessing executor on one node (docs/cluster.md)."
+        ),
+    )
+    pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline stages of one engine; see pipeline_placement.")
     pipeline_placement: Literal["PACK", "SPREAD"] = Field(
         "PACK",
         description=(
@@ -217,9 +239,13 @@ class EngineConfig(Section):
             "few nodes as fit, SPREAD puts its stages on different nodes. Tensor parallelism alone is STRICT_PACK."
         ),
     )
-    gpu_memory_utilization: float = Field(0.90, gt=0, le=1)
-    enforce_eager: bool = False
-    seed: int = 0
+    gpu_memory_utilization: float = Field(
+        0.90, gt=0, le=1, description="Share of each GPU's memory vLLM may take (weights, activations, KV cache)."
+    )
+    enforce_eager: bool = Field(
+        False, description="No CUDA graphs or torch.compile; true on CPU: the engine starts in ~20 s instead of ~50 s."
+    )
+    seed: int = Field(0, description="The engine's random seed.")
     cpu_kv_cache_gib: int = Field(1, ge=1, description="KV cache on vLLM's CPU build (VLLM_CPU_KVCACHE_SPACE).")
     json_whitespace: bool = Field(
         True,
@@ -248,10 +274,10 @@ MAX_SAMPLES = 128
 class JsonSchemaFormat(Section):
     """OpenAI's `response_format.json_schema`."""
 
-    name: str = "response"
+    name: str = Field("response", description="OpenAI's field: accepted, not used for generation.")
     schema_: dict[str, Any] = Field(alias="schema", description="The JSON Schema every output must follow.")
-    strict: Optional[bool] = None
-    description: Optional[str] = None
+    strict: Optional[bool] = Field(None, description="OpenAI's field: accepted; the output always follows the schema.")
+    description: Optional[str] = Field(None, description="OpenAI's field: accepted, not used for generation.")
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
 
@@ -271,11 +297,13 @@ class ResponseFormat(Section):
     {type: json_schema, json_schema: {name, schema}}, {type: json_object}, {type: regex, regex},
     {type: choice, choice: [...]}, {type: grammar, grammar} (EBNF), or {type: text} (none)."""
 
-    type: Literal["text", "json_object", "json_schema", "regex", "choice", "grammar"]
-    json_schema: Optional[JsonSchemaFormat] = None
-    regex: Optional[str] = None
-    choice: Optional[list[str]] = None
-    grammar: Optional[str] = None
+    type: Literal["text", "json_object", "json_schema", "regex", "choice", "grammar"] = Field(
+        description="The kind of constraint; text: none. Each of json_schema, regex, choice, grammar needs its own field."
+    )
+    json_schema: Optional[JsonSchemaFormat] = Field(None, description="With type json_schema: the schema, OpenAI's shape.")
+    regex: Optional[str] = Field(None, description="With type regex: the regular expression every output matches.")
+    choice: Optional[list[str]] = Field(None, description="With type choice: every output is one of these strings.")
+    grammar: Optional[str] = Field(None, description="With type grammar: the EBNF grammar every output follows.")
 
     @model_validator(mode="after")
     def _one_constraint(self):
@@ -302,28 +330,34 @@ class SamplingConfig(Section):
     any of them: max_tokens, temperature, top_p, seed, n, stop and response_format as columns of
     their own, the rest as keys of its `sampling` column (a JSON object)."""
 
-    max_tokens: int = Field(256, ge=1)
-    n: int = Field(1, ge=1, le=MAX_SAMPLES, description="Samples per prompt: one output row per (id, sample_index).")
-    temperature: float = Field(0.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(256, ge=1, description="Tokens generated per sample at most; below engine.max_model_len.")
+    n: int = Field(1, ge=1, le=MAX_SAMPLES, description="Samples per prompt: one output row per (id, sample_index); n > 1 needs temperature > 0.")
+    temperature: float = Field(
+        0.0, ge=0, description="0: greedy. Above 0 with speculation is refused on vLLM's CPU build (gpus_per_replica: 0)."
+    )
+    top_p: float = Field(1.0, gt=0, le=1, description="Sample from the smallest set of tokens whose probabilities add up to top_p.")
     top_k: int = Field(0, ge=-1, description="0 or -1: all tokens.")
-    min_p: float = Field(0.0, ge=0, le=1)
+    min_p: float = Field(
+        0.0, ge=0, le=1, description="Drop tokens below min_p x the top token's probability; refused with speculation (vLLM refuses it)."
+    )
     seed: Optional[int] = Field(
         None, ge=0, description="With n > 1, sample i uses seed + i (vLLM): a row with a seed gives the same samples on a rerun."
     )
-    repetition_penalty: float = Field(1.0, gt=0)
-    presence_penalty: float = Field(0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(1.0, gt=0, description="Above 1 discourages tokens already in the prompt or the output.")
+    presence_penalty: float = Field(0.0, ge=-2, le=2, description="Taken off the logit of every token already generated.")
+    frequency_penalty: float = Field(
+        0.0, ge=-2, le=2, description="Taken off the logit of a token once per time it was already generated."
+    )
     stop: list[str] = Field(default_factory=list, description="Strings that end the output (not included in it).")
-    stop_token_ids: list[int] = Field(default_factory=list)
-    include_stop_str_in_output: bool = False
+    stop_token_ids: list[int] = Field(default_factory=list, description="Token ids that end the output.")
+    include_stop_str_in_output: bool = Field(False, description="Keep the stop string at the end of the text.")
     min_tokens: int = Field(0, ge=0, description="Tokens generated before EOS or a stop may end the output.")
     bad_words: list[str] = Field(default_factory=list, description="Words never generated.")
     logit_bias: dict[int, float] = Field(default_factory=dict, description="Token id -> bias added to its logit.")
     allowed_token_ids: list[int] = Field(default_factory=list, description="When set, only these tokens are generated.")
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
+    ignore_eos: bool = Field(False, description="Go on after EOS, up to max_tokens.")
+    skip_special_tokens: bool = Field(True, description="Leave special tokens out of the text.")
+    spaces_between_special_tokens: bool = Field(True, description="Put spaces between special tokens in the text.")
     logprobs: Optional[int] = Field(
         None, ge=0, le=MAX_LOGPROBS,
         description=f"Top-k logprobs of each generated token (0: the chosen token's only) in the `logprobs` column; at most {MAX_LOGPROBS}; null: off.",
@@ -394,8 +428,8 @@ class ReplicaRange(Section):
     """An autoscaling engine pool: Ray Data starts `min` engines and adds engines up to `max`
     while work is queued and the cluster (or its autoscaler) has room for them."""
 
-    min: int = Field(ge=1)
-    max: int = Field(ge=1)
+    min: int = Field(ge=1, description="Engines the pool starts with; the job needs room for these.")
+    max: int = Field(ge=1, description="Engines the pool may grow to.")
 
     @model_validator(mode="after")
     def _ordered(self):
@@ -411,7 +445,7 @@ class ResourcesConfig(Section):
     gpus_per_replica: float = Field(
         0, ge=0, description="0 on the CPU build; tensor_parallel_size x pipeline_parallel_size on GPUs."
     )
-    cpus_per_replica: float = Field(1, gt=0)
+    cpus_per_replica: float = Field(1, gt=0, description="CPUs each engine actor reserves; on the CPU build one per engine worker at least.")
     resources_per_replica: dict[str, float] = Field(
         default_factory=dict,
         description="Custom Ray resources each engine needs, to place engines on some nodes only, e.g. {gpu_node: 1}.",
@@ -503,7 +537,9 @@ class LeaseConfig(Section):
 
 
 class JobConfig(Section):
-    job_name: str = Field("specbatch", pattern=r"^[A-Za-z0-9_.-]+$")
+    job_name: str = Field(
+        "specbatch", pattern=r"^[A-Za-z0-9_.-]+$", description="Prefix of generated job ids: letters, digits, _ . -."
+    )
     input_uri: str = Field(description="A Parquet file, a folder or a glob; s3:// or any fsspec scheme.")
     input_format: Literal["parquet", "openai_batch"] = Field(
         "parquet",
@@ -514,8 +550,8 @@ class JobConfig(Section):
     )
     output_uri: str = Field(
         description=(
-            "A folder or prefix for the job's outputs, errors, stats and _job.json; local or s3:// (any fsspec scheme). "
-            "Never inside input_uri: a rerun would read the outputs as input."
+            "Where outputs/, errors/, stats/ and _job.json go: a local folder or a URI (any fsspec scheme). A rerun on it "
+            "resumes. Never inside input_uri: a rerun would read the outputs as input."
         )
     )
     model: ModelConfig = Field(description="The target model: model.path, a local folder with config.json or an s3:// URI.")
@@ -527,14 +563,22 @@ class JobConfig(Section):
             "speculative.drafter is required."
         ),
     )
-    engine: EngineConfig = Field(default_factory=EngineConfig)
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    chat: ChatConfig = Field(default_factory=ChatConfig)
-    lora: Optional[LoraConfig] = None
-    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
-    storage: StorageConfig = Field(default_factory=StorageConfig)
-    retries: RetriesConfig = Field(default_factory=RetriesConfig)
-    lease: LeaseConfig = Field(default_factory=LeaseConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="vLLM engine settings; one engine per replica.")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling defaults; rows override them.")
+    chat: ChatConfig = Field(default_factory=ChatConfig, description="How `messages` rows become prompts.")
+    lora: Optional[LoraConfig] = Field(
+        None,
+        description=(
+            "LoRA adapters rows may ask for by name; null: the base model only. On vLLM's CPU build with speculation "
+            "only at speculative.num_speculative_tokens: 1 (docs/sampling.md)."
+        ),
+    )
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="Engines, their resources, and work units.")
+    storage: StorageConfig = Field(
+        default_factory=StorageConfig, description="How storage is reached; credentials come from the environment, never from here."
+    )
+    retries: RetriesConfig = Field(default_factory=RetriesConfig, description="Retries and the circuit breaker.")
+    lease: LeaseConfig = Field(default_factory=LeaseConfig, description="One run at a time on an output location.")
 
     @field_validator("speculative", mode="before")
     @classmethod

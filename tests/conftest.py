@@ -65,6 +65,55 @@ def stop_ray_head(temp_dir: str) -> None:
         proc.kill()
 
 
+@pytest.fixture(scope="session")
+def ray_head():
+    """A Ray head on 127.0.0.1 started with `ray start --head`, for `ray job submit`, with token
+    authentication on as a real cluster runs it: the token comes from the environment
+    (RAY_AUTH_TOKEN). `env` is what a client needs: RAY_ADDRESS (the Jobs API), RAY_AUTH_MODE
+    and the token. Ready when it yields: the head has run a first job (its job agent comes up a
+    few seconds after `ray start`). Shared by tests/test_ray_job_submit.py and test_readme.py."""
+    import secrets
+    import shutil
+    import subprocess
+    import tempfile
+    import time
+    from types import SimpleNamespace
+
+    from ray.job_submission import JobSubmissionClient
+
+    gcs_port, dashboard_port = free_port(), free_port()
+    temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    token = secrets.token_hex(32)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
+    address = f"http://127.0.0.1:{dashboard_port}"
+    try:
+        subprocess.run(
+            ray_head_command(gcs_port, dashboard_port, f"--temp-dir={temp_dir}"),
+            check=True, env=env, capture_output=True, timeout=180,
+        )
+        client = JobSubmissionClient(address, headers={"Authorization": f"Bearer {token}"})
+        deadline, first = time.time() + 180, None
+        while True:  # the job agent answers a few seconds after the dashboard; a just-submitted job may 404
+            try:
+                first = first or client.submit_job(entrypoint="true")
+                if client.get_job_status(first).is_terminal():
+                    break
+            except Exception:
+                if time.time() > deadline:
+                    raise
+            if time.time() > deadline:
+                raise TimeoutError(f"the Ray head's first job did not end; its logs: {temp_dir}")
+            time.sleep(2)
+        yield SimpleNamespace(
+            address=address, token=token, client=client,
+            env={"RAY_ADDRESS": address, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token},
+        )
+    finally:
+        stop_ray_head(temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
 S3_SERVER = None  # the running moto server; the outage test stops and replaces it
 
 
