@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--retry-errors", action="store_true", help="run again every unit with error rows, final ones included")
     run.add_argument("--verbose", action="store_true", help="show Ray's and vLLM's logs live")
     run.add_argument("--address", help="the Ray cluster to join (default: RAY_ADDRESS, else a Ray of the job's own)")
+    run.add_argument("--dry-run", action="store_true", help="check and plan, start nothing, write nothing: exit 0 accepted, 2 refused")
+    run.add_argument("--json", action="store_true", help="with --dry-run: the plan as one JSON object (schemas/plan.py)")
 
     tiny = sub.add_parser("tiny-models", help="the project's tiny model kit")
     tiny.add_argument("action", choices=["build"])
@@ -51,9 +53,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_demo(args.workdir, rows=args.rows)
     if args.command == "run":
+        if args.json and not args.dry_run:
+            parser.error("--json goes with --dry-run")
         return run_from_config(
             args.config, args.output_uri, args.job_id, args.restart, args.take_over, args.retry_errors, args.verbose,
-            args.address,
+            args.address, dry_run=args.dry_run, as_json=args.json,
         )
     if args.command == "tiny-models":
         from pipeline.tinykit.build import main as build_main
@@ -75,9 +79,12 @@ def run_from_config(
     retry_errors: bool = False,
     verbose: bool = False,
     address: str | None = None,
+    dry_run: bool = False,
+    as_json: bool = False,
 ) -> int:
     """Exit 0 succeeded, 3 completed_with_errors (over retries.max_error_fraction), 1 failed
-    (the job stopped; `_job.json` says why), 2 refused before it started."""
+    (the job stopped; `_job.json` says why), 2 refused before it started. `dry_run`: the
+    checks and the plan only (pipeline/tools/plan.py), 0 when the run would be accepted."""
     from pipeline.breaker import TooManyErrors
     from pipeline.cluster import SchedulingStalled
     from pipeline.config import ConfigError, load_config
@@ -88,6 +95,10 @@ def run_from_config(
     from pipeline.runner import LayoutMismatch, ResultsChanged, plain_text, run_job
 
     try:
+        if dry_run:
+            from pipeline.tools.plan import dry_run as plan
+
+            return plan(config_uri, output_uri, restart, take_over, retry_errors, address, as_json)
         config = load_config(config_uri, {"output_uri": output_uri} if output_uri else None)
         manifest = run_job(
             config, job_id=job_id, restart=restart, take_over=take_over, retry_errors=retry_errors, verbose=verbose,

@@ -410,3 +410,9 @@ from schemas.drafter import DrafterReport, ProbeResult  # noqa: E402  (imports C
 
 DOCUMENTS.update(drafter_report=DrafterReport)
 JobManifest.model_rebuild()  # its `probe` field is a ProbeResult
+
+# ---------------------------------------------------------------- run --dry-run --json
+
+from schemas.plan import DryRunPlan  # noqa: E402  (imports Contract)
+
+DOCUMENTS.update(dry_run_plan=DryRunPlan)
