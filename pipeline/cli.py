@@ -27,6 +27,7 @@ EXAMPLES = {
     ),
     "demo": ("specbatch demo --workdir runs/demo --rows 64",),
     "run": (
+        "specbatch run job.yaml --dry-run      # the checks, the plan, tokens and cost; no engine starts",
         "specbatch run jobs/configs/gpu-cluster.yaml --output-uri s3://bucket/outputs/2026-11-29/",
         "specbatch run job.yaml --take-over    # a run died holding the output's lease (the refusal says so)",
         "specbatch run job.yaml --restart      # settings changed: wipe the output location and start over",
@@ -53,9 +54,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_demo(args.workdir, rows=args.rows)
     if args.command == "run":
+        if args.json and not args.dry_run:
+            parser.error("--json goes with --dry-run")
         return run_from_config(
             args.config, args.output_uri, args.job_id, args.restart, args.take_over, args.retry_errors, args.verbose,
-            args.address,
+            args.address, dry_run=args.dry_run, as_json=args.json,
         )
     if args.command == "tiny-models":
         from pipeline.tinykit.build import main as build_main
@@ -82,22 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workdir", default="runs/demo", help="where prompts, config and outputs go")
     demo.add_argument("--rows", type=int, default=256)
 
-    run = sub.add_parser(
+    add_run_arguments(sub.add_parser(
         "run", help="run a job from a YAML config (local path or URI)",
         description=textwrap.fill(
             "Run, or resume, the job a YAML config describes (jobs/configs/ has examples). Exit 0 succeeded, 3 completed "
             "with errors, 1 failed, 2 refused before it started: a refusal says what to change."
         ),
         epilog=example(EXAMPLES["run"]), formatter_class=raw,
-    )
-    run.add_argument("config")
-    run.add_argument("--output-uri", help="override output_uri (e.g. a dated prefix)")
-    run.add_argument("--job-id")
-    run.add_argument("--restart", action="store_true", help="wipe the output location and start over")
-    run.add_argument("--take-over", action="store_true", help="take the output location over from a run whose lease is stale")
-    run.add_argument("--retry-errors", action="store_true", help="run again every unit with error rows, final ones included")
-    run.add_argument("--verbose", action="store_true", help="show Ray's and vLLM's logs live")
-    run.add_argument("--address", help="the Ray cluster to join (default: RAY_ADDRESS, else a Ray of the job's own)")
+    ))
 
     tiny = sub.add_parser(
         "tiny-models", help="the project's tiny model kit",
@@ -115,6 +110,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+
+def add_run_arguments(run: argparse.ArgumentParser) -> None:
+    run.add_argument("config")
+    run.add_argument("--output-uri", help="override output_uri (e.g. a dated prefix)")
+    run.add_argument("--job-id")
+    run.add_argument("--restart", action="store_true", help="wipe the output location and start over")
+    run.add_argument("--take-over", action="store_true", help="take the output location over from a run whose lease is stale")
+    run.add_argument("--retry-errors", action="store_true", help="run again every unit with error rows, final ones included")
+    run.add_argument("--verbose", action="store_true", help="show Ray's and vLLM's logs live")
+    run.add_argument("--address", help="the Ray cluster to join (default: RAY_ADDRESS, else a Ray of the job's own)")
+    run.add_argument("--dry-run", action="store_true", help="check and plan, start nothing, write nothing: exit 0 accepted, 2 refused")
+    run.add_argument("--json", action="store_true", help="with --dry-run: the plan as one JSON object (schemas/plan.py)")
+
+
 # Exit codes: a RayJob or a scheduler reads them.
 EXIT = {"succeeded": 0, "failed": 1, "refused": 2, "completed_with_errors": 3}
 
@@ -128,9 +137,12 @@ def run_from_config(
     retry_errors: bool = False,
     verbose: bool = False,
     address: str | None = None,
+    dry_run: bool = False,
+    as_json: bool = False,
 ) -> int:
     """Exit 0 succeeded, 3 completed_with_errors (over retries.max_error_fraction), 1 failed
-    (the job stopped; `_job.json` says why), 2 refused before it started."""
+    (the job stopped; `_job.json` says why), 2 refused before it started. `dry_run`: the
+    checks and the plan only (pipeline/tools/plan.py), 0 when the run would be accepted."""
     from pipeline.breaker import TooManyErrors
     from pipeline.cluster import SchedulingStalled
     from pipeline.config import ConfigError, load_config
@@ -141,6 +153,10 @@ def run_from_config(
     from pipeline.runner import LayoutMismatch, ResultsChanged, plain_text, run_job
 
     try:
+        if dry_run:
+            from pipeline.tools.plan import dry_run as plan
+
+            return plan(config_uri, output_uri, restart, take_over, retry_errors, address, as_json)
         config = load_config(config_uri, {"output_uri": output_uri} if output_uri else None)
         manifest = run_job(
             config, job_id=job_id, restart=restart, take_over=take_over, retry_errors=retry_errors, verbose=verbose,

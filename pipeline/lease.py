@@ -56,6 +56,24 @@ class OutputLease:
 
     def acquire(self, take_over: bool = False) -> Optional[Lease]:
         """Take the lease; returns the stale lease taken over, if any."""
+        held = self.check(take_over)
+        if held is not None:
+            log.warning("taking over %s, leased to run %s (job %s, attempt %s), last heartbeat %.0fs ago",
+                        self.location.uri, held.owner, held.job_id, held.attempt, time.time() - held.heartbeat_at)
+        self._write()
+        time.sleep(0.05)
+        if (self.current() or self.lease).owner != self.lease.owner:
+            raise LeaseHeld(
+                f"{self.location.uri}: another run took the lease at the same moment; it goes on, this one stops. "
+                "Nothing to do while it runs; rerun once it has ended to finish what it left"
+            )
+        self._thread = threading.Thread(target=self._heartbeat, name="specbatch-lease", daemon=True)
+        self._thread.start()
+        return held
+
+    def check(self, take_over: bool = False) -> Optional[Lease]:
+        """Whether this run could take the lease, writing nothing (one GET): LeaseHeld when
+        another run holds it; the stale lease it would take over (with `take_over`), or None."""
         held = self.current()
         if held is not None:
             age = time.time() - held.heartbeat_at
@@ -71,16 +89,6 @@ class OutputLease:
                 )
             if not take_over:
                 raise LeaseHeld(f"{where}, which is stale: its run is dead. Rerun with --take-over to take the location over.")
-            log.warning("taking over %s", where)
-        self._write()
-        time.sleep(0.05)
-        if (self.current() or self.lease).owner != self.lease.owner:
-            raise LeaseHeld(
-                f"{self.location.uri}: another run took the lease at the same moment; it goes on, this one stops. "
-                "Nothing to do while it runs; rerun once it has ended to finish what it left"
-            )
-        self._thread = threading.Thread(target=self._heartbeat, name="specbatch-lease", daemon=True)
-        self._thread.start()
         return held
 
     def _write(self) -> None:

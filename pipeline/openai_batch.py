@@ -484,9 +484,11 @@ def _custom_ids_at(storage: Storage, uri: str, wanted: set[int]) -> dict[int, st
     return found
 
 
-def convert_batch_files(input_uri: str, storage: Storage, folder: str) -> list[str]:
+def convert_batch_files(input_uri: str, storage: Storage, folder: str, scratch: Optional[str] = None) -> list[str]:
     """Convert every JSONL file of `input_uri` not converted yet into `folder`; returns the
-    converted Parquet URIs of all of them, in order. InputError lists every problem."""
+    converted Parquet URIs of all of them, in order. InputError lists every problem.
+    `scratch` (a dry run's temporary folder): the files not converted yet in `folder` are
+    converted there instead, and nothing is written to `folder`."""
     sources = expand_sources(storage, input_uri)
     if not sources:
         raise InputError(
@@ -504,7 +506,7 @@ def convert_batch_files(input_uri: str, storage: Storage, folder: str) -> list[s
         else:
             todo.append((uri, info))
     with ThreadPoolExecutor(PARALLEL_FILES) as pool:
-        results = list(pool.map(lambda item: _convert_file(storage, item[0], item[1], folder), todo))
+        results = list(pool.map(lambda item: _convert_file(storage, item[0], item[1], scratch or folder), todo))
     problems, count = [], 0
     for (uri, _), (files, file_problems, file_count) in zip(todo, results):
         converted[uri] = files
@@ -520,18 +522,20 @@ def convert_batch_files(input_uri: str, storage: Storage, folder: str) -> list[s
     return [u for uri in sources for u in converted[uri]]
 
 
-def inspect_job_inputs(config, storage: Storage, known: Optional[list[InputFile]] = None) -> InputReport:
+def inspect_job_inputs(
+    config, storage: Storage, known: Optional[list[InputFile]] = None, scratch: Optional[str] = None
+) -> InputReport:
     """The job's input check (`pipeline.inputs.inspect_inputs`), after converting OpenAI batch
-    files when `config.input_format` is openai_batch."""
+    files when `config.input_format` is openai_batch (`scratch`: see `convert_batch_files`)."""
     if config.input_format == "parquet":
         return inspect_inputs(config.input_uri, storage, known)
-    converted = convert_batch_files(config.input_uri, storage, storage.join(config.output_uri, CONVERTED))
+    converted = convert_batch_files(config.input_uri, storage, storage.join(config.output_uri, CONVERTED), scratch)
     if not converted:
         raise InputError(
             f"input_uri {config.input_uri!r}: its JSONL files hold no request; point input_uri at files with request lines"
         )
-    now = {_source_key(u) for u in converted}
-    replaced = sorted(f.uri for f in known or [] if _source_key(f.uri) in now and f.uri not in converted)
+    now, names = {_source_key(u) for u in converted}, {posixpath.basename(u) for u in converted}
+    replaced = sorted(f.uri for f in known or [] if _source_key(f.uri) in now and posixpath.basename(f.uri) not in names)
     if replaced:
         raise InputError(
             f"OpenAI batch files changed since this job started at {config.output_uri} (their earlier conversions: "

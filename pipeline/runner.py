@@ -390,10 +390,14 @@ class JobPlan:
         return len(self.previous.attempts) + 1 if self.previous else 1
 
 
-def plan_job(config: JobConfig, job_id: Optional[str] = None, restart: bool = False, retry_errors: bool = False) -> JobPlan:
+def plan_job(
+    config: JobConfig, job_id: Optional[str] = None, restart: bool = False, retry_errors: bool = False,
+    scratch: Optional[str] = None,
+) -> JobPlan:
     """The plan of a run: the previous run's manifest (a resume is refused if the results
     would change), the input check, the units and the ones left to run. Reads only; an
-    OpenAI batch input is converted to Parquet under the output location first."""
+    OpenAI batch input is converted to Parquet under the output location first (into
+    `scratch` instead, for a dry run)."""
     storage = Storage.from_config(config.storage)
     location = OutputLocation(storage, config.output_uri)
     _refuse_a_file(location)
@@ -406,7 +410,7 @@ def plan_job(config: JobConfig, job_id: Optional[str] = None, restart: bool = Fa
     )
     if previous:
         _refuse_changes(config, previous, target, drafter, location)
-    inputs = inspect_job_inputs(config, storage, previous.input_files if previous else None)
+    inputs = inspect_job_inputs(config, storage, previous.input_files if previous else None, scratch)
     if previous:
         _refuse_changed_inputs(config, previous, inputs)
     units = plan_units(inputs.files, config.resources.rows_per_unit)

@@ -416,3 +416,9 @@ JobManifest.model_rebuild()  # its `probe` field is a ProbeResult
 from schemas.status import StatusReport  # noqa: E402  (imports Contract)
 
 DOCUMENTS.update(status_report=StatusReport)
+
+# ---------------------------------------------------------------- run --dry-run --json
+
+from schemas.plan import DryRunPlan  # noqa: E402  (imports Contract)
+
+DOCUMENTS.update(dry_run_plan=DryRunPlan)

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
 
 from pipeline.tools.config_reference import COMMAND, render, undescribed
 
@@ -44,13 +43,6 @@ NOT_RUN = {
     "http://HEAD:8265": "a GPU cluster with the config in S3",
     "specbatch calibrate": "starts one engine per depth (tests/test_calibrate.py runs a calibration); the export "
     "needs a job that read OpenAI batch files (tests/test_openai_batch.py exports one)",
-}
-
-# Commands documented ahead of the branches that add them: a block using one runs once
-# `specbatch` has it, and is skipped (and reported) until then.
-PENDING = {
-    "specbatch status": "`specbatch status` (in progress on another branch)",
-    "--dry-run": "`specbatch run --dry-run` (in progress on another branch)",
 }
 
 # The first console block that stands for the head: the walk-through's shell has its
@@ -76,18 +68,6 @@ def readme_blocks(text: str | None = None) -> list[Block]:
         Block(m["lang"], m["body"], m["marker"], text.count("\n", 0, m.start("body")) + 1)
         for m in FENCE.finditer(text)
     ]
-
-
-def missing_features() -> dict[str, str]:
-    """PENDING entries `specbatch` does not have yet."""
-    missing = {}
-    status = subprocess.run([SPECBATCH, "status", "--help"], capture_output=True, text=True)
-    if status.returncode != 0:
-        missing["specbatch status"] = PENDING["specbatch status"]
-    run_help = subprocess.run([SPECBATCH, "run", "--help"], capture_output=True, text=True)
-    if "--dry-run" not in run_help.stdout:
-        missing["--dry-run"] = PENDING["--dry-run"]
-    return missing
 
 
 def readme_env() -> dict[str, str]:
@@ -181,17 +161,10 @@ def test_every_console_block_says_why_it_is_not_run():
     assert sum(b.marker == TREE_MARKER for b in blocks) == 1
 
 
-def test_commands_documented_ahead_of_their_branches():
-    missing = missing_features()
-    if missing:
-        pytest.skip("README blocks not run until specbatch has them: " + "; ".join(missing.values()))
-
-
 def test_readme_commands_work_as_written(tmp_path_factory, request):
     workdir = tmp_path_factory.mktemp("readme-walkthrough")
     assert not workdir.resolve().is_relative_to(ROOT)
     env = readme_env()
-    missing = missing_features()
     checked = set()
     for block in readme_blocks():
         if block.lang == "console" and HEAD_BLOCK in block.body:
@@ -199,14 +172,14 @@ def test_readme_commands_work_as_written(tmp_path_factory, request):
         if block.marker == TREE_MARKER:
             check_output_tree(block, workdir)
             checked.add("tree")
-        if block.lang != "bash" or "specbatch demo" in block.body or any(key in block.body for key in missing):
+        if block.lang != "bash" or "specbatch demo" in block.body:
             continue
         out = run_block(block, workdir, env)
         job = "ray job submit" in block.body or ("specbatch run job.yaml" in block.body and "--dry-run" not in block.body)
         if job:  # the job's own word, from its driver's console (the submission tails the job's log)
             assert "succeeded" in out.stdout, out.stdout[-3000:]
-        checked.add("submit" if "ray job submit" in block.body else "run" if job else block.body.split()[0])
-    assert {"run", "tree", "submit"} <= checked, checked
+        checked.add("submit" if "ray job submit" in block.body else "run" if job else " ".join(block.body.split()[:2]))
+    assert {"run", "tree", "submit", "specbatch status", "specbatch check-drafter"} <= checked, checked
 
 
 def test_readme_demo_runs_as_written(tmp_path):

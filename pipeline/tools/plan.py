@@ -1,0 +1,518 @@
+"""`specbatch run CONFIG --dry-run [--json]`: everything the run does before its engines, and
+nothing after. No vLLM engine, no engine actor, no Ray (neither started nor joined), and nothing
+written to the output location: no lease, no manifest, no converted input. Exit 0 when the real
+run would be accepted, 2 when it would be refused, with the real run's message.
+
+In the real run's order (pipeline/runner.run_job), each step calling the run's own code:
+
+ 1. the output location: a file is refused, a `_job.json` of another layout is refused; the
+    models' fingerprints; on a rerun, changed settings or input files are refused;
+ 2. the input check: footers only (pipeline/inputs.py). For `input_format: openai_batch`, files
+    already converted under OUTPUT_URI/_inputs are taken as they are, and files not converted
+    yet are converted into a temporary local folder, deleted at the end: every line is checked
+    as the real run checks it, and the rows and units are exact. (It costs what the real
+    conversion costs: one read of each such JSONL file, and its converted size on local disk.)
+ 3. the plan: work units (pipeline/units.plan_units) less those committed (one `_commits/`
+    listing) plus those the run would redo for their error rows;
+ 4. when any unit is left: the preflight (pipeline/preflight.check_before_engines) and the
+    static drafter check (pipeline/drafter_check.check_drafter). The drafter probe generates
+    with an engine: it is not run, and the plan says so;
+ 5. the lease, read and not taken (pipeline/lease.OutputLease.check);
+ 6. the cluster: with a Ray address (--address, RAY_ADDRESS) the checks need that cluster's
+    nodes and are skipped, said so; without one, a job whose engines need only CPUs is packed
+    onto the local Ray the run would start (this machine's CPUs, at least 4, as runner._ray_init).
+
+Then the estimates, which refuse nothing:
+
+- prompt tokens: a seeded random sample of about SAMPLE_ROWS rows, prepared by the preprocess
+  stage's own Preprocessor (the model's tokenizer, the chat template, the system prompt, the
+  row's sampling overrides), reading at most SAMPLE_ROW_GROUPS row groups. Per input kind
+  (`prompt`, `messages`): row groups are drawn with probability proportional to their rows,
+  then the same number of rows uniformly within each, so every row is as likely to be sampled
+  and the sample mean x the kind's rows estimates its tokens. Rows the stage would refuse count
+  0 tokens (they never reach the engine). With fewer rows than the sample, every row is counted.
+- output tokens: rows x sampling.max_tokens x sampling.n, an upper bound (rows stop earlier);
+  sampled rows whose own overrides ask for more are counted and reported.
+- GPU-hours and cost, when the job's calibration exists (OUTPUT_URI/calibration/calibration.json,
+  written by `specbatch calibrate`): the output bound of the rows left / its measured generated
+  tokens per second per GPU at the job's depth and the highest concurrency measured (the job's
+  steady state), priced with pipeline/tools/prices.py (an upper bound, like the tokens).
+
+Requests at 10M prompts in 10k Parquet files on S3, 4,096 rows per unit (2,442 units):
+  config 1 GET; output location: 1 HEAD (a file?), 1 HEAD + 1 GET (_job.json, on a rerun);
+  models: none for local folders, 1 LIST each in object storage (plus the run's own copy of
+  the config and tokenizer files, and of the drafter, into the model cache when not cached yet);
+  input: 10 LISTs and 10k ranged GETs of footers, 16 at a time (0 GETs on a rerun whose files
+  _job.json recorded): the real run's check; units: 3 LISTs of `_commits/`, and on a rerun the
+  `stats/` listing and one GET per attempt's stats file; preflight: a footer and a column chunk
+  of the first file of each kind; lease: 1 GET; token sample: at most 16 footers and 16 row
+  groups' column chunks (id, text, sampling columns; never `metadata`), or every row of an
+  input kind that has fewer rows than its share of the sample; calibration: 1 GET.
+  About 10.1k requests, the footers being nearly all of them, as in the real run's check; the
+  driver holds one InputFile per file and one WorkUnit per unit, nothing per row.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import posixpath
+import random
+import sys
+import tempfile
+from collections import Counter, defaultdict
+from typing import IO, Optional
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.cluster import check_schedulable
+from pipeline.config import ConfigError, JobConfig, load_config
+from pipeline.drafter_check import DrafterMismatch, check_drafter
+from pipeline.engine import schedule_text, structured_backend
+from pipeline.guard import depth_at
+from pipeline.inputs import InputError, InputReport
+from pipeline.lease import LeaseHeld, OutputLease
+from pipeline.openai_batch import CONVERTED
+from pipeline.outputs import OutputLocation
+from pipeline.preflight import check_before_engines
+from pipeline.runner import LayoutMismatch, ResultsChanged, _calibration, plan_job
+from pipeline.storage import Storage
+from pipeline.units import UNIT_COLUMNS, WorkUnit
+from schemas.plan import CostEstimate, DryRunPlan, PlanCheck, PlanFile, PlanInputs, PlanUnits, TokenEstimate
+
+# What the real run refuses with exit 2 (pipeline/cli.py prints them as `specbatch: refused: ...`).
+REFUSALS = (ConfigError, InputError, DrafterMismatch, ResultsChanged, LayoutMismatch, LeaseHeld, FileNotFoundError)
+SAMPLE_ROWS = 256
+SAMPLE_ROW_GROUPS = 16
+MIN_SAMPLE_PER_KIND = 32  # a kind with few rows still gets a sample of its own
+SAMPLE_SEED = 0
+NO_CALIBRATION = "no calibration: run `specbatch calibrate CONFIG` for GPU-hours and cost"
+FILES_SHOWN = 10
+
+
+def dry_run(
+    config_uri: str,
+    output_uri: Optional[str] = None,
+    restart: bool = False,
+    take_over: bool = False,
+    retry_errors: bool = False,
+    address: Optional[str] = None,
+    as_json: bool = False,
+    out: Optional[IO[str]] = None,
+    sample_rows: int = SAMPLE_ROWS,
+) -> int:
+    """Print the plan (text, or one JSON object with `as_json`) and return 0 when the run would
+    be accepted. A refusal prints the plan so far and raises the real run's exception."""
+    out = out or sys.stdout
+    plan = DryRunPlan(accepted=False, config_uri=config_uri)
+    try:
+        config = load_config(config_uri, {"output_uri": output_uri} if output_uri else None)
+        plan.output_uri = config.output_uri
+        with tempfile.TemporaryDirectory(prefix="specbatch-dry-run-") as scratch:
+            make_plan(config, plan, scratch, restart, take_over, retry_errors, address, sample_rows)
+    except REFUSALS as exc:
+        plan.refused = str(exc)
+        out.write(plan.model_dump_json(indent=2) + "\n" if as_json else format_plan(plan))
+        raise
+    plan.accepted = True
+    out.write(plan.model_dump_json(indent=2) + "\n" if as_json else format_plan(plan))
+    return 0
+
+
+class _Step:
+    """Records a check in the plan: a refusal as `fail` (then re-raised), else what `done` says."""
+
+    def __init__(self, plan: DryRunPlan, name: str):
+        self.plan, self.name = plan, name
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if exc is not None and isinstance(exc, REFUSALS):
+            self.plan.checks.append(PlanCheck(name=self.name, status="fail", message=str(exc)))
+        return False
+
+    def done(self, status: str, message: str) -> None:
+        self.plan.checks.append(PlanCheck(name=self.name, status=status, message=message))
+
+
+def make_plan(
+    config: JobConfig, plan: DryRunPlan, scratch: str, restart: bool = False, take_over: bool = False,
+    retry_errors: bool = False, address: Optional[str] = None, sample_rows: int = SAMPLE_ROWS,
+) -> None:
+    # 1-3. the output location and the models, the input check (OpenAI batch files not
+    # converted yet are converted into `scratch`), the units: what run_job plans, read-only
+    job = plan_job(config, restart=restart, retry_errors=retry_errors, scratch=scratch)
+    location, previous, inputs, todo = job.location, job.previous, job.inputs, job.todo
+    storage = location.storage
+    plan.inputs = _inputs_section(config, storage, inputs, scratch)
+    _files_and_units(
+        plan, config, storage, scratch, job.units, job.committed, job.again, todo, previous.job_id if previous else None
+    )
+    if restart and location.has_manifest():
+        plan.warnings.append(
+            f"--restart: the run would delete what {config.output_uri} holds ({len(location.committed_units()):,} committed "
+            "units) before it starts"
+        )
+    # 4. the checks before the engines, when an engine would start
+    with _Step(plan, "preflight") as step:
+        if todo:
+            check_before_engines(config, inputs, storage)
+            step.done("pass", "the tokenizer loads, the first row of each input kind renders, max_tokens fits in "
+                              "max_model_len" + (", the response_format compiles" if config.sampling.response_format else ""))
+        else:
+            step.done("skipped", "nothing left to run: the run starts no engine and skips it")
+    if config.speculative.enabled:
+        with _Step(plan, "drafter") as step:
+            if todo:
+                report = check_drafter(
+                    config.model.path, config.speculative.drafter, config.speculative.checks_as_warnings, storage=storage
+                )
+                tally = Counter(c.status for c in report.checks)
+                summary = ", ".join(f"{n} {s}" for s, n in sorted(tally.items()))
+                step.done("warn" if report.warnings else "pass",
+                          f"static checks (shapes, vocab, declared target): {summary}; target {report.target_identity}")
+                plan.warnings += [f"drafter check downgraded to a warning: {w}" for w in report.warnings]
+            else:
+                step.done("skipped", "nothing left to run: the run starts no engine and skips it")
+        _probe_check(plan, config, previous, todo)
+    # 5. the lease: read, not taken
+    with _Step(plan, "lease") as step:
+        held = OutputLease(location, config.lease, job.job_id, job.attempt_number).check(take_over)
+        step.done("pass", f"stale lease of run {held.owner} (job {held.job_id}) would be taken over (--take-over)"
+                  if held else "no other run holds the output location")
+    # 6. the cluster
+    with _Step(plan, "cluster") as step:
+        _cluster_check(step, config, todo, address)
+    # the estimates
+    plan.tokens = estimate_tokens(config, storage, inputs, todo, sample_rows)
+    rows_above = plan.tokens.sample_rows_above_bound
+    if rows_above:
+        plan.warnings.append(
+            f"{rows_above} of {plan.tokens.sample_rows} sampled rows ask for more than sampling.max_tokens x sampling.n "
+            "(their own max_tokens or n): the output bound does not hold for rows like them"
+        )
+    plan.cost, plan.cost_note = estimate_cost(config, location, plan.tokens.output_tokens_upper_bound_left, plan.warnings)
+
+
+# ---------------------------------------------------------------- the sections
+
+
+def _inputs_section(config: JobConfig, storage: Storage, inputs: InputReport, scratch: str) -> PlanInputs:
+    rows = Counter()
+    for f in inputs.files:
+        rows[f.text_column] += f.rows
+    converted = checked = None
+    if config.input_format == "openai_batch":
+        checked = len({_source_base(f.uri) for f in inputs.files if _in_scratch(f.uri, scratch)})
+        converted = len({_source_base(f.uri) for f in inputs.files if not _in_scratch(f.uri, scratch)})
+    return PlanInputs(
+        input_format=config.input_format, files=len(inputs.files), footers_read=inputs.footers_read, rows=inputs.rows,
+        prompt_rows=rows["prompt"], chat_rows=rows["messages"], converted_files=converted, conversions_checked=checked,
+        file_list=[],
+    )
+
+
+def _in_scratch(uri: str, scratch: str) -> bool:
+    return uri.startswith(scratch.rstrip("/") + "/")
+
+
+def _source_base(uri: str) -> str:
+    return posixpath.basename(uri).split(".", 1)[0]
+
+
+def _shown_uri(config: JobConfig, storage: Storage, uri: str, scratch: str) -> str:
+    """A file converted into the scratch folder, named where the run will convert it."""
+    return storage.join(config.output_uri, CONVERTED, posixpath.basename(uri)) if _in_scratch(uri, scratch) else uri
+
+
+def _files_and_units(
+    plan: DryRunPlan, config: JobConfig, storage: Storage, scratch: str, units: list[WorkUnit], committed: set[str],
+    again: set[str], todo: list[WorkUnit], rerun_of: Optional[str],
+) -> None:
+    per_file = Counter(u.source for u in units)
+    file_rows: dict[str, tuple[int, str]] = {}
+    for u in units:
+        rows, kind = file_rows.get(u.source, (0, u.text_column))
+        file_rows[u.source] = (rows + u.rows, kind)
+    plan.inputs.file_list = [
+        PlanFile(uri=_shown_uri(config, storage, uri, scratch), rows=rows, text_column=kind, units=per_file[uri])
+        for uri, (rows, kind) in file_rows.items()
+    ]
+    ids = {u.unit_id for u in units}
+    plan.units = PlanUnits(
+        rows_per_unit=config.resources.rows_per_unit, units=len(units), committed=len(committed & ids),
+        again=len(again & ids), left=len(todo), rows_left=sum(u.rows for u in todo), rerun_of=rerun_of,
+    )
+
+
+def _probe_check(plan: DryRunPlan, config: JobConfig, previous, todo: list[WorkUnit]) -> None:
+    rows = config.speculative.probe.rows
+    if previous and previous.probe:
+        message = "passed in an earlier attempt; the run keeps that result"
+    elif not rows:
+        message = "off (speculative.probe.rows: 0)"
+    elif not todo:
+        message = "nothing left to run: the run starts no engine and skips it"
+    else:
+        message = (f"not run: the probe generates {rows} rows with an engine and the drafter, which a dry run does not "
+                   "start; the real run probes before the full run and refuses a drafter below "
+                   f"{config.speculative.probe.min_mean_acceptance_length} mean acceptance length")
+    plan.checks.append(PlanCheck(name="drafter_probe", status="skipped", message=message))
+
+
+def _cluster_check(step: _Step, config: JobConfig, todo: list[WorkUnit], address: Optional[str]) -> None:
+    address = address or os.environ.get("RAY_ADDRESS")
+    resources = config.resources
+    if not todo:
+        step.done("skipped", "nothing left to run: the run starts no Ray and skips them")
+    elif address:
+        step.done("skipped", f"not run: schedulability and shared paths need the nodes of the Ray cluster at {address}, "
+                             "and a dry run joins no Ray cluster")
+    elif resources.gpus_per_replica or resources.resources_per_replica:
+        step.done("skipped", "not run: the run's own local Ray would offer this machine's GPUs and resources, which only "
+                             "Ray detects, and a dry run starts no Ray")
+    else:
+        cpus = float(max(4, os.cpu_count() or 1))  # what runner._ray_init gives its own local Ray
+        check_schedulable(config, [{"CPU": cpus}], [])
+        step.done("pass", f"the graph fits on the run's own local Ray ({cpus:g} CPUs of this machine); one node, so "
+                          "no shared paths are needed")
+
+
+# ---------------------------------------------------------------- tokens
+
+
+def estimate_tokens(
+    config: JobConfig, storage: Storage, inputs: InputReport, todo: list[WorkUnit], sample_rows: int = SAMPLE_ROWS,
+    max_row_groups: int = SAMPLE_ROW_GROUPS, seed: int = SAMPLE_SEED,
+) -> TokenEstimate:
+    """Prompt tokens estimated from a sample prepared as the preprocess stage prepares rows,
+    per input kind; output tokens bounded by max_tokens x n (module docstring)."""
+    from pipeline.preprocess import Preprocessor
+    from pipeline.sampling import RowError
+
+    preprocessor = Preprocessor(
+        tokenizer_path=config.model.tokenizer or config.model.path, max_model_len=config.engine.max_model_len,
+        sampling=config.sampling.model_dump(), chat=config.chat.model_dump(), speculation=config.speculation,
+        structured_backend=structured_backend(config), storage=storage,
+        lora_adapters=sorted(config.lora.adapters) if config.lora else (),
+    )
+    rng = random.Random(seed)
+    by_kind: dict[str, list] = defaultdict(list)
+    for f in inputs.files:
+        by_kind[f.text_column].append(f)
+    total = inputs.rows
+    bound = config.sampling.max_tokens * config.sampling.n
+    tokens_by_kind, mean_by_kind = {}, {}
+    sampled = groups_read = errors = above = 0
+    error_kinds: Counter = Counter()
+    exact = True
+    for kind, files in sorted(by_kind.items()):
+        rows = sum(f.rows for f in files)
+        if not rows:
+            continue
+        want = min(rows, max(MIN_SAMPLE_PER_KIND, round(sample_rows * rows / total)))
+        draws = min(want, max(1, int(max_row_groups * rows / total)))
+        exact &= want == rows
+        counts: list[int] = []
+        for row in _sample_kind(storage, files, rows, want, draws, rng):
+            groups_read += row is None
+            if row is None:
+                continue
+            try:
+                if row["id"] is None or not row["id"].strip():
+                    raise RowError("invalid_id", "id", "id is blank")
+                prepared = preprocessor.prepare(row, kind)
+            except RowError as err:
+                errors += 1
+                error_kinds[err.kind] += 1
+                counts.append(0)
+                continue
+            values = json.loads(prepared["sampling"])
+            above += values["max_tokens"] * values["n"] > bound
+            counts.append(len(prepared["prompt_token_ids"]))
+        sampled += len(counts)
+        mean_by_kind[kind] = sum(counts) / len(counts) if counts else 0.0
+        tokens_by_kind[kind] = round(mean_by_kind[kind] * rows)
+    left_by_kind = Counter()
+    for u in todo:
+        left_by_kind[u.text_column] += u.rows
+    rows_left = sum(left_by_kind.values())
+    return TokenEstimate(
+        sample_rows=sampled, sample_row_groups=groups_read, sample_seed=seed, sample_error_rows=errors,
+        sample_error_kinds=dict(error_kinds), exact=exact, prompt_tokens=sum(tokens_by_kind.values()),
+        prompt_tokens_by_kind=tokens_by_kind,
+        prompt_tokens_left=round(sum(mean_by_kind.get(k, 0.0) * n for k, n in left_by_kind.items())),
+        output_tokens_upper_bound=total * bound, output_tokens_upper_bound_left=rows_left * bound,
+        sample_rows_above_bound=above,
+    )
+
+
+def _sample_kind(storage: Storage, files: list, rows: int, want: int, draws: int, rng: random.Random):
+    """Yields None for each row group read, then its sampled rows in the unit layout
+    (pipeline/units.UNIT_COLUMNS; never `metadata`). Every row, when `want` is all of them;
+    otherwise `draws` row groups drawn proportional to their rows (with replacement: a group
+    drawn twice gives twice the rows), and want/draws rows uniformly within each."""
+    starts, offset = [], 0
+    for f in files:
+        starts.append(offset)
+        offset += f.rows
+    if want >= rows:
+        picks = {f.uri: None for f in files}  # every row group of every file
+    else:
+        picks: dict[str, Counter] = defaultdict(Counter)  # file -> row in the file -> draws landing there
+        for position in sorted(rng.randrange(rows) for _ in range(draws)):
+            i = bisect.bisect_right(starts, position) - 1
+            picks[files[i].uri][position - starts[i]] += 1
+    per_draw = [want // draws + (1 if i < want % draws else 0) for i in range(draws)]
+    draw = 0
+    for f in files:
+        if f.uri not in picks:
+            continue
+        with storage.open_ranged(f.uri, size=f.size) as handle:
+            parquet = pq.ParquetFile(handle)
+            names = parquet.schema_arrow.names
+            columns = [c.name for c in UNIT_COLUMNS if c.name in names]
+            first = 0
+            for group in range(parquet.metadata.num_row_groups):
+                size = parquet.metadata.row_group(group).num_rows
+                landed = 1 if picks[f.uri] is None else sum(n for r, n in picks[f.uri].items() if first <= r < first + size)
+                if landed and size:
+                    table = _unit_layout(parquet.read_row_group(group, columns=columns), names)
+                    yield None
+                    if picks[f.uri] is None:
+                        chosen = range(size)
+                    else:
+                        take = sum(per_draw[draw:draw + landed])
+                        draw += landed
+                        chosen = sorted(rng.sample(range(size), min(size, take)))
+                    for r in chosen:
+                        yield table.slice(r, 1).to_pylist()[0]
+                first += size
+
+
+def _unit_layout(table: pa.Table, names: list[str]) -> pa.Table:
+    """The columns a unit's block carries to the preprocess stage (as pipeline/units.read_unit)."""
+    n = table.num_rows
+    return pa.table({
+        field.name: table.column(field.name).cast(field.type) if field.name in names else pa.nulls(n, field.type)
+        for field in UNIT_COLUMNS
+    })
+
+
+# ---------------------------------------------------------------- GPU-hours and cost
+
+
+def estimate_cost(
+    config: JobConfig, location: OutputLocation, output_tokens: int, warnings: list[str]
+) -> tuple[Optional[CostEstimate], Optional[str]]:
+    """(the estimate, None), or (None, why there is none)."""
+    from pipeline.tools.prices import load_prices
+
+    calibration = _calibration(location)
+    if calibration is None:
+        return None, NO_CALIBRATION
+    uri = location.storage.join(location.uri, "calibration", "calibration.json")
+    top = max(calibration.concurrencies)
+    spec = config.speculative
+    schedule = schedule_text(spec.depth_schedule) if spec.enabled and spec.depth_schedule else None
+    depth = depth_at(config, top) if spec.enabled else 0
+    row = next((r for r in calibration.rows if r.concurrency == top and schedule and r.schedule == schedule), None)
+    if row is None:
+        schedule = None
+        row = next((r for r in calibration.rows if r.concurrency == top and r.depth == depth and r.schedule is None), None)
+    if row is None:
+        measured = sorted({r.depth for r in calibration.rows if r.concurrency == top})
+        return None, (f"the calibration at {uri} measured no depth {depth} at {top} sequences at once (depths measured: "
+                      f"{', '.join(map(str, measured))}): run `specbatch calibrate CONFIG` with depth {depth}")
+    if calibration.accelerator != config.resources.accelerator:
+        warnings.append(f"the calibration was measured on {calibration.accelerator}; this job runs on "
+                        f"{config.resources.accelerator}: its GPU-hours are those of {calibration.accelerator}")
+    prices = load_prices()
+    units, price = prices.billing(config.resources.accelerator, config.resources.gpus_per_replica)
+    source, currency = ("prices" if price is not None else None), prices.currency
+    if price is None and calibration.price_per_gpu_hour is not None and calibration.accelerator == config.resources.accelerator:
+        price, source, currency = calibration.price_per_gpu_hour, "calibration", calibration.currency
+    if price is None:
+        warnings.append(prices.missing_price_message(config.resources.accelerator, config.resources.gpus_per_replica))
+    gpu_hours = output_tokens / row.tokens_per_second_per_gpu / 3600 if row.tokens_per_second_per_gpu else float("inf")
+    return CostEstimate(
+        calibration_uri=uri, measured_at=calibration.measured_at, depth=row.depth, schedule=schedule, concurrency=top,
+        tokens_per_second_per_gpu=row.tokens_per_second_per_gpu, output_tokens=output_tokens, gpu_hours=gpu_hours,
+        wall_hours=gpu_hours / (config.resources.min_replicas * units), currency=currency, price_per_gpu_hour=price,
+        price_source=source, cost=gpu_hours * price if price is not None else None,
+    ), None
+
+
+# ---------------------------------------------------------------- the text
+
+
+def format_plan(plan: DryRunPlan) -> str:
+    lines = []
+    if plan.accepted:
+        lines.append("specbatch run --dry-run: the job would be accepted (exit 0). Nothing was started or written.")
+    else:
+        lines.append("specbatch run --dry-run: the job would be REFUSED (exit 2); the reason is below. Nothing was "
+                     "started or written.")
+    lines.append(f"  config    {plan.config_uri}")
+    if plan.output_uri:
+        lines.append(f"  output    {plan.output_uri}")
+    i = plan.inputs
+    if i:
+        kind = "OpenAI batch files, converted to " if i.input_format == "openai_batch" else ""
+        lines.append(f"  input     {kind}{i.files:,} Parquet file{'s' if i.files != 1 else ''}, {i.rows:,} rows: "
+                     f"{i.prompt_rows:,} prompt, {i.chat_rows:,} chat (messages); {i.footers_read:,} footers read")
+        if i.input_format == "openai_batch":
+            lines.append(f"            {i.converted_files} JSONL file(s) already converted under the output's _inputs/, "
+                         f"{i.conversions_checked} not yet: checked line by line in a temporary folder (deleted); "
+                         "the run converts them")
+        for f in i.file_list[:FILES_SHOWN]:
+            lines.append(f"            {f.uri}  {f.rows:,} rows ({f.text_column}), {f.units:,} unit{'s' if f.units != 1 else ''}")
+        if len(i.file_list) > FILES_SHOWN:
+            lines.append(f"            ... and {len(i.file_list) - FILES_SHOWN:,} more files")
+    u = plan.units
+    if u:
+        lines.append(f"  units     {u.units:,} of up to {u.rows_per_unit:,} rows")
+        rerun = f"rerun of job {u.rerun_of}: " if u.rerun_of else ""
+        again = f" ({u.again:,} of them again, for their error rows)" if u.again else ""
+        lines.append(f"            {rerun}{u.committed:,} committed, {u.left:,} left to run{again}, {u.rows_left:,} rows")
+    t = plan.tokens
+    if t:
+        how = ("counted over every row" if t.exact else
+               f"estimated from {t.sample_rows:,} sampled rows in {t.sample_row_groups} row groups, seed {t.sample_seed}")
+        kinds = ", ".join(f"{k} {n:,}" for k, n in sorted(t.prompt_tokens_by_kind.items()))
+        lines.append(f"  tokens    prompt ~{t.prompt_tokens:,} ({kinds}; {how}, as the preprocess stage tokenizes); "
+                     f"left to run ~{t.prompt_tokens_left:,}")
+        lines.append(f"            output at most {t.output_tokens_upper_bound:,} (rows x max_tokens x n: an upper bound, "
+                     f"not an estimate); left to run at most {t.output_tokens_upper_bound_left:,}")
+        if t.sample_error_rows:
+            kinds = ", ".join(f"{k} {n}" for k, n in sorted(t.sample_error_kinds.items()))
+            lines.append(f"            {t.sample_error_rows} of {t.sample_rows} sampled rows would go to errors/ ({kinds})")
+    if plan.checks:
+        lines.append("  checks")
+        for c in plan.checks:
+            lines.append(f"            {c.name:<14}{c.status:<8}{c.message.splitlines()[0] if c.status == 'fail' else c.message}")
+    c = plan.cost
+    if c:
+        price = (f", {c.currency} {_figure(c.cost)} at {c.price_per_gpu_hour:g} per GPU-hour ({c.price_source})"
+                 if c.cost is not None else ", no price for the accelerator")
+        at = f"schedule {c.schedule}" if c.schedule else (f"depth {c.depth}" if c.depth else "speculation off")
+        lines.append(f"  cost      at most {_figure(c.gpu_hours)} GPU-hours{price}; wall time at most "
+                     f"{_figure(c.wall_hours)} h at the pool's minimum replicas")
+        lines.append(f"            from {c.calibration_uri} ({c.measured_at}): {c.tokens_per_second_per_gpu:,.1f} generated "
+                     f"tok/s per GPU at {at}, {c.concurrency} sequences at once; {c.output_tokens:,} output tokens at most")
+    elif plan.cost_note:
+        lines.append(f"  cost      {plan.cost_note}")
+    for w in plan.warnings:
+        lines.append(f"  warning   {w}")
+    if plan.refused:
+        lines.append("  refused   (the message follows, as the real run gives it)")
+    return "\n".join(lines) + "\n"
+
+
+def _figure(x: float) -> str:
+    """Hours and money: whole above 100, cents above 1, three significant digits below."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:,.2f}" if x >= 1 else f"{x:.3g}"

@@ -1,0 +1,106 @@
+"""The contract of `specbatch run CONFIG --dry-run --json`: what the job would do, decided
+without an engine and without writing to the output location (pipeline/tools/plan.py)."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from schemas import Contract
+
+
+class PlanFile(Contract):
+    """One input file as the job would read it."""
+
+    uri: str = Field(description="For openai_batch input, where the converted Parquet file is or would be.")
+    rows: int
+    text_column: Literal["prompt", "messages"]
+    units: int
+
+
+class PlanInputs(Contract):
+    input_format: Literal["parquet", "openai_batch"]
+    files: int
+    footers_read: int = Field(description="Footers the input check read; the rest were recorded in _job.json.")
+    rows: int
+    prompt_rows: int = Field(description="Rows of files with a `prompt` column.")
+    chat_rows: int = Field(description="Rows of files with a `messages` column (rendered with the chat template).")
+    converted_files: Optional[int] = Field(
+        None, description="openai_batch: JSONL files already converted under OUTPUT_URI/_inputs (not read again)."
+    )
+    conversions_checked: Optional[int] = Field(
+        None,
+        description=(
+            "openai_batch: JSONL files not converted yet, which the dry run converted into a temporary local folder "
+            "(deleted) to check every line as the job will; the job converts them into OUTPUT_URI/_inputs."
+        ),
+    )
+    file_list: list[PlanFile]
+
+
+class PlanUnits(Contract):
+    rows_per_unit: int
+    units: int
+    committed: int = Field(description="Units already committed at the output location (its _commits/ listing).")
+    again: int = Field(description="Committed units that would run again for their error rows.")
+    left: int = Field(description="Units the run would generate: not committed, or again.")
+    rows_left: int
+    rerun_of: Optional[str] = Field(None, description="The job id of the output location's _job.json, on a rerun.")
+
+
+class TokenEstimate(Contract):
+    sample_rows: int = Field(description="Rows prepared exactly as the preprocess stage does (seeded random sample).")
+    sample_row_groups: int = Field(description="Row groups read for the sample.")
+    sample_seed: int
+    sample_error_rows: int = Field(description="Sampled rows the preprocess stage would send to errors/ (0 prompt tokens).")
+    sample_error_kinds: dict[str, int] = Field(default_factory=dict)
+    exact: bool = Field(description="The sample was every input row: the prompt tokens are counted, not estimated.")
+    prompt_tokens: int = Field(description="Estimated over all input rows: each kind's sample mean x its rows.")
+    prompt_tokens_by_kind: dict[str, int] = Field(description="'prompt' and 'messages' rows, each estimated from its own sample.")
+    prompt_tokens_left: int = Field(description="The same estimate for the rows left to run.")
+    output_tokens_upper_bound: int = Field(
+        description="An upper bound, not an estimate: all input rows x sampling.max_tokens x sampling.n (rows may stop earlier)."
+    )
+    output_tokens_upper_bound_left: int = Field(description="The same bound for the rows left to run.")
+    sample_rows_above_bound: int = Field(
+        0, description="Sampled rows whose own max_tokens x n (row overrides) is above the job's: the bound does not hold for them."
+    )
+
+
+class PlanCheck(Contract):
+    name: str = Field(description="lease, preflight, drafter, drafter_probe, cluster.")
+    status: Literal["pass", "warn", "fail", "skipped"]
+    message: str
+
+
+class CostEstimate(Contract):
+    """From the job's calibration (OUTPUT_URI/calibration/calibration.json) and the price file."""
+
+    calibration_uri: str
+    measured_at: str
+    depth: int = Field(description="The depth whose measurement is used: the job's at `concurrency` (0: speculation off).")
+    schedule: Optional[str] = Field(None, description="The job's depth schedule, when its measurement is used.")
+    concurrency: int = Field(description="Sequences at once of the measurement: the highest measured (the job's steady state).")
+    tokens_per_second_per_gpu: float = Field(description="Generated tokens per second per billed GPU (per node for CPU replicas).")
+    output_tokens: int = Field(description="The rows left x sampling.max_tokens x sampling.n: an upper bound.")
+    gpu_hours: float = Field(description="output_tokens / tokens_per_second_per_gpu / 3600: an upper bound with it.")
+    wall_hours: float = Field(description="gpu_hours over the pool's minimum replicas x GPUs per replica.")
+    currency: str
+    price_per_gpu_hour: Optional[float] = Field(description="Null when the price file has no price for the accelerator.")
+    price_source: Optional[str] = Field(description="'prices' (pipeline/tools/prices.yaml) or 'calibration' (its recorded price).")
+    cost: Optional[float] = Field(description="gpu_hours x price_per_gpu_hour.")
+
+
+class DryRunPlan(Contract):
+    accepted: bool = Field(description="The real run would start (exit 0); false: it would be refused (exit 2).")
+    refused: Optional[str] = Field(None, description="The refusal, word for word the real run's.")
+    config_uri: str
+    output_uri: Optional[str] = None
+    inputs: Optional[PlanInputs] = Field(None, description="Null when the run is refused before the input check.")
+    units: Optional[PlanUnits] = None
+    tokens: Optional[TokenEstimate] = None
+    checks: list[PlanCheck] = Field(default_factory=list)
+    cost: Optional[CostEstimate] = None
+    cost_note: Optional[str] = Field(None, description="Why there is no cost estimate, or what it does not count.")
+    warnings: list[str] = Field(default_factory=list)
