@@ -6,6 +6,8 @@ import argparse
 import sys
 import textwrap
 
+from schemas import EXIT_CODES
+
 
 # Commands whose modules own their argument parsing (`specbatch NAME --help`).
 DELEGATED = {
@@ -124,8 +126,7 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--json", action="store_true", help="with --dry-run: the plan as one JSON object (schemas/plan.py)")
 
 
-# Exit codes: a RayJob or a scheduler reads them.
-EXIT = {"succeeded": 0, "failed": 1, "refused": 2, "completed_with_errors": 3}
+EXIT = EXIT_CODES  # exit codes by job status (schemas.EXIT_CODES)
 
 
 def run_from_config(

@@ -329,6 +329,10 @@ class SpeculationVerdict(Contract):
     flags: list[str] = Field(description="What a reader of the job must know, one sentence each; empty when it paid.")
 
 
+# The process exit code of each job status (and of a refusal before the job starts): a RayJob or
+# a scheduler reads them.
+EXIT_CODES = {"succeeded": 0, "failed": 1, "refused": 2, "completed_with_errors": 3}
+
 LAYOUT_VERSION = 2  # 1: per-batch files named by id hashes; 2: work units by input position
 
 

@@ -106,7 +106,7 @@ def write_sample_shards(folder: Path, rows: int, shards: int = 4) -> None:
 
 
 def run_demo(workdir: str, rows: int = 256) -> int:
-    from pipeline.cli import EXIT
+    from schemas import EXIT_CODES as EXIT
     from pipeline.cluster import Unschedulable
 
     root = Path(workdir).resolve()
