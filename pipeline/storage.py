@@ -182,7 +182,10 @@ class Storage:
         self.write_bytes(uri, sink.getvalue().to_pybytes())
 
     def read_parquet(self, uri: str, columns: Optional[list[str]] = None) -> pa.Table:
-        return pq.read_table(pa.BufferReader(self.read_bytes(uri)), columns=columns)
+        # ParquetFile, not pq.read_table: with pyarrow 26, a process that read through
+        # read_table's dataset layer after another Parquet read aborted at exit, now and then
+        # ("terminate called without an active exception", exit 134 after its work was done).
+        return pq.ParquetFile(pa.BufferReader(self.read_bytes(uri))).read(columns=columns)
 
     def list_files(self, uri: str, suffix: str = "") -> list[str]:
         """Full URIs of the files directly or recursively under a folder, sorted; [] if absent.

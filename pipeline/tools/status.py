@@ -137,8 +137,7 @@ def error_kinds(storage: Storage, uri: str, stats: pa.Table, limit: int) -> tupl
     units = list(zip(with_errors.column("unit_id").to_pylist(), with_errors.column("commit_token").to_pylist()))
 
     def kinds_of(path: str) -> list[str]:
-        data = storage.read_bytes(storage.join(uri, path))
-        return pq.read_table(pa.BufferReader(data), columns=["error_kind"]).column("error_kind").to_pylist()
+        return storage.read_parquet(storage.join(uri, path), columns=["error_kind"]).column("error_kind").to_pylist()
 
     def read(unit: tuple[str, Optional[str]]) -> Optional[list[str]]:
         unit_id, token = unit
