@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-import _thread
+import ctypes
 import functools
 import logging
 import threading
@@ -280,11 +280,23 @@ def stall_message(config: JobConfig, waiting: list[str], since: float) -> str:
     )
 
 
+class StallInterrupt(BaseException):
+    """Raised in the driver's main thread by the stall watch (a BaseException, as
+    KeyboardInterrupt is, so no `except Exception` on the way swallows it)."""
+
+
+def _raise_in_main_thread(exc_type: type) -> None:
+    """An exception raised in the main thread at its next Python instruction. Not a signal:
+    a job started in the background by a shell or a scheduler has SIGINT ignored, and
+    `_thread.interrupt_main()` then does nothing (a stalled job waited forever)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.main_thread().ident), ctypes.py_object(exc_type))
+
+
 class StallWatch(threading.Thread):
     """Looks at the cluster while the driver waits for the next unit. When none has committed
     for `limit_seconds` while the job's actors or placement groups wait for resources, it
-    interrupts the driver's wait (Ray Data's consumer sleeps in a loop, so the interrupt lands
-    at once) and leaves what waits in `waiting` for the driver to name."""
+    raises StallInterrupt in the driver's wait (Ray Data's consumer sleeps in a loop, so it
+    lands at once) and leaves what waits in `waiting` for the driver to name."""
 
     def __init__(self, watch: ClusterWatch, limit_seconds: float):
         super().__init__(name="specbatch-stall-watch", daemon=True)
@@ -300,6 +312,8 @@ class StallWatch(threading.Thread):
     def stop(self) -> None:
         with self._lock:
             self._stopped.set()
+            if self.waiting is not None:  # one raised and not delivered yet is dropped
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.main_thread().ident), None)
 
     def run(self) -> None:
         while not self._stopped.wait(WATCH_SECONDS):
@@ -313,6 +327,6 @@ class StallWatch(threading.Thread):
             with self._lock:
                 if waiting and not self._stopped.is_set():
                     self.waiting = waiting
-                    # Again each round until the driver stops the watch: an interrupt that lands in
-                    # code that swallows KeyboardInterrupt must not leave the job waiting forever.
-                    _thread.interrupt_main()
+                    # Again each round until the driver stops the watch, in case one lands
+                    # where it is caught and dropped.
+                    _raise_in_main_thread(StallInterrupt)

@@ -30,7 +30,8 @@ import pyarrow.compute as pc
 
 from pipeline.breaker import ErrorBreaker
 from pipeline.cluster import (
-    PREPROCESS_CPUS, READ_TASK_CPUS, WATCH_SECONDS, ClusterWatch, SchedulingStalled, StallWatch, check_cluster_paths,
+    PREPROCESS_CPUS, READ_TASK_CPUS, WATCH_SECONDS, ClusterWatch, SchedulingStalled, StallInterrupt, StallWatch,
+    check_cluster_paths,
     check_schedulable, cluster_capacity, engine_remote_args, stall_message,
 )
 from pipeline.config import ConfigError, JobConfig
@@ -740,9 +741,7 @@ def _run_graph(
                 return "speculation-off"
         note_losses()
         return "finished"
-    except KeyboardInterrupt:
-        if stall.waiting is None:
-            raise
+    except StallInterrupt:
         stall.stop()
         note_losses()
         raise SchedulingStalled(stall_message(config, stall.waiting, stall.last)) from None

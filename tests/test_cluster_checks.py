@@ -111,3 +111,40 @@ def test_relative_paths_resolve_against_the_config_folder(tmp_path, monkeypatch)
         f.write(yaml.safe_dump(data))
     with pytest.raises(ConfigError, match=r"input_uri = './prompts' is a relative path, and the config is not a local file"):
         load_config("memory://configs/job.yaml")
+
+
+STALLED_DRIVER = """
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a job a shell or scheduler started in the background
+import pipeline.cluster as cluster
+cluster.WATCH_SECONDS = 0.1
+
+class Waiting:  # what ClusterWatch.waiting reads from the GCS, here always an engine that waits
+    def waiting(self):
+        return ["actor MapWorker(MapBatches(Generator)) (PENDING_CREATION)"]
+
+watch = cluster.StallWatch(Waiting(), limit_seconds=0.2)
+watch.start()
+try:
+    deadline = time.time() + 20
+    while time.time() < deadline:  # the driver waiting for its next unit, as Ray Data's consumer does
+        time.sleep(0.01)
+except cluster.StallInterrupt:
+    watch.stop()
+    time.sleep(0.5)  # nothing raised once the watch is stopped
+    print("stopped:", watch.waiting[0])
+    sys.exit(0)
+sys.exit(1)
+"""
+
+
+def test_the_stall_watch_stops_a_driver_that_ignores_sigint():
+    """A stalled job stops with a named error also when it runs with SIGINT ignored, as a
+    background job does (a signal-based interrupt did nothing there: the job waited forever).
+    The GCS reading is replaced; tests/test_multinode.py runs the whole stall on a cluster."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", STALLED_DRIVER], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "stopped: actor MapWorker(MapBatches(Generator))" in done.stdout

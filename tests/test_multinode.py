@@ -10,6 +10,7 @@ workers, the engine actor, vLLM's EngineCore) at once."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -70,10 +71,16 @@ def write_job(tmp_path: Path, kit: dict, output_uri: str, units: int, rows_per_u
     return path, ids
 
 
-def run_cli(cluster: LocalCluster, config: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`specbatch run` to its end; a run that does not end in time fails the test with its output."""
+def ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def run_cli(cluster: LocalCluster, config: Path, timeout: float = 300, background: bool = False) -> subprocess.CompletedProcess:
+    """`specbatch run` to its end; a run that does not end in time fails the test with its output.
+    `background`: started as a shell or scheduler starts a background job, with SIGINT ignored."""
     try:
-        return subprocess.run([SPECBATCH, "run", str(config)], env=cluster.env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run([SPECBATCH, "run", str(config)], env=cluster.env, capture_output=True, text=True,
+                              timeout=timeout, preexec_fn=ignore_sigint if background else None)
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"specbatch run did not end in {timeout:g} s:\n{(exc.stderr or b'')[-4000:]}") from None
 
@@ -212,7 +219,7 @@ def test_a_job_whose_engines_never_get_resources_stops_with_a_named_error(tmp_pa
     try:
         config, _ = write_job(tmp_path, random_kit, str(tmp_path / "out"), units=2,
                               resources={"replicas": 1}, retries={"stall_minutes": 0.4})
-        done = run_cli(cluster, config)
+        done = run_cli(cluster, config, background=True)  # the stall watch must not rely on SIGINT
     finally:
         subprocess.run([sys.executable, "-c", RELEASE_SLOTS, "1"], env=cluster.env, check=True, timeout=120)
     assert done.returncode == 1, done.stderr[-3000:]
@@ -269,7 +276,7 @@ def test_nodes_the_autoscaler_may_add_count_and_a_wait_for_them_ends(tmp_path, c
     assert refused.returncode == 2 and "needs {CPU: 1, big_node: 1}" in refused.stderr and "no autoscaler" in refused.stderr
     subprocess.run([sys.executable, "-c", PUBLISH_NODE_GROUP, "publish"], env=cluster.env, check=True, timeout=120)
     try:
-        waited = run_cli(cluster, config)
+        waited = run_cli(cluster, config, background=True)
     finally:
         subprocess.run([sys.executable, "-c", PUBLISH_NODE_GROUP, "delete"], env=cluster.env, check=True, timeout=120)
     assert waited.returncode == 1, waited.stderr[-3000:]
