@@ -625,13 +625,13 @@ def _run_attempt(
         manifest.ended_at = attempt.ended_at
         wall = sum(a.wall_seconds for a in manifest.attempts)
         manifest.totals = totals_from_stats(stats, inputs.rows, wall)
-        manifest.speculation = speculation_verdict(config, manifest.totals, manifest.guard_events, _calibration(location))
+        manifest.speculation = speculation_verdict(config, manifest.totals, manifest.guard_events, read_calibration(location))
         if manifest.status == "succeeded":
             attempt.status = manifest.status = _status(manifest.totals, config)
         location.write_manifest(manifest.model_dump(mode="json"))
 
 
-def _calibration(location: OutputLocation) -> Optional[CalibrationReport]:
+def read_calibration(location: OutputLocation) -> Optional[CalibrationReport]:
     """`specbatch calibrate`'s report for this job, when it wrote it to the job's output."""
     uri = location.storage.join(location.uri, "calibration", "calibration.json")
     try:
@@ -659,14 +659,17 @@ class _AttemptProgress:
         self.breaker = ErrorBreaker(config.retries)
         self.started = self.flushed = time.time()
         self.tokens = self.drafted = self.accepted = 0
+        self.rows = sum(r["rows"] for r in heard.values())  # kept as units are heard, not summed per batch
 
     def observe(self, stats: pa.Table) -> bool:
         """Takes one batch of stats rows; True when the guard turned speculation off."""
         attempt, rows = self.manifest.attempts[-1], stats.to_pylist()
         for row in rows:
+            before = self.heard.get(row["unit_id"])
+            self.rows += row["rows"] - (before["rows"] if before else 0)
             self.heard[row["unit_id"]] = row
             self.breaker.observe(row)
-        attempt.processed_rows = sum(r["rows"] for r in self.heard.values())
+        attempt.processed_rows = self.rows
         self.tokens += sum(r["generated_tokens"] for r in rows)
         self.drafted += sum(r["draft_tokens"] for r in rows)
         self.accepted += sum(r["accepted_tokens"] for r in rows)

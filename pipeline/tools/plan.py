@@ -77,7 +77,7 @@ from pipeline.lease import LeaseHeld, OutputLease
 from pipeline.openai_batch import CONVERTED
 from pipeline.outputs import OutputLocation
 from pipeline.preflight import check_before_engines
-from pipeline.runner import LayoutMismatch, ResultsChanged, _calibration, plan_job
+from pipeline.runner import LayoutMismatch, ResultsChanged, plan_job, read_calibration
 from pipeline.storage import Storage
 from pipeline.units import UNIT_COLUMNS, WorkUnit
 from schemas.plan import CostEstimate, DryRunPlan, PlanCheck, PlanFile, PlanInputs, PlanUnits, TokenEstimate
@@ -412,7 +412,7 @@ def estimate_cost(
     """(the estimate, None), or (None, why there is none)."""
     from pipeline.tools.prices import load_prices
 
-    calibration = _calibration(location)
+    calibration = read_calibration(location)
     if calibration is None:
         return None, NO_CALIBRATION
     uri = location.storage.join(location.uri, "calibration", "calibration.json")
