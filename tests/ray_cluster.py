@@ -98,11 +98,17 @@ class LocalCluster:
 
     def ray_nodes(self) -> list[dict]:
         """ray.nodes() as the cluster's GCS sees it, from a short-lived driver process."""
-        code = "import json, ray; ray.init(logging_level='ERROR'); print(json.dumps(ray.nodes()))"
+        # Ray may print its own warnings to this driver's stdout, even after the nodes (a dying
+        # node's "raylet has lagging heartbeats"): the nodes are the line behind the marker.
+        marker = "ray-nodes-json: "
+        code = f"import json, ray; ray.init(logging_level='ERROR'); print({marker!r} + json.dumps(ray.nodes()))"
         done = subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True, text=True, timeout=120)
         if done.returncode:
             raise RuntimeError(done.stderr[-3000:])
-        return json.loads(done.stdout.strip().splitlines()[-1])
+        lines = [line for line in done.stdout.splitlines() if line.startswith(marker)]
+        if not lines:
+            raise RuntimeError(f"ray.nodes() printed no node list:\n{done.stdout[-3000:]}")
+        return json.loads(lines[-1][len(marker):])
 
     def _wait_registered(self, node: Node) -> str:
         deadline = time.time() + 60
