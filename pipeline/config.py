@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from schemas import GuardAction
+from schemas.drafter import CHECKS
 
 
 class Section(BaseModel):
@@ -160,8 +161,6 @@ class SpeculativeConfig(Section):
 
     @model_validator(mode="after")
     def _known_checks(self):
-        from pipeline.drafter_check import validate_check_names
-
         try:
             validate_check_names(self.checks_as_warnings)
         except ValueError as exc:
@@ -637,8 +636,6 @@ class JobConfig(Section):
     def _sampling_runs_with_speculation(self):
         if not self.speculative.enabled:
             return self
-        from pipeline.sampling import speculation_conflicts
-
         conflicts = speculation_conflicts(self.sampling, cpu_engine=not self.resources.gpus_per_replica)
         if conflicts:
             name, why = conflicts[0]
@@ -734,6 +731,34 @@ def closest(word: str, choices: Iterable[str], cutoff: float = 0.6) -> Optional[
         by_lower.setdefault(str(choice).lower(), str(choice))
     match = difflib.get_close_matches(str(word).lower(), list(by_lower), n=1, cutoff=cutoff)
     return by_lower[match[0]] if match else None
+
+
+def speculation_conflicts(sampling: SamplingConfig, cpu_engine: bool) -> list[tuple[str, str]]:
+    """(parameter, why) pairs that cannot run with speculative decoding: vLLM refuses min_p and
+    logit_bias there, and its CPU build samples wrongly at temperature > 0 (outputs that do not
+    follow the distribution, seeds that do not repeat; measured in docs/sampling.md)."""
+    conflicts = []
+    if sampling.min_p > 0:
+        conflicts.append(("min_p", "vLLM refuses min_p with speculative decoding"))
+    if sampling.logit_bias:
+        conflicts.append(("logit_bias", "vLLM refuses logit_bias with speculative decoding"))
+    if cpu_engine and sampling.temperature > 0:
+        conflicts.append((
+            "temperature",
+            "vLLM's CPU build samples wrongly with speculative decoding at temperature > 0 (outputs off the "
+            "distribution, seeds not repeatable): use temperature 0, or speculative.enabled: false",
+        ))
+    return conflicts
+
+
+def validate_check_names(names: Iterable[str]) -> list[str]:
+    """Drafter check names (schemas.drafter.CHECKS), or a ValueError naming the unknown ones and the valid checks."""
+    names = list(names)
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown:
+        hints = [f"{n!r} (did you mean {closest(n, CHECKS)!r}?)" if closest(n, CHECKS) else repr(n) for n in unknown]
+        raise ValueError(f"unknown drafter check(s) {', '.join(hints)}; valid checks: {', '.join(CHECKS)}")
+    return names
 
 
 def _keys(model: type[BaseModel]) -> list[str]:

@@ -32,17 +32,9 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from schemas.drafter import CheckResult, DrafterInfo, DrafterReport, DraftVocabMap, TargetInfo
+from pipeline.config import validate_check_names
+from schemas.drafter import CHECKS, CheckResult, DrafterInfo, DrafterReport, DraftVocabMap, TargetInfo
 
-CHECKS: dict[str, str] = {
-    "hidden_size": "the drafter's target_hidden_size is the target's hidden_size",
-    "aux_layer_ids": "auxiliary layer ids are distinct, within 0..num_hidden_layers and match the drafter's fc",
-    "draft_vocab_map": "the draft vocab map (d2t) points only inside the target's vocab",
-    "vocab_size": "the drafter's vocab_size is the target's vocab_size",
-    "tokenizer": "a tokenizer shipped with the drafter has the target tokenizer's vocabulary",
-    "target_name": "the target the drafter declares (name) is this target",
-    "target_fingerprint": "the target the drafter declares (config fingerprint) is this target",
-}
 
 
 class DrafterMismatch(ValueError):
@@ -53,18 +45,6 @@ class DrafterMismatch(ValueError):
         super().__init__(message)
         self.report = report
         self.failures = [c for c in report.checks if c.status == "fail"] if report else []
-
-
-def validate_check_names(names: Iterable[str]) -> list[str]:
-    """The names, or a ValueError naming the unknown ones and the valid checks."""
-    names = list(names)
-    unknown = [n for n in names if n not in CHECKS]
-    if unknown:
-        from pipeline.config import closest
-
-        hints = [f"{n!r} (did you mean {closest(n, CHECKS)!r}?)" if closest(n, CHECKS) else repr(n) for n in unknown]
-        raise ValueError(f"unknown drafter check(s) {', '.join(hints)}; valid checks: {', '.join(CHECKS)}")
-    return names
 
 
 # ---------------------------------------------------------------- reading the target

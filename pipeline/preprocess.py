@@ -13,9 +13,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.config import ChatConfig, SamplingConfig, closest
+from pipeline.config import ChatConfig, SamplingConfig, closest, speculation_conflicts
 from pipeline.sampling import COLUMNS as SAMPLING_COLUMNS
-from pipeline.sampling import RowError, engine_values, resolve, speculation_conflicts
+from pipeline.sampling import RowError, engine_values, resolve
 
 PREPARED_SCHEMA_FIELDS = [
     pa.field("id", pa.string()),

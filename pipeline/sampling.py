@@ -84,24 +84,6 @@ def resolve(row: dict[str, Any], defaults: SamplingConfig, default_values: dict[
         raise RowError("invalid_sampling", where, f"{where}: {error['msg']}") from None
 
 
-def speculation_conflicts(sampling: SamplingConfig, cpu_engine: bool) -> list[tuple[str, str]]:
-    """(parameter, why) pairs that cannot run with speculative decoding: vLLM refuses min_p and
-    logit_bias there, and its CPU build samples wrongly at temperature > 0 (outputs that do not
-    follow the distribution, seeds that do not repeat; measured in docs/sampling.md)."""
-    conflicts = []
-    if sampling.min_p > 0:
-        conflicts.append(("min_p", "vLLM refuses min_p with speculative decoding"))
-    if sampling.logit_bias:
-        conflicts.append(("logit_bias", "vLLM refuses logit_bias with speculative decoding"))
-    if cpu_engine and sampling.temperature > 0:
-        conflicts.append((
-            "temperature",
-            "vLLM's CPU build samples wrongly with speculative decoding at temperature > 0 (outputs off the "
-            "distribution, seeds not repeatable): use temperature 0, or speculative.enabled: false",
-        ))
-    return conflicts
-
-
 def engine_values(sampling: SamplingConfig) -> dict[str, Any]:
     """The resolved parameters as the prepared table carries them to the engine actors."""
     return sampling.model_dump(mode="json", exclude=set(JOB_ONLY_SAMPLING))

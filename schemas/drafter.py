@@ -20,6 +20,18 @@ CheckStatus = Literal["pass", "fail", "warn", "skip"]
 TargetIdentity = Literal["verified", "mismatch", "unverified"]
 
 
+# The compatibility checks, by the name a CheckResult carries, and what each asserts.
+CHECKS: dict[str, str] = {
+    "hidden_size": "the drafter's target_hidden_size is the target's hidden_size",
+    "aux_layer_ids": "auxiliary layer ids are distinct, within 0..num_hidden_layers and match the drafter's fc",
+    "draft_vocab_map": "the draft vocab map (d2t) points only inside the target's vocab",
+    "vocab_size": "the drafter's vocab_size is the target's vocab_size",
+    "tokenizer": "a tokenizer shipped with the drafter has the target tokenizer's vocabulary",
+    "target_name": "the target the drafter declares (name) is this target",
+    "target_fingerprint": "the target the drafter declares (config fingerprint) is this target",
+}
+
+
 class DraftVocabMap(Contract):
     """The drafter's draft-to-target vocab map: target id = draft id + d2t[draft id]."""
 
@@ -83,7 +95,7 @@ class TargetInfo(Contract):
 
 
 class CheckResult(Contract):
-    name: str = Field(description="One of pipeline.drafter_check.CHECKS.")
+    name: str = Field(description="One of schemas.drafter.CHECKS: the compatibility checks by name.")
     status: CheckStatus = Field(description="'warn': failed but downgraded; 'skip': nothing to compare.")
     field: Optional[str] = Field(default=None, description="The drafter field checked.")
     drafter_value: Optional[str] = None

@@ -290,7 +290,7 @@ def to_markdown(report: CalibrationReport) -> str:
         *("| " + " | ".join(r) + " |" for r in rows),
         "",
         f"Best single depth: {'speculation off' if report.recommended_depth == 0 else f'depth {report.recommended_depth}'} "
-        + (f"(the faster of off and the sweep's best depth through the job itself)." if report.job_check else
+        + ("(the faster of off and the sweep's best depth through the job itself)." if report.job_check else
            f"(highest generated tokens/s per GPU at concurrency {report.concurrencies[-1]} = lowest cost per million tokens).")
         + (f" Recommended: the schedule by concurrency `{schedule_yaml(report.recommended_schedule)}`."
            if report.recommended_schedule else

@@ -8,7 +8,8 @@ import sys
 import textwrap
 from typing import Optional
 
-from pipeline.drafter_check import CHECKS, DrafterMismatch, inspect_drafter, validate_check_names
+from pipeline.config import validate_check_names
+from pipeline.drafter_check import CHECKS, DrafterMismatch, inspect_drafter
 from schemas.drafter import DrafterReport
 
 
