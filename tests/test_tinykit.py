@@ -138,6 +138,26 @@ def test_committed_kit_is_built_from_the_current_recipe():
     assert build.recipe_hash(build.RECIPE, desc["sha256"]) == m["recipe_hash"]
 
 
+def test_the_recipe_hash_follows_training_code_not_its_prose(tmp_path):
+    """A docstring, comment or `--help` edit leaves the committed kit current; a code change does not."""
+    from pipeline.tinykit import build
+
+    source = Path(build.__file__).read_text()
+    assert '"""Build the whole tiny model kit' in source and r"example:\n" in source
+    prose = tmp_path / "prose" / "build.py"
+    prose.parent.mkdir()
+    prose.write_text(
+        source.replace('"""Build the whole tiny model kit', '"""Build, deterministically, the whole tiny model kit')
+        .replace(r"example:\n", r"examples:\n") + "\n# a comment\n"
+    )
+    code = tmp_path / "code" / "build.py"
+    code.parent.mkdir()
+    code.write_text(source.replace("intermediate_size=768", "intermediate_size=512"))
+    assert code.read_text() != source
+    assert build.training_code(prose) == build.training_code(Path(build.__file__))
+    assert build.training_code(code) != build.training_code(Path(build.__file__))
+
+
 def test_committed_drafters_record_their_target():
     fp = target_config_fingerprint(PATHS["target"])
     name = json.loads((Path(KIT_DIR) / "RECIPE.json").read_text())["target_name"]
