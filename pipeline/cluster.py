@@ -285,11 +285,12 @@ class StallInterrupt(BaseException):
     KeyboardInterrupt is, so no `except Exception` on the way swallows it)."""
 
 
-def _raise_in_main_thread(exc_type: type) -> None:
-    """An exception raised in the main thread at its next Python instruction. Not a signal:
-    a job started in the background by a shell or a scheduler has SIGINT ignored, and
-    `_thread.interrupt_main()` then does nothing (a stalled job waited forever)."""
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.main_thread().ident), ctypes.py_object(exc_type))
+def _raise_in_main_thread(exc_type: type | None) -> None:
+    """An exception raised in the main thread at its next Python instruction (None: drop one
+    not delivered yet). Not a signal: a job started in the background by a shell or a scheduler
+    has SIGINT ignored, and `_thread.interrupt_main()` then does nothing (a stalled job waited forever)."""
+    exc = ctypes.py_object(exc_type) if exc_type is not None else None
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.main_thread().ident), exc)
 
 
 class StallWatch(threading.Thread):
@@ -313,7 +314,7 @@ class StallWatch(threading.Thread):
         with self._lock:
             self._stopped.set()
             if self.waiting is not None:  # one raised and not delivered yet is dropped
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.main_thread().ident), None)
+                _raise_in_main_thread(None)
 
     def run(self) -> None:
         while not self._stopped.wait(WATCH_SECONDS):

@@ -31,8 +31,7 @@ import pyarrow.compute as pc
 from pipeline.breaker import ErrorBreaker
 from pipeline.cluster import (
     PREPROCESS_CPUS, READ_TASK_CPUS, WATCH_SECONDS, ClusterWatch, SchedulingStalled, StallInterrupt, StallWatch,
-    check_cluster_paths,
-    check_schedulable, cluster_capacity, engine_remote_args, stall_message,
+    check_cluster_paths, check_schedulable, cluster_capacity, engine_remote_args, stall_message,
 )
 from pipeline.config import ConfigError, JobConfig
 from pipeline.drafter_check import check_drafter
