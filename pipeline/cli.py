@@ -151,7 +151,9 @@ def run_from_config(
     from pipeline.guard import AcceptanceTooLow
     from pipeline.inputs import InputError
     from pipeline.lease import LeaseHeld
+    from pipeline.console import summary
     from pipeline.runner import LayoutMismatch, ResultsChanged, plain_text, run_job
+    from pipeline.startup import StartClock
 
     try:
         if dry_run:
@@ -161,7 +163,7 @@ def run_from_config(
         config = load_config(config_uri, {"output_uri": output_uri} if output_uri else None)
         manifest = run_job(
             config, job_id=job_id, restart=restart, take_over=take_over, retry_errors=retry_errors, verbose=verbose,
-            address=address,
+            address=address, clock=StartClock(from_process_start=True),
         )
     except (ConfigError, InputError, DrafterMismatch, ResultsChanged, LayoutMismatch, LeaseHeld, FileNotFoundError) as exc:
         print(f"specbatch: refused: {exc}", file=sys.stderr)
@@ -169,7 +171,8 @@ def run_from_config(
     except (TooManyErrors, AcceptanceTooLow, SchedulingStalled) as exc:
         print(f"specbatch: job failed: {plain_text(str(exc))}", file=sys.stderr)
         return EXIT["failed"]
-    print(f"specbatch: job {manifest.job_id} {manifest.status}: {manifest.totals.model_dump_json()}")
+    print("\n".join(f"specbatch: {line}" if i == 0 else line for i, line in enumerate(summary(manifest))))
+    print(f"  manifest  {config.output_uri.rstrip('/')}/_job.json (every figure, as JSON)")
     for flag in manifest.speculation.flags if manifest.speculation else []:
         print(f"specbatch: warning: speculation: {flag}", file=sys.stderr)
     return EXIT.get(manifest.status, EXIT["failed"])

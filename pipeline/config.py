@@ -127,8 +127,9 @@ class GuardConfig(Section):
 
 
 class ProbeConfig(Section):
-    """Before the full run, `rows` of the job's own input go through one engine with the drafter
-    at the job's lengths (pipeline/probe.py); a drafter below the floor is refused."""
+    """`rows` of the job's own input go through the job's first engine with the drafter, at the
+    job's lengths, before any unit commits (pipeline/probe.py); a drafter below the floor is
+    refused."""
 
     rows: int = Field(64, ge=0, description="Rows probed; 0 turns the probe off.")
     min_mean_acceptance_length: float = Field(ACCEPTANCE_FLOOR, ge=1, description="The floor: 1 + accepted / drafts.")
@@ -150,7 +151,9 @@ class SpeculativeConfig(Section):
             "ranges covering 1..engine.max_num_seqs, k in 0..16 (0: no drafting). `specbatch calibrate --apply` writes it."
         ),
     )
-    probe: ProbeConfig = Field(default_factory=ProbeConfig, description="The drafter probe before the full run.")
+    probe: ProbeConfig = Field(
+        default_factory=ProbeConfig, description="The drafter probe, on the job's first engine before any unit commits."
+    )
     checks_as_warnings: list[str] = Field(
         default_factory=list,
         description="Drafter compatibility checks (pipeline/drafter_check.py) downgraded to warnings; for experts.",

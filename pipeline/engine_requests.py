@@ -22,6 +22,9 @@ from pipeline.outputs import OutputLocation
 from pipeline.sampling import row_sampling_params
 
 
+PROBE = "probe"  # the drafter probe's requests in `in_flight`: not a unit, never a suspect
+
+
 class EngineCrash(RuntimeError):
     """The row killed the engine when it was the only one in it."""
 
@@ -70,6 +73,22 @@ class EngineRequests:
         self.in_flight[unit_id].discard(i)
         return final
 
+    async def probe(self, rows: list[dict], concurrency: Optional[int]) -> list:
+        """The drafter probe's rows, at most `concurrency` in the engine at once (None: all),
+        before any unit of this engine generates: each row's final output, or the exception
+        that ended it. An engine death ends the process as above
+        (no unit is in flight yet): the restarted actor is handed the rows again."""
+        gate = asyncio.Semaphore(concurrency or len(rows))
+
+        async def one(i: int, row: dict):
+            async with gate:
+                return await self._generate(PROBE, i, row)
+
+        try:
+            return await asyncio.gather(*(one(i, row) for i, row in enumerate(rows)), return_exceptions=True)
+        finally:
+            self.in_flight.pop(PROBE, None)
+
     async def _generate_all(self, unit_id: str, rows: list[dict], todo: list[int]) -> dict[int, Any]:
         results = await asyncio.gather(*(self._generate(unit_id, i, rows[i]) for i in todo), return_exceptions=True)
         return dict(zip(todo, results))
@@ -80,7 +99,7 @@ class EngineRequests:
         if self.dying:  # another request of this actor is already recording it
             await asyncio.Event().wait()
         self.dying = True
-        suspects = {unit: sorted(rows) for unit, rows in self.in_flight.items() if rows}
+        suspects = {unit: sorted(rows) for unit, rows in self.in_flight.items() if rows and unit != PROBE}
         event = {
             "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "actor_id": self.actor_id,

@@ -6,13 +6,19 @@ drain at a unit's tail. A unit goes through three stages, read top to bottom in 
 generation (pipeline/engine_requests.py: requests, engine death, isolation of suspects), results
 (pipeline/unit_results.py: output and error rows, stats) and the commit of its outputs, errors
 and marker to the output location, off the event loop. The stats row goes back to the driver.
+
+Once its engine is up the actor checks in at the job board (pipeline/job_board.py) with how its
+start went. The first engine to check in measures the drafter probe's rows before any of its
+units generate, and no engine commits a unit before the probe's verdict is in: a refused
+drafter leaves nothing in outputs/.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
-from typing import Any
+from typing import Any, Optional
 
 import pyarrow as pa
 
@@ -22,6 +28,8 @@ from pipeline.engine import engine_kwargs, prepare_process_env
 from pipeline.engine_requests import EngineRequests
 from pipeline.metrics import ReplicaMetrics
 from pipeline.outputs import OutputLocation
+from pipeline.job_board import DrafterRefused
+from pipeline.probe import probe_concurrency, probe_result, refusal
 from pipeline.storage import Storage
 from pipeline.unit_results import Identity, UnitResults, collect, tables, unit_stats
 from pipeline.units import unit_of
@@ -45,15 +53,21 @@ def lora_requests(config: JobConfig) -> dict[str, Any]:
 
 class Generator:
     def __init__(
-        self, config: dict[str, Any], model_id: str, drafter_id: str | None, job_id: str = "", disabled_by_guard: bool = False
+        self, config: dict[str, Any], model_id: str, drafter_id: str | None, job_id: str = "",
+        disabled_by_guard: bool = False, board=None,
     ):
+        began = time.time()
+        import psutil
         import ray
-        from vllm import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
 
         self.config = JobConfig.model_validate(config)
         prepare_process_env(self.config)
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        imported = time.time()
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(self.config)))
+        ready = time.time()
         self.location = OutputLocation(Storage.from_config(self.config.storage), self.config.output_uri)
         self.disabled_by_guard = disabled_by_guard
         context = ray.get_runtime_context()
@@ -65,6 +79,19 @@ class Generator:
             model_id, drafter_id, lambda token_id: tokenizer.decode([token_id]),
             reasoning_parser(self.config.chat.reasoning_parser, tokenizer),
         )
+        engine_core = [p for p in psutil.Process().children(recursive=True) if "EngineCore" in _title(p)]
+        self.start = {
+            **self.where,
+            "process_started_at": psutil.Process(os.getpid()).create_time(),
+            "init_started_at": began,
+            "vllm_imported_at": imported,
+            "engine_core_started_at": min((p.create_time() for p in engine_core), default=None),
+            "engine_ready_at": ready,
+        }
+        self.board = board
+        self.probe = ray.get(board.check_in.remote(self.start)) if board is not None else None
+        self.probed: Optional[asyncio.Future] = None  # this engine's probe, run once, before its units
+        self.cleared: Optional[asyncio.Future] = None  # the job's verdict, awaited once
 
     def __del__(self):
         # Ray Data calls it when it shuts the pool down: the engine stops before its process
@@ -81,6 +108,7 @@ class Generator:
         rows = batch.drop_columns(["metadata"]).to_pylist()
         todo = [i for i, r in enumerate(rows) if r["error_kind"] is None]
 
+        await self._probe_once()
         suspects = await asyncio.to_thread(self._suspects, unit_id)
         started = time.time()
         results = await self.requests.run(unit_id, rows, todo, suspects)
@@ -90,8 +118,42 @@ class Generator:
         stats = unit_stats(
             unit, len(rows), out, self.config.speculative, self.where, started, engine_seconds, self.disabled_by_guard,
         )
+        await self._verdict_passed()
         # Off the event loop: the other units in flight keep the engine busy meanwhile.
         return await asyncio.to_thread(self._commit, unit_id, out, batch.column("metadata"), stats, received)
+
+    async def _probe_once(self) -> None:
+        """This engine was handed the probe's rows: measure them alone in the engine, once,
+        and post the verdict to the board."""
+        if self.probe is None:
+            return
+        if self.probed is None:
+            self.probed = asyncio.ensure_future(self._measure_probe(self.probe["rows"], self.probe["near_limit_rows"]))
+        await asyncio.shield(self.probed)
+
+    async def _measure_probe(self, rows: list[dict], near_limit_rows: int) -> None:
+        from pipeline.measure import figures
+
+        started = time.time()
+        results = await self.requests.probe(rows, probe_concurrency(self.config, len(rows)))
+        seconds = time.time() - started
+        finished = [r for r in results if r is not None and not isinstance(r, BaseException) and r.finished]
+        result = probe_result(self.config, figures(finished, seconds), near_limit_rows)
+        rejected = refusal(self.config, result)
+        verdict = {"result": result.model_dump(mode="json"), "refusal": str(rejected) if rejected else None,
+                   "started_at": started, "actor_id": self.where["actor_id"]}
+        await self.board.post.remote(verdict)
+
+    async def _verdict_passed(self) -> None:
+        """Waits for the probe's verdict (at once when there is none to wait for); raises
+        DrafterRefused when it refused the drafter, so that nothing is committed."""
+        if self.board is None:
+            return
+        if self.cleared is None:
+            self.cleared = asyncio.wrap_future(self.board.wait_verdict.remote().future())
+        verdict = await asyncio.shield(self.cleared)
+        if verdict["refusal"]:
+            raise DrafterRefused(verdict["refusal"])
 
     def _suspects(self, unit_id: str) -> dict | None:
         """Starts the unit's attempt; its suspects once it was in flight at enough engine deaths."""
@@ -106,3 +168,11 @@ class Generator:
         self.location.finish_attempt(unit_id)
         self.metrics.record(marker.stats)
         return pa.Table.from_pylist([marker.stats.model_dump()], schema=arrow_schema(UnitStats))
+
+
+def _title(process) -> str:
+    """A process's title as `ps` shows it (vLLM names its engine process VLLM::EngineCore)."""
+    try:
+        return " ".join(process.cmdline()) or process.name()
+    except Exception:  # gone, or not ours to read
+        return ""

@@ -1,6 +1,7 @@
 """One engine at one speculation depth over a set of prepared prompts: tokens/s and acceptance
-at a chosen concurrency. The drafter probe runs it before a job; `specbatch calibrate` runs it
-per depth, each in its own process, so every engine starts clean."""
+at a chosen concurrency. `specbatch check-drafter --probe` runs it; `specbatch calibrate` runs it
+per depth, each in its own process, so every engine starts clean. A job's probe runs on the
+job's own engine and shares `figures`."""
 
 from __future__ import annotations
 
@@ -83,12 +84,16 @@ def _measure_at(llm, prompts: Sequence[dict[str, Any]], concurrency: Optional[in
         if best is None or seconds < best[0]:
             best = (seconds, outputs)
     seconds, outputs = best
+    return {"concurrency": concurrency or len(outputs), **figures(outputs, seconds)}
+
+
+def figures(outputs: Sequence[Any], seconds: float) -> dict[str, Any]:
+    """Tokens and acceptance of finished RequestOutputs generated in `seconds`."""
     acceptance = Acceptance()
     for output in outputs:
         for completion in output.outputs:  # every one of n samples drafted
             acceptance = acceptance + Acceptance.from_request(completion.spec_decode_metrics)
     return {
-        "concurrency": concurrency or len(outputs),
         "prompts": len(outputs),
         "prompt_tokens": sum(len(o.prompt_token_ids) for o in outputs),
         "generated_tokens": sum(len(c.token_ids) for o in outputs for c in o.outputs),

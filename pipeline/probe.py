@@ -1,5 +1,5 @@
-"""The drafter probe: a few of the job's own rows through one engine with the drafter, at the
-job's lengths, before the full run spends GPU time.
+"""The drafter probe: a few of the job's own rows through an engine with the drafter, at the
+job's lengths, before any unit of the job is committed.
 
 A drafter trained for another base model with the same shapes (Llama-3.1-70B's drafter on
 Llama-3.3-70B) passes every static check in drafter_check.py, and public drafters rarely
@@ -7,10 +7,13 @@ declare their target. Only acceptance shows it: such a drafter is accepted almos
 speculation only costs. The probe measures the mean acceptance length at the configured depth
 and refuses the drafter below `speculative.probe.min_mean_acceptance_length`.
 
-Rows come from a few units spread over the input (each read from its own row groups only) and
-are prepared exactly as the job prepares them; the engine uses the job's engine and sampling
-settings at a fixed depth, since a depth schedule may draft nothing at the probe's concurrency.
-Rows that end within 2k tokens of max_model_len are left out (see `near_limit`).
+In a job the probe runs on the job's own first engine (pipeline/job_board.py, measured by
+pipeline/generator.py): one engine start per replica. `specbatch check-drafter --probe` runs it
+on an engine of its own (`probe_job_input`). Rows come from a few units spread over the input
+(each read from its own row groups only) and are prepared exactly as the job prepares them.
+With a depth schedule the rows run at the concurrency where the schedule drafts deepest, since
+the schedule may draft nothing at all of them at once. Rows that end within 2k tokens of
+max_model_len are left out (see `near_limit`).
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ def probe_rows(config: JobConfig, storage: Storage, units: Sequence[WorkUnit], n
     preprocessor = Preprocessor(
         config.model.tokenizer or config.model.path, config.engine.max_model_len, config.sampling.model_dump(),
         config.chat.model_dump(), config.speculation, structured_backend(config), storage,
+        sorted(config.lora.adapters) if config.lora else (),
     )
     per_unit: list[list[dict[str, Any]]] = []
     skipped = 0
@@ -85,13 +89,20 @@ def probe_rows(config: JobConfig, storage: Storage, units: Sequence[WorkUnit], n
     return rows, skipped
 
 
-def measure(config: JobConfig, rows: Sequence[dict[str, Any]], near_limit_rows: int = 0) -> ProbeResult:
-    """Runs where the engine may run (a GPU worker): one engine with the drafter at the
-    configured depth, the rows generated once."""
-    from pipeline.measure import measure_depth
-
+def probe_concurrency(config: JobConfig, rows: int) -> Optional[int]:
+    """Sequences at once for the probe: all rows (None), or with a depth schedule the most at
+    which it drafts at its largest depth."""
     spec = config.speculative
-    (m,) = measure_depth(config, spec.num_speculative_tokens, rows)
+    if not spec.depth_schedule:
+        return None
+    deepest = max(k for _, _, k in spec.depth_schedule)
+    hi = next(hi for _, hi, k in spec.depth_schedule if k == deepest)
+    return None if hi >= rows else hi
+
+
+def probe_result(config: JobConfig, measured: dict[str, Any], near_limit_rows: int = 0) -> ProbeResult:
+    """The probe's verdict from one measurement (pipeline/measure.py's figures)."""
+    spec, m = config.speculative, measured
     acceptance = Acceptance(m["num_drafts"], m["draft_tokens"], m["accepted_tokens"], list(m["accepted_per_position"]))
     mal = acceptance.mean_acceptance_length
     floor = spec.probe.min_mean_acceptance_length
@@ -112,9 +123,18 @@ def measure(config: JobConfig, rows: Sequence[dict[str, Any]], near_limit_rows: 
     )
 
 
+def measure(config: JobConfig, rows: Sequence[dict[str, Any]], near_limit_rows: int = 0) -> ProbeResult:
+    """Runs where the engine may run (a GPU worker): an engine of its own with the drafter at
+    the configured depth, the rows generated once."""
+    from pipeline.measure import measure_depth
+
+    (m,) = measure_depth(config, config.speculative.num_speculative_tokens, rows)
+    return probe_result(config, m, near_limit_rows)
+
+
 def run_probe(config: JobConfig, rows: Sequence[dict[str, Any]], near_limit_rows: int = 0) -> ProbeResult:
-    """The probe on the cluster, in a Ray task with one replica's resources; its worker exits
-    afterwards, so the engine's memory is free before the job's engines start."""
+    """The standalone probe (`specbatch check-drafter --probe`) on the cluster, in a Ray task
+    with one replica's resources; its worker exits afterwards, freeing the engine's memory."""
     import ray
 
     from pipeline.cluster import engine_task_options
@@ -136,34 +156,52 @@ def run_probe(config: JobConfig, rows: Sequence[dict[str, Any]], near_limit_rows
     return ProbeResult.model_validate(result)
 
 
+def job_probe_rows(config: JobConfig, storage: Storage, units: Sequence[WorkUnit]) -> tuple[list[dict[str, Any]], int]:
+    """`speculative.probe.rows` rows of `units` for the probe, and the near-limit rows left
+    out. No rows, with a warning, when every row read ends near the length limit: the probe
+    cannot judge the drafter there (the guard still watches). DrafterMismatch when every row
+    read was refused."""
+    rows, near = probe_rows(config, storage, units, config.speculative.probe.rows)
+    if rows:
+        return rows, near
+    if near:
+        log.warning(
+            "drafter probe skipped: all %d rows read end within 2k tokens of engine.max_model_len, where vLLM stops "
+            "drafting; raise max_model_len by %d for speculation to pay", near, 2 * config.speculative.num_speculative_tokens,
+        )
+        return [], near
+    raise DrafterMismatch(
+        f"the probe found no usable row in {config.input_uri} (every row read was refused); fix the input rows, or "
+        "set speculative.probe.rows: 0 to skip the probe"
+    )
+
+
 def probe_job_input(
     config: JobConfig, storage: Storage, units: Optional[Sequence[WorkUnit]] = None
 ) -> Optional[ProbeResult]:
     """`speculative.probe.rows` of the job's input (of `units`, default all of it) through the
-    probe; DrafterRejected below the floor. None, with a warning, when every row read ends near
-    the length limit: the probe cannot judge the drafter there (the guard still watches)."""
+    probe on an engine of its own (check-drafter); DrafterRejected below the floor, None when
+    every row read ends near the length limit."""
     from pipeline.inputs import inspect_inputs
     from pipeline.units import plan_units
 
     if units is None:
         units = plan_units(inspect_inputs(config.input_uri, storage).files, config.resources.rows_per_unit)
-    rows, near = probe_rows(config, storage, units, config.speculative.probe.rows)
+    rows, near = job_probe_rows(config, storage, units)
     if not rows:
-        if near:
-            log.warning(
-                "drafter probe skipped: all %d rows read end within 2k tokens of engine.max_model_len, where vLLM stops "
-                "drafting; raise max_model_len by %d for speculation to pay", near, 2 * config.speculative.num_speculative_tokens,
-            )
-            return None
-        raise DrafterMismatch(
-            f"the probe found no usable row in {config.input_uri} (every row read was refused); fix the input rows, or "
-            "set speculative.probe.rows: 0 to skip the probe"
-        )
+        return None
     result = run_probe(config, rows, near)
     rejected = refusal(config, result)
     if rejected:
         raise rejected
     return result
+
+
+def rejudged(config: JobConfig, result: ProbeResult) -> ProbeResult:
+    """An earlier probe's figures against today's floor (a resume may have lowered it)."""
+    floor = config.speculative.probe.min_mean_acceptance_length
+    mal = result.mean_acceptance_length
+    return result.model_copy(update={"floor": floor, "passed": mal is not None and mal >= floor})
 
 
 def refusal(config: JobConfig, result: ProbeResult) -> Optional[DrafterRejected]:

@@ -14,10 +14,8 @@ import functools
 import hashlib
 import json
 import logging
-import os
 import platform
 import re
-import sys
 import time
 import uuid
 import warnings
@@ -29,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.breaker import ErrorBreaker
+from pipeline.console import print_progress, progress_line, say
 from pipeline.cluster import (
     PREPROCESS_CPUS, READ_TASK_CPUS, WATCH_SECONDS, ClusterWatch, SchedulingStalled, StallInterrupt, StallWatch,
     check_cluster_paths, check_schedulable, cluster_capacity, engine_remote_args, stall_message,
@@ -36,15 +35,17 @@ from pipeline.cluster import (
 from pipeline.config import ConfigError, JobConfig
 from pipeline.drafter_check import check_drafter
 from pipeline.engine import structured_backend
-from pipeline.probe import probe_job_input
+from pipeline.probe import DrafterRejected, job_probe_rows, refusal, rejudged
 from pipeline.guard import AcceptanceGuard, AcceptanceTooLow, speculation_verdict
 from pipeline.inputs import InputReport
+from pipeline.job_board import start_board
 from pipeline.openai_batch import inspect_job_inputs
 from pipeline.preflight import check_before_engines
 from pipeline.lease import OutputLease
 from pipeline.outputs import OutputLocation, error_units
-from pipeline.stats import Acceptance
+from pipeline.stats import Acceptance, busy_seconds
 from pipeline.model_cache import remote_files
+from pipeline.startup import InBackground, StartClock, ray_init, start_cost
 from pipeline.storage import TRANSIENT_ERRORS, Storage, is_local
 from pipeline.units import WorkUnit, plan_units
 from schemas.report import CalibrationReport
@@ -131,35 +132,6 @@ def model_id(fingerprint: ModelFingerprint) -> str:
     return f"{Path(fingerprint.path.rstrip('/')).name}@{fingerprint.config_sha256[:12]}"
 
 
-def _ray_init(verbose: bool = False, address: Optional[str] = None) -> tuple[Optional[str], str]:
-    """Ray for the job, and which cluster it is, said plainly. `address` (--address), else
-    RAY_ADDRESS (set by `ray job submit`), joins that cluster; otherwise the job starts a Ray of
-    its own: never a cluster it happens to find on the machine through Ray's
-    `ray_current_cluster` file, which a killed cluster leaves behind. Workers' logs (Ray's and
-    vLLM's) stay in Ray's session log folder, which is returned, unless `verbose`."""
-    import ray
-    from ray.data import DataContext
-
-    DataContext.get_current().enable_progress_bars = verbose
-    address = address or os.environ.get("RAY_ADDRESS")
-    if not ray.is_initialized():
-        if address:
-            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=verbose)
-        else:
-            # Ray Data's listing and read tasks claim logical CPUs next to the engine and preprocess
-            # actors; on a 2-core machine the graph could not be scheduled with one logical CPU per
-            # core. The engine's own threads are outside Ray's accounting anyway.
-            ray.init(
-                address="local", num_cpus=max(4, os.cpu_count() or 1), logging_level=logging.WARNING,
-                log_to_driver=verbose, _node_ip_address="127.0.0.1",
-            )
-    node = ray._private.worker._global_node
-    logs = node.get_logs_dir_path() if node is not None and not address else None
-    nodes = sum(1 for n in ray.nodes() if n["Alive"])
-    how = f"joined {address}" if address else "its own local Ray"
-    return logs, f"{how} (GCS {ray.get_runtime_context().gcs_address}, {nodes} node{'s' if nodes != 1 else ''})"
-
-
 def build_dataset(
     config: JobConfig,
     units: list[WorkUnit],
@@ -167,8 +139,10 @@ def build_dataset(
     drafter: Optional[str],
     job_id: str = "",
     disabled_by_guard: bool = False,
+    board=None,
 ):
-    """The Ray Data graph over `units`; nothing runs until the caller iterates it."""
+    """The Ray Data graph over `units`; nothing runs until the caller iterates it. `board`: the
+    job board its engines check in at (pipeline/job_board.py)."""
     import ray
     from ray.data import ActorPoolStrategy
 
@@ -204,10 +178,10 @@ def build_dataset(
         # Ray 2.60 has no named parameter for actor restarts and task retries, only the
         # deprecated **ray_remote_args, which warns on every run.
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-        return _engine_stage(ds, config, model, drafter, job_id, disabled_by_guard)
+        return _engine_stage(ds, config, model, drafter, job_id, disabled_by_guard, board)
 
 
-def _engine_stage(ds, config: JobConfig, model: str, drafter: Optional[str], job_id: str, disabled_by_guard: bool):
+def _engine_stage(ds, config: JobConfig, model: str, drafter: Optional[str], job_id: str, disabled_by_guard: bool, board):
     from ray.data import ActorPoolStrategy
 
     from pipeline.generator import Generator
@@ -224,6 +198,7 @@ def _engine_stage(ds, config: JobConfig, model: str, drafter: Optional[str], job
             drafter_id=drafter,
             job_id=job_id,
             disabled_by_guard=disabled_by_guard,
+            board=board,
         ),
         batch_format="pyarrow",
         batch_size=None,
@@ -331,15 +306,18 @@ def _refuse_changed_inputs(config: JobConfig, previous: JobManifest, inputs: Inp
         )
 
 
-def totals_from_stats(stats: pa.Table, input_rows: int, wall_seconds: float) -> JobTotals:
+def totals_from_stats(stats: pa.Table, input_rows: int, wall_seconds: float, replicas: int = 1) -> JobTotals:
     """Totals over every committed unit (one stats row each), summed column by column: a
-    job of 100k units is not turned into 100k Python dicts."""
+    job of 100k units is not turned into 100k Python dicts. `replicas`: the engines billed
+    for `wall_seconds`, for the busy share."""
     total = {name: int(pc.sum(stats.column(name)).as_py() or 0) if stats.num_rows else 0 for name in (
         "rows", "output_rows", "error_rows", "samples", "retryable_error_rows", "clipped_rows", "prompt_tokens", "generated_tokens",
         "num_drafts", "draft_tokens", "accepted_tokens",
     )}
     acceptance = Acceptance(total["num_drafts"], total["draft_tokens"], total["accepted_tokens"])
     generated = total["generated_tokens"]
+    timed = stats.num_rows and {"actor_id", "started_at", "engine_seconds"} <= set(stats.column_names)
+    busy = busy_seconds(zip(*(stats.column(c).to_pylist() for c in ("actor_id", "started_at", "engine_seconds")))) if timed else 0.0
     return JobTotals(
         input_rows=input_rows,
         output_rows=total["output_rows"],
@@ -353,7 +331,20 @@ def totals_from_stats(stats: pa.Table, input_rows: int, wall_seconds: float) -> 
         **acceptance.summary(),
         wall_seconds=wall_seconds,
         tokens_per_second=generated / wall_seconds if wall_seconds else 0.0,
+        engine_busy_seconds=busy,
+        engine_tokens_per_second=generated / busy if busy else 0.0,
+        engine_busy_share=min(1.0, busy / (replicas * wall_seconds)) if busy and wall_seconds else None,
     )
+
+
+def billed_replicas(config: JobConfig, stats: pa.Table) -> int:
+    """Engines billed for the job's wall time: the pool's size, or for an autoscaling pool the
+    engines that ran, between its minimum and maximum."""
+    resources = config.resources
+    if resources.min_replicas == resources.max_replicas or "actor_id" not in stats.column_names:
+        return resources.max_replicas
+    ran = len(set(stats.column("actor_id").to_pylist()))
+    return max(resources.min_replicas, min(resources.max_replicas, ran))
 
 
 def _previous_manifest(location: OutputLocation) -> Optional[JobManifest]:
@@ -442,45 +433,68 @@ def run_job(
     retry_errors: bool = False,
     verbose: bool = False,
     address: Optional[str] = None,
+    clock: Optional[StartClock] = None,
 ) -> JobManifest:
     """Run, or resume, the job at `config.output_uri`. Units already committed there are
     skipped, except units with retryable error rows (and with `retry_errors`, units with any
     error rows), which run again; a finished job reruns without starting an engine.
     `restart` wipes the location first; `take_over` takes the lease of a run whose heartbeat
-    is stale; `address` is the Ray cluster to join (default RAY_ADDRESS, else a Ray of its own)."""
+    is stale; `address` is the Ray cluster to join (default RAY_ADDRESS, else a Ray of its own).
+    Ray starts while the driver checks the input; the drafter probe runs on the job's first
+    engine. `clock`: where the start's time line begins (`specbatch run`: its process start)."""
+    clock = clock or StartClock()
     plan = plan_job(config, job_id, restart, retry_errors)
-    if plan.todo:
-        for warning in check_before_any_engine(config, plan):
-            log.warning("drafter check downgraded to a warning: %s", warning)
     location, previous = plan.location, plan.previous
     lease = OutputLease(location, config.lease, plan.job_id, plan.attempt_number)
-    dead_owner = lease.acquire(take_over=take_over)
+    # The checks, the lease and the probe's rows on a thread while Ray starts here: Ray's
+    # processes must be started by the main thread (they die with the thread that started them).
+    checked = InBackground(functools.partial(_check_and_lease, config, plan, lease, take_over, progress))
     try:
-        cluster = _join_cluster(config, progress, verbose, address) if plan.todo else None
-        probe = _probe_drafter(config, location.storage, plan.todo, previous, progress)
+        cluster = _join_cluster(config, progress, verbose, address, clock) if plan.todo else None
+    except BaseException:
+        checked.join()  # a refusal of the checks comes first; the lease is let go either way
+        lease.release()
+        checked.result()
+        raise
+    dead_owner, probe, probe_rows = checked.result()  # a refusal is raised here, before any engine
+    try:
+        clock.mark("planned")
         if restart:
             location.clear()
         if previous:
             _close_killed_attempt(previous, dead_owner)
         manifest = _new_manifest(config, plan, cluster, probe)
         location.write_manifest(manifest.model_dump(mode="json"))
-        _say(progress, _plan_summary(plan.units, plan.todo, len(plan.again)))
-        _run_attempt(
-            config, plan.inputs, plan.units, plan.todo, plan.committed, plan.done, location, manifest, previous,
-            plan.target, plan.drafter, progress, verbose,
-        )
+        say(progress, _plan_summary(plan.units, plan.todo, len(plan.again)))
+        _run_attempt(config, plan, manifest, progress, probe_rows, clock)
     finally:
         lease.release()
     return manifest
 
 
-def _join_cluster(config: JobConfig, progress: bool, verbose: bool, address: Optional[str]) -> str:
+def _check_and_lease(config: JobConfig, plan: JobPlan, lease: OutputLease, take_over: bool, progress: bool):
+    """The checks before any engine, the lease, and the probe's part: (the dead owner whose
+    lease was taken, a verdict already in, the probe's rows)."""
+    if plan.todo:
+        for warning in check_before_any_engine(config, plan):
+            log.warning("drafter check downgraded to a warning: %s", warning)
+    dead_owner = lease.acquire(take_over=take_over)
+    try:
+        return (dead_owner, *_drafter_probe(config, plan, progress))
+    except BaseException:
+        lease.release()
+        raise
+
+
+def _join_cluster(config: JobConfig, progress: bool, verbose: bool, address: Optional[str], clock: StartClock) -> str:
     """Joins (or starts) Ray; refuses local paths a multi-node cluster cannot read, and a
     graph that cannot fit, before any engine starts."""
-    logs, cluster = _ray_init(verbose, address)
-    _say(progress, f"Ray: {cluster}")
+    clock.mark("ray_started")
+    logs, cluster = ray_init(verbose, address)
+    clock.mark("ray_ready")
+    say(progress, f"Ray: {cluster}")
     if logs and not verbose:
-        _say(progress, f"Ray's and vLLM's logs: {logs} (--verbose shows them here)")
+        say(progress, f"Ray's and vLLM's logs: {logs} (--verbose shows them here)")
     nodes, can_add = cluster_capacity()
     check_cluster_paths(config, len(nodes))
     check_schedulable(config, nodes, can_add)
@@ -518,22 +532,25 @@ def _new_manifest(config: JobConfig, plan: JobPlan, cluster: Optional[str], prob
     )
 
 
-def _probe_drafter(
-    config: JobConfig, storage: Storage, todo: list[WorkUnit], previous: Optional[JobManifest], progress: bool
-) -> Optional[ProbeResult]:
-    """The drafter probe before the first run; a resume keeps the passing result (the drafter,
-    target and settings are the same, or the resume was refused)."""
-    if previous and previous.probe:
-        return previous.probe
-    disabled = previous is not None and any(e.action == "disable-speculation" for e in previous.guard_events)
-    if not (todo and config.speculative.enabled and config.speculative.probe.rows) or disabled:
-        return None
-    _say(progress, f"probing the drafter on {config.speculative.probe.rows} rows of the input ...")
-    result = probe_job_input(config, storage, todo)
-    if result:
-        _say(progress, f"probe passed: mean acceptance length {result.mean_acceptance_length:.2f} "
-                       f"(floor {result.floor}), acceptance rate {result.acceptance_rate:.3f}")
-    return result
+def _drafter_probe(config: JobConfig, plan: JobPlan, progress: bool) -> tuple[Optional[ProbeResult], tuple[list, int]]:
+    """The probe's part in this attempt: (a verdict already in, the rows for the job's first
+    engine to measure). A resume of the same settings keeps the earlier verdict, judged against
+    today's floor, and refuses at once a drafter it refused; other settings probe again."""
+    spec, previous = config.speculative, plan.previous
+    if not (plan.todo and spec.enabled and spec.probe.rows):
+        return None, ([], 0)
+    if previous and any(e.action == "disable-speculation" for e in previous.guard_events):
+        return previous.probe, ([], 0)
+    if previous and previous.probe and previous.results_fingerprint == results_fingerprint(config, plan.target, plan.drafter):
+        kept = rejudged(config, previous.probe)
+        rejected = refusal(config, kept)
+        if rejected:
+            raise rejected
+        return kept, ([], 0)
+    rows, near = job_probe_rows(config, plan.location.storage, plan.todo)
+    if rows:
+        say(progress, f"drafter probe: {len(rows)} rows of the input, measured on the job's first engine before any unit commits")
+    return None, (rows, near)
 
 
 def _refuse_missing_tokenizer(config: JobConfig) -> None:
@@ -581,28 +598,25 @@ def _plan_summary(units: list[WorkUnit], todo: list[WorkUnit], again: int) -> st
     return f"{done}{left:,} rows to run in {len(todo):,} units{retried}"
 
 
-def _say(progress: bool, message: str) -> None:
-    if progress:
-        print(f"[specbatch] {message}", file=sys.stderr, flush=True)
-
-
 def _status(totals: JobTotals, config: JobConfig) -> str:
     failed = totals.error_rows / totals.input_rows if totals.input_rows else 0.0
     return "completed_with_errors" if failed > config.retries.max_error_fraction else "succeeded"
 
 
 def _run_attempt(
-    config, inputs, units, todo, committed, done, location, manifest, previous, target, drafter, progress, verbose
+    config: JobConfig, plan: JobPlan, manifest: JobManifest, progress: bool, probe_rows: tuple[list, int], clock: StartClock,
 ) -> None:
     attempt, started = manifest.attempts[-1], time.time()
+    location, todo, committed = plan.location, plan.todo, plan.committed
     heard: dict[str, dict] = {}  # unit -> its stats row, for units this attempt committed
     try:
         if todo:
-            _generate(config, todo, location, manifest, model_id(target), model_id(drafter) if drafter else None, progress, heard)
+            drafter = model_id(plan.drafter) if plan.drafter else None
+            _generate(config, todo, location, manifest, model_id(plan.target), drafter, progress, heard, probe_rows, clock)
             committed = location.committed_units()
-        missing = [u.unit_id for u in units if u.unit_id not in committed]
+        missing = [u.unit_id for u in plan.units if u.unit_id not in committed]
         if missing:
-            raise RuntimeError(f"{len(missing)} of {len(units)} units were not committed (e.g. {missing[0]}); rerun to finish them")
+            raise RuntimeError(f"{len(missing)} of {len(plan.units)} units were not committed (e.g. {missing[0]}); rerun to finish them")
         attempt.status = manifest.status = "succeeded"
     except BaseException as exc:
         attempt.status = manifest.status = "failed"
@@ -614,16 +628,17 @@ def _run_attempt(
             # also units that stopped engines committed after the driver stopped listening
             attempt.processed_rows = sum(u.rows for u in todo if u.unit_id in committed)
             attempt.engine_deaths = [EngineDeath.model_validate(e) for e in location.engine_deaths(since=started)]
+        previous = plan.previous
         clean = previous is not None and previous.status in ("succeeded", "completed_with_errors") and not todo
         if clean:  # a rerun of a finished job: nothing to tidy, nothing new to count
-            stats = done if done is not None else location.stats_table(committed)
+            stats = plan.done if plan.done is not None else location.stats_table(committed)
         else:  # files of commits that never finished or were superseded; this attempt's stats file
             location.cleanup(committed)
             stats = location.write_stats(attempt.number, list(heard.values()), committed)
         attempt.wall_seconds, attempt.ended_at = time.time() - started, _now()
         manifest.ended_at = attempt.ended_at
         wall = sum(a.wall_seconds for a in manifest.attempts)
-        manifest.totals = totals_from_stats(stats, inputs.rows, wall)
+        manifest.totals = totals_from_stats(stats, plan.inputs.rows, wall, billed_replicas(config, stats))
         manifest.speculation = speculation_verdict(config, manifest.totals, manifest.guard_events, read_calibration(location))
         if manifest.status == "succeeded":
             attempt.status = manifest.status = _status(manifest.totals, config)
@@ -649,16 +664,19 @@ def plain_text(message: str) -> str:
 
 class _AttemptProgress:
     """What the driver hears of an attempt's units: their stats rows (flushed to stats/ every
-    STATS_FLUSH_SECONDS), the error breaker, the acceptance guard and the progress line."""
+    STATS_FLUSH_SECONDS), the error breaker, the acceptance guard and the progress line, whose
+    ETA runs from the rate since the first committed unit."""
 
     def __init__(self, config: JobConfig, manifest: JobManifest, location: OutputLocation, heard: dict, total_rows: int,
-                 guard: Optional[AcceptanceGuard], progress: bool):
+                 guard: Optional[AcceptanceGuard], progress: bool, clock: StartClock):
         self.manifest, self.location, self.heard, self.total_rows = manifest, location, heard, total_rows
-        self.guard, self.progress = guard, progress
+        self.guard, self.progress, self.clock = guard, progress, clock
         self.breaker = ErrorBreaker(config.retries)
         self.started = self.flushed = time.time()
         self.tokens = self.drafted = self.accepted = 0
         self.rows = sum(r["rows"] for r in heard.values())  # kept as units are heard, not summed per batch
+        self.first_commit: Optional[tuple[float, int]] = None  # (when, rows done then)
+        self.busy, self.busy_at = 0.0, 0.0
 
     def observe(self, stats: pa.Table) -> bool:
         """Takes one batch of stats rows; True when the guard turned speculation off."""
@@ -673,9 +691,7 @@ class _AttemptProgress:
         self.drafted += sum(r["draft_tokens"] for r in rows)
         self.accepted += sum(r["accepted_tokens"] for r in rows)
         if self.progress:
-            acceptance = self.accepted / self.drafted if self.drafted else None
-            done = attempt.skipped_rows + attempt.processed_rows
-            _print_progress(done, self.total_rows, self.tokens, acceptance, time.time() - self.started)
+            self._print(attempt.skipped_rows + attempt.processed_rows)
         if time.time() - self.flushed > STATS_FLUSH_SECONDS:
             self.location.write_stats(attempt.number, list(self.heard.values()))
             self.flushed = time.time()
@@ -683,6 +699,21 @@ class _AttemptProgress:
         for event in events:
             _apply_guard_event(event, self.manifest, self.location)
         return any(event.action == "disable-speculation" for event in events)
+
+    def _print(self, done: int) -> None:
+        now = time.time()
+        if self.first_commit is None:
+            self.first_commit = (now, done)
+        if now - self.busy_at > 5 or done >= self.total_rows:  # a union over every unit heard: not per batch
+            self.busy = busy_seconds((r["actor_id"], r["started_at"], r["engine_seconds"]) for r in self.heard.values())
+            self.busy_at = now
+        since, done_then = self.first_commit
+        steady = (done - done_then) / (now - since) if now > since and done > done_then else None
+        eta = (self.total_rows - done) / steady if steady else (0.0 if done >= self.total_rows else None)
+        engine_rate = self.tokens / self.busy if self.busy else 0.0
+        wall_rate = self.tokens / (now - self.started) if now > self.started else 0.0
+        acceptance = self.accepted / self.drafted if self.drafted else None
+        print_progress(progress_line(done, self.total_rows, engine_rate, wall_rate, acceptance, eta), done >= self.total_rows)
 
 
 def _generate(
@@ -694,24 +725,29 @@ def _generate(
     drafter: Optional[str],
     progress: bool,
     heard: dict[str, dict],
+    probe_rows: tuple[list, int],
+    clock: StartClock,
 ) -> None:
     """Run the Ray Data graph over the units not committed yet, feeding every stats row to the
     acceptance guard. The graph is rebuilt over the units still not committed when the guard
     disables speculation (leaving the loop shuts the graph down, killing its engines), and when
-    the dataset fails after a node left the cluster (up to `retries.max_node_losses`)."""
+    the dataset fails after a node left the cluster (up to `retries.max_node_losses`). The
+    probe's rows go to the first graph's board; later graphs have the verdict already."""
     attempt, guard_config = manifest.attempts[-1], config.speculative.guard
     # An earlier attempt's guard turned speculation off: a resume keeps it off.
     disabled = any(e.action == "disable-speculation" for e in manifest.guard_events)
     guard = AcceptanceGuard(guard_config, attempt.number) if guard_config and drafter and not disabled else None
     total_rows = sum(u.rows for u in todo) + attempt.skipped_rows
-    heed = _AttemptProgress(config, manifest, location, heard, total_rows, guard, progress)
+    heed = _AttemptProgress(config, manifest, location, heard, total_rows, guard, progress, clock)
     while True:
         if disabled:
-            config, drafter, heed.guard = _without_speculation(config), None, None
+            config, drafter, heed.guard, probe_rows = _without_speculation(config), None, None, ([], 0)
         if not todo:
             return
-        dataset = build_dataset(config, todo, model, drafter, manifest.job_id, disabled)
-        outcome = _run_graph(dataset, config, manifest, location, todo, heed)
+        board = start_board(*probe_rows)
+        dataset = build_dataset(config, todo, model, drafter, manifest.job_id, disabled, board)
+        outcome = _run_graph(dataset, config, manifest, location, todo, heed, board)
+        probe_rows = ([], 0)  # judged by this graph, or refused (and then the job has stopped)
         if outcome == "finished":
             return
         disabled = disabled or outcome == "speculation-off"
@@ -721,21 +757,27 @@ def _generate(
 
 def _run_graph(
     dataset, config: JobConfig, manifest: JobManifest, location: OutputLocation, todo: list[WorkUnit],
-    heed: _AttemptProgress,
+    heed: _AttemptProgress, board,
 ) -> str:
     """Iterates one graph: "finished", "speculation-off" (the guard turned it off) or
     "node-lost" (the dataset failed after a node left). Nodes that leave are noted in
     `_job.json` when seen; a graph that commits nothing for `retries.stall_minutes` while
-    its actors wait for resources stops with SchedulingStalled."""
+    its actors wait for resources stops with SchedulingStalled; a drafter the probe refused
+    stops it with DrafterRejected. The board's start figures and verdict go to `_job.json`
+    at the graph's first commit and at its end."""
     attempt = manifest.attempts[-1]
     watch = ClusterWatch()
     note_losses = functools.partial(_record_node_losses, watch, manifest, location, todo)
     stall = StallWatch(watch, config.retries.stall_minutes * 60)
     looked = time.time()
+    heed.clock.mark("graph_started")
     stall.start()
     try:
         for stats in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
             stall.progress()
+            if "first_commit" not in heed.clock.marks:
+                heed.clock.mark("first_commit")
+                _record_board(board, manifest, location, heed.clock)
             if time.time() - looked > WATCH_SECONDS:
                 note_losses()
                 looked = time.time()
@@ -748,6 +790,9 @@ def _run_graph(
         note_losses()
         raise SchedulingStalled(stall_message(config, stall.waiting, stall.last)) from None
     except Exception as exc:
+        refused = _probe_refusal(board, manifest)
+        if refused is not None:
+            raise refused from None
         if not watch.lost_nodes():
             raise
         _record_node_losses(watch, manifest, location, todo, exc)
@@ -760,6 +805,43 @@ def _run_graph(
         return "node-lost"
     finally:
         stall.stop()
+        _record_board(board, manifest, location, heed.clock)
+
+
+def _read_board(board) -> Optional[dict]:
+    import ray
+
+    try:
+        return ray.get(board.read.remote(), timeout=30)
+    except Exception as exc:  # the board went with a lost node: its figures are lost, not the job
+        log.warning("the job board could not be read (%s): engine start figures are missing", type(exc).__name__)
+        return None
+
+
+def _record_board(board, manifest: JobManifest, location: OutputLocation, clock: StartClock) -> None:
+    """The engines' starts and the probe's verdict into `_job.json`: a resume keeps the verdict."""
+    read = _read_board(board)
+    if read is None:
+        return
+    attempt = manifest.attempts[-1]
+    known = attempt.start.engine_starts if attempt.start else []
+    new = [s for s in read["starts"] if (s["actor_id"], s["engine_ready_at"]) not in {(e.actor_id, e.engine_ready_at) for e in known}]
+    verdict = read["verdict"]
+    attempt.start = start_cost(clock, [*(e.model_dump() for e in known), *new], verdict)
+    if verdict and verdict.get("result"):
+        manifest.probe = ProbeResult.model_validate(verdict["result"])
+    location.write_manifest(manifest.model_dump(mode="json"))
+
+
+def _probe_refusal(board, manifest: JobManifest):
+    """DrafterRejected when the probe refused the drafter on this graph's first engine."""
+    read = _read_board(board)
+    verdict = read["verdict"] if read else None
+    if not verdict or not verdict.get("refusal"):
+        return None
+    result = ProbeResult.model_validate(verdict["result"])
+    manifest.probe = result
+    return DrafterRejected(verdict["refusal"], result)
 
 
 def _record_node_losses(
@@ -804,16 +886,3 @@ def _without_speculation(config: JobConfig) -> JobConfig:
 
 def _new_job_id(config: JobConfig) -> str:
     return f"{config.job_name}-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
-
-
-def _print_progress(done: int, total: int, tokens: int, acceptance: Optional[float], elapsed: float) -> None:
-    """One line per committed unit; on a terminal the line is rewritten in place."""
-    rate = tokens / elapsed if elapsed else 0.0
-    rows_per_s = done / elapsed if elapsed else 0.0
-    eta = (total - done) / rows_per_s if rows_per_s else float("nan")
-    accepting = f", acceptance {acceptance:.2f}" if acceptance is not None else ""
-    line = f"[specbatch] {done:,}/{total:,} rows ({done / total:.0%}), {rate:,.0f} tok/s{accepting}, ETA {eta:,.0f}s"
-    if sys.stderr.isatty():
-        print(f"\r{line}", end="\n" if done >= total else "", file=sys.stderr, flush=True)
-    else:
-        print(line, file=sys.stderr, flush=True)

@@ -7,8 +7,9 @@ were accepted (index j = j tokens accepted). Acceptance is a prefix, so draft po
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Iterable, Optional
 
 
 @dataclass
@@ -63,3 +64,24 @@ class Acceptance:
             acceptance_rate=self.acceptance_rate,
             mean_acceptance_length=self.mean_acceptance_length,
         )
+
+
+def busy_seconds(intervals: Iterable[tuple[str, float, float]]) -> float:
+    """Engine-busy seconds summed over engines, from (actor_id, started_at, engine_seconds) of
+    each unit. Units overlap inside one engine, so each engine's time is the union of its
+    [started_at, started_at + engine_seconds] intervals."""
+    by_actor: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for actor, start, seconds in intervals:
+        by_actor[actor].append((start, start + seconds))
+    total = 0.0
+    for spans in by_actor.values():
+        spans.sort()
+        start, end = spans[0]
+        for s, e in spans[1:]:
+            if s > end:
+                total += end - start
+                start, end = s, e
+            else:
+                end = max(end, e)
+        total += end - start
+    return total

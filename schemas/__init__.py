@@ -239,8 +239,17 @@ class JobTotals(Contract):
     accepted_tokens: int = 0
     acceptance_rate: Optional[float] = None
     mean_acceptance_length: Optional[float] = None
-    wall_seconds: float = 0.0
-    tokens_per_second: float = 0.0
+    wall_seconds: float = Field(0.0, description="The attempts' wall time, summed: what is billed, engine start included.")
+    tokens_per_second: float = Field(0.0, description="Generated tokens / wall_seconds: wall-time speed.")
+    engine_busy_seconds: float = Field(
+        0.0, description="Time the engines generated, summed over engines (each the union of its units' engine time)."
+    )
+    engine_tokens_per_second: float = Field(
+        0.0, description="Generated tokens / engine_busy_seconds: an engine's speed while it generates."
+    )
+    engine_busy_share: Optional[float] = Field(
+        None, description="engine_busy_seconds / (replicas x wall_seconds): the share of billed engine time spent generating."
+    )
 
 
 class EngineDeath(Contract):
@@ -275,6 +284,35 @@ class NodeLoss(Contract):
 JobStatus = Literal["running", "succeeded", "completed_with_errors", "failed", "killed"]
 
 
+class EngineStart(Contract):
+    """One engine actor's start, Unix times on its node (a restarted engine starts again)."""
+
+    actor_id: str
+    node_id: str
+    process_started_at: float = Field(description="Its worker process started (Ray may start one ahead of the actor).")
+    init_started_at: float = Field(description="The actor's constructor began: its own modules imported.")
+    vllm_imported_at: float
+    engine_core_started_at: Optional[float] = Field(None, description="vLLM's EngineCore process started; null: not seen.")
+    engine_ready_at: float = Field(description="The engine answered: workers up, model loaded, KV cache allocated.")
+
+
+class StartPhase(Contract):
+    name: str
+    started_s: float = Field(description="Seconds after the driver's process started.")
+    seconds: float
+
+
+class StartCost(Contract):
+    """Where the time to the attempt's first committed unit went. Phases may overlap: Ray
+    starts while the driver checks the input, and engines load while units are read."""
+
+    to_first_commit_seconds: Optional[float] = Field(
+        None, description="From the driver's process start to the first unit committed; null: none committed."
+    )
+    phases: list[StartPhase] = Field(default_factory=list, description="In the order they began.")
+    engine_starts: list[EngineStart] = Field(default_factory=list, description="Every engine this attempt started.")
+
+
 class Attempt(Contract):
     """One run of the job over its output location (a rerun resumes: it adds an attempt)."""
 
@@ -294,6 +332,7 @@ class Attempt(Contract):
     ray_cluster: Optional[str] = Field(
         None, description="The Ray cluster the attempt ran on: joined ADDRESS, or its own local Ray; null: no engine ran."
     )
+    start: Optional[StartCost] = Field(None, description="Where the time to the first committed unit went; null: no engine ran.")
 
 
 GuardAction = Literal["warn", "fail", "disable-speculation"]

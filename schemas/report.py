@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from pydantic import Field
 
-from schemas import Contract
+from schemas import Contract, StartPhase
 
 
 class JobFigures(Contract):
@@ -56,6 +56,15 @@ class JobFigures(Contract):
     cost_per_million_total_tokens: Optional[float] = Field(description="Prompt plus generated tokens.")
     tokens_per_second_per_gpu: Optional[float] = Field(description="Generated tokens / (gpu_hours in seconds).")
     busy_tokens_per_second_per_gpu: Optional[float] = Field(description="Generated tokens / (busy_gpu_hours in seconds).")
+    engine_tokens_per_second: Optional[float] = Field(
+        None, description="Generated tokens / busy_seconds: an engine's speed while it generates."
+    )
+    wall_tokens_per_second: Optional[float] = Field(None, description="Generated tokens / wall_seconds, engine start included.")
+    to_first_commit_seconds: Optional[float] = Field(
+        None, description="The last attempt: from its start to its first committed unit (_job.json attempts[-1].start)."
+    )
+    engine_starts: int = Field(0, description="Engines the last attempt started (a restarted engine counts again).")
+    start_phases: list[StartPhase] = Field(default_factory=list, description="Where the last attempt's start went.")
     num_drafts: int
     draft_tokens: int
     accepted_tokens: int

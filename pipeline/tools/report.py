@@ -32,6 +32,7 @@ from pipeline.outputs import OutputLocation
 from pipeline.config import ACCEPTANCE_FLOOR
 from pipeline.tools.prices import Prices, load_prices
 from pipeline.stats import Acceptance
+from pipeline.stats import busy_seconds as engine_busy_seconds
 from pipeline.storage import Storage
 from schemas import JobManifest
 from schemas.report import CalibrationReport, CostReport, JobFigures, ReportTotals, SpeculationComparison
@@ -72,23 +73,8 @@ class ReportError(ValueError):
 
 
 def busy_seconds(stats: Sequence[dict[str, Any]]) -> float:
-    """Engine-busy seconds summed over actors. Batches overlap inside one engine, so each
-    actor's time is the union of its [started_at, started_at + engine_seconds] intervals."""
-    by_actor: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for row in stats:
-        by_actor[row["actor_id"]].append((row["started_at"], row["started_at"] + row["engine_seconds"]))
-    total = 0.0
-    for intervals in by_actor.values():
-        intervals.sort()
-        start, end = intervals[0]
-        for s, e in intervals[1:]:
-            if s > end:
-                total += end - start
-                start, end = s, e
-            else:
-                end = max(end, e)
-        total += end - start
-    return total
+    """Engine-busy seconds summed over actors (pipeline/stats.busy_seconds)."""
+    return engine_busy_seconds((row["actor_id"], row["started_at"], row["engine_seconds"]) for row in stats)
 
 
 def per_million(cost: Optional[float], tokens: int) -> Optional[float]:
@@ -112,6 +98,7 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
     prompt_tokens = sum(r["prompt_tokens"] for r in stats)
     generated_tokens = sum(r["generated_tokens"] for r in stats)
     busy = busy_seconds(stats) if stats else 0.0
+    start = m.attempts[-1].start if m.attempts else None
     gpu_hours = replicas * units * m.totals.wall_seconds / 3600
     busy_gpu_hours = units * busy / 3600
     cost = gpu_hours * price if price is not None else None
@@ -152,6 +139,11 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
         cost_per_million_total_tokens=per_million(cost, generated_tokens + prompt_tokens),
         tokens_per_second_per_gpu=_ratio(generated_tokens, gpu_hours * 3600),
         busy_tokens_per_second_per_gpu=_ratio(generated_tokens, busy_gpu_hours * 3600),
+        engine_tokens_per_second=_ratio(generated_tokens, busy),
+        wall_tokens_per_second=_ratio(generated_tokens, m.totals.wall_seconds),
+        to_first_commit_seconds=start.to_first_commit_seconds if start else None,
+        engine_starts=len(start.engine_starts) if start else 0,
+        start_phases=start.phases if start else [],
         **acceptance.summary(),
         accepted_per_position=acceptance.rate_per_position,
         speculation_flags=flags,
@@ -258,6 +250,10 @@ def build_report(jobs: Sequence[JobData], prices: Prices) -> CostReport:
 # ---------------------------------------------------------------- rendering
 
 
+def _share(value: Optional[float]) -> str:
+    return "–" if value is None else f"{value:.0%}"
+
+
 def _num(value: Optional[float], digits: int = 3) -> str:
     if value is None:
         return "–"
@@ -298,12 +294,19 @@ def tables(report: CostReport) -> dict[str, Table]:
     )
     out["Jobs"] = (
         ["job", "status", "accelerator", "replicas x GPUs", "speculation", "wall s", "GPU-hours", "busy GPU-hours",
-         "generated tokens", "prompt tokens", f"cost ({c})", f"{c} / 1M generated", f"{c} / 1M total",
-         "tokens/s per GPU", "failed rows"],
+         "engine busy", "generated tokens", "prompt tokens", f"cost ({c})", f"{c} / 1M generated", f"{c} / 1M total",
+         "tokens/s per GPU", "tok/s of engine time", "tok/s of wall time", "failed rows"],
         [[j.job_id, j.status, j.accelerator, _replicas(j), _depth(j), _num(j.wall_seconds, 1),
-          _num(j.gpu_hours, 4), _num(j.busy_gpu_hours, 4), _num(j.generated_tokens), _num(j.prompt_tokens), _num(j.cost, 4),
-          _num(j.cost_per_million_generated_tokens, 4), _num(j.cost_per_million_total_tokens, 4),
-          _num(j.tokens_per_second_per_gpu, 1), _num(j.failed_rows)] for j in jobs],
+          _num(j.gpu_hours, 4), _num(j.busy_gpu_hours, 4), _share(j.utilization), _num(j.generated_tokens),
+          _num(j.prompt_tokens), _num(j.cost, 4), _num(j.cost_per_million_generated_tokens, 4),
+          _num(j.cost_per_million_total_tokens, 4), _num(j.tokens_per_second_per_gpu, 1),
+          _num(j.engine_tokens_per_second, 1), _num(j.wall_tokens_per_second, 1), _num(j.failed_rows)] for j in jobs],
+    )
+    out["Start-up"] = (
+        ["job", "phase", "from (s)", "seconds"],
+        [[j.job_id, p.name, _num(p.started_s, 1), _num(p.seconds, 1)] for j in jobs for p in j.start_phases]
+        + [[j.job_id, f"first unit committed ({j.engine_starts} engine start{'s' if j.engine_starts != 1 else ''})",
+            "", _num(j.to_first_commit_seconds, 1)] for j in jobs if j.to_first_commit_seconds is not None],
     )
     spec_jobs = [j for j in jobs if j.speculative]
     width = max((len(j.accepted_per_position) for j in spec_jobs), default=0)

@@ -69,7 +69,8 @@ DEFAULT_ERROR_FILES = 1000
 ERROR_COLUMNS = ("unit_id", "commit_token", "error_rows")
 STATS_COLUMNS = (
     *ERROR_COLUMNS, "rows", "output_rows", "samples", "retryable_error_rows", "clipped_rows", "prompt_tokens",
-    "generated_tokens", "num_drafts", "draft_tokens", "accepted_tokens", "started_at", "wall_seconds",
+    "generated_tokens", "num_drafts", "draft_tokens", "accepted_tokens", "started_at", "wall_seconds", "actor_id",
+    "engine_seconds",
 )
 EXAMPLE = """example:
   specbatch status --config jobs/daily.yaml     (its output_uri, with its storage settings)
@@ -85,6 +86,7 @@ class RolledStats:
     table: pa.Table  # one row per committed unit (the later file wins), of the columns read
     attempt_rows: Optional[int]  # rows the given attempt's own file holds; None: it has no file
     as_of: Optional[float]  # Unix time of the last commit in that file
+    steady: Optional[tuple[float, int]] = None  # (the file's first commit, rows committed after it)
 
 
 def _iso(seconds: float) -> str:
@@ -114,17 +116,20 @@ def read_stats(storage: Storage, uri: str, attempt: int, columns: tuple[str, ...
 
     tables = _read_all(read, files)
     own_name = f"attempt-{attempt:04d}.parquet"
-    attempt_rows = as_of = None
+    attempt_rows = as_of = steady = None
     for file_uri, table in zip(files, tables):
         if posixpath.basename(file_uri) == own_name and "started_at" in columns:
             attempt_rows = int(pc.sum(table.column("rows")).as_py() or 0)
             if table.num_rows:
-                as_of = pc.max(pc.add(table.column("started_at"), table.column("wall_seconds"))).as_py()
+                committed = pc.add(table.column("started_at"), table.column("wall_seconds"))
+                as_of = pc.max(committed).as_py()
+                first = pc.index(committed, pc.min(committed)).as_py()
+                steady = (pc.min(committed).as_py(), attempt_rows - table.column("rows")[first].as_py())
     rolled = pa.concat_tables(tables) if tables else schema.empty_table()
     if len(tables) > 1:  # a unit is in one file once; in two files when a later attempt ran it again
         latest = {unit: i for i, unit in enumerate(rolled.column("unit_id").to_pylist())}
         rolled = rolled.take(pa.array(sorted(latest.values()), type=pa.int64()))
-    return RolledStats(rolled, attempt_rows, as_of)
+    return RolledStats(rolled, attempt_rows, as_of, steady)
 
 
 def error_kinds(storage: Storage, uri: str, stats: pa.Table, limit: int) -> tuple[Counter, int, int]:
@@ -237,7 +242,7 @@ def job_status(
         as_of = stats.as_of
         elapsed = as_of - started if as_of is not None else 0.0
         wall = sum(a.wall_seconds for a in manifest.attempts[:-1]) + max(0.0, elapsed)
-        totals = totals_from_stats(stats.table, input_rows, wall)
+        totals = totals_from_stats(stats.table, input_rows, wall, _replicas(manifest))
         if as_of is None:
             notes.append(
                 f"the running attempt has written no stats yet (its driver writes stats/ about every "
@@ -248,8 +253,9 @@ def job_status(
                 f"counts as of the last commit in stats/, {_iso(as_of)} ({_age(max(0.0, now - as_of))} ago): the driver "
                 f"rewrites stats/ about every {STATS_FLUSH_SECONDS:.0f} s, units committed since are not counted yet"
             )
-            if elapsed > 0 and stats.attempt_rows:
-                rows_per_second = stats.attempt_rows / elapsed
+            since, rows_after = stats.steady or (as_of, 0)
+            if as_of > since and rows_after:  # the steady pace since the first commit, not the start-up
+                rows_per_second = rows_after / (as_of - since)
                 eta = max(0, input_rows - totals.output_rows - totals.error_rows) / rows_per_second
                 eta_at = _iso(as_of + eta) if driver == "alive" else None
     else:
@@ -296,6 +302,8 @@ def job_status(
         errors_by_kind_complete=error_units_read == error_units,
         generated_tokens=totals.generated_tokens,
         tokens_per_second=totals.tokens_per_second,
+        engine_tokens_per_second=totals.engine_tokens_per_second,
+        engine_busy_share=totals.engine_busy_share,
         acceptance_rate=totals.acceptance_rate,
         mean_acceptance_length=totals.mean_acceptance_length,
         rows_per_second=rows_per_second,
@@ -303,6 +311,12 @@ def job_status(
         eta_at=eta_at,
         notes=notes,
     )
+
+
+def _replicas(manifest: JobManifest) -> int:
+    """The engines billed: the pool's size (an autoscaling pool: its maximum)."""
+    replicas = manifest.config.get("resources", {}).get("replicas", 1)
+    return replicas["max"] if isinstance(replicas, dict) else int(replicas)
 
 
 def render(report: StatusReport) -> str:
@@ -339,10 +353,14 @@ def render(report: StatusReport) -> str:
         lines.append(f"  acceptance: rate {r.acceptance_rate:.3f}, mean acceptance length {r.mean_acceptance_length:.2f}")
     else:
         lines.append("  acceptance: none (no drafts)")
-    lines.append(f"  generated: {r.generated_tokens:,} tokens, {r.tokens_per_second:,.1f} tok/s")
+    lines.append(f"  generated: {r.generated_tokens:,} tokens, {r.tokens_per_second:,.1f} tok/s of wall time")
+    if r.engine_tokens_per_second:
+        busy = f", engines busy {r.engine_busy_share:.0%} of the billed time" if r.engine_busy_share is not None else ""
+        lines.append(f"  engines:   {r.engine_tokens_per_second:,.1f} tok/s of engine time{busy}")
     if r.eta_seconds is not None:
         when = f" (about {r.eta_at})" if r.eta_at else " once resumed"
-        lines.append(f"  ETA:       {_duration(r.eta_seconds)}{when}, at {r.rows_per_second:,.1f} rows/s since the attempt started")
+        lines.append(f"  ETA:       {_duration(r.eta_seconds)}{when}, at {r.rows_per_second:,.1f} rows/s since the attempt's "
+                     "first committed unit")
     lines += [f"{'WARNING' if i == 0 and r.driver == 'gone' else 'note'}: {note}" for i, note in enumerate(r.notes)]
     return "\n".join(lines)
 

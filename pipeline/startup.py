@@ -1,0 +1,129 @@
+"""The job's start: Ray comes up while the driver checks the input, takes the lease and reads
+the probe's rows, and the time to the first committed unit is accounted for, phase by phase,
+in `_job.json` (Attempt.start).
+
+The driver marks its own phases on a StartClock; each engine actor posts its start to the job
+board (pipeline/job_board.py): process, `import vllm`, EngineCore, engine ready. The phases are
+intervals on one time line from the driver's process start, so that overlapping work (Ray
+starting during the input check, engines loading while units are read) shows as overlap.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Callable, Optional
+
+from schemas import EngineStart, StartCost, StartPhase
+
+
+class StartClock:
+    """Unix times of the driver's steps. The time line starts at the process's start for a
+    process that runs one job (`specbatch run`: `from_process_start`), else when the job began."""
+
+    def __init__(self, from_process_start: bool = False):
+        now = time.time()
+        self.marks: dict[str, float] = {"process": process_started_at() if from_process_start else now, "run": now}
+
+    def mark(self, name: str) -> float:
+        self.marks.setdefault(name, time.time())
+        return self.marks[name]
+
+
+def process_started_at() -> float:
+    import psutil
+
+    return psutil.Process(os.getpid()).create_time()
+
+
+def ray_init(verbose: bool = False, address: Optional[str] = None) -> tuple[Optional[str], str]:
+    """Ray for the job, and which cluster it is, said plainly. `address` (--address), else
+    RAY_ADDRESS (set by `ray job submit`), joins that cluster; otherwise the job starts a Ray of
+    its own: never a cluster it happens to find on the machine through Ray's
+    `ray_current_cluster` file, which a killed cluster leaves behind. A Ray of its own has no
+    dashboard (a batch job has no one to show it to; it starts in about 2 s less), and its
+    metrics endpoint still serves. Workers' logs (Ray's and vLLM's) stay in Ray's session log
+    folder, which is returned, unless `verbose`."""
+    import ray
+    from ray.data import DataContext
+
+    DataContext.get_current().enable_progress_bars = verbose
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=verbose)
+        else:
+            # Ray Data's listing and read tasks claim logical CPUs next to the engine and preprocess
+            # actors; on a 2-core machine the graph could not be scheduled with one logical CPU per
+            # core. The engine's own threads are outside Ray's accounting anyway.
+            ray.init(
+                address="local", num_cpus=max(4, os.cpu_count() or 1), logging_level=logging.WARNING,
+                log_to_driver=verbose, _node_ip_address="127.0.0.1", include_dashboard=False,
+            )
+    node = ray._private.worker._global_node
+    logs = node.get_logs_dir_path() if node is not None and not address else None
+    nodes = sum(1 for n in ray.nodes() if n["Alive"])
+    how = f"joined {address}" if address else "its own local Ray"
+    return logs, f"{how} (GCS {ray.get_runtime_context().gcs_address}, {nodes} node{'s' if nodes != 1 else ''})"
+
+
+class InBackground(threading.Thread):
+    """One call on a thread of its own; `result()` waits for it and raises what it raised.
+    Not for starting Ray: Ray's processes die with the thread that started them."""
+
+    def __init__(self, call: Callable[[], object]):
+        super().__init__(daemon=True, name="specbatch-start")
+        self.call, self.value, self.error = call, None, None
+        self.start()
+
+    def run(self):
+        try:
+            self.value = self.call()
+        except BaseException as exc:  # handed to the caller of result()
+            self.error = exc
+
+    def result(self):
+        self.join()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def start_cost(clock: StartClock, starts: list[dict], verdict: Optional[dict]) -> StartCost:
+    """The phases to the first committed unit, on the driver's time line. The engine phases
+    are those of the first engine ready; every engine start is listed."""
+    engines = [EngineStart.model_validate({k: v for k, v in s.items() if k in EngineStart.model_fields}) for s in starts]
+    t0, m = clock.marks["process"], clock.marks
+    phases: list[StartPhase] = []
+
+    def phase(name: str, begin: Optional[float], end: Optional[float]) -> None:
+        if begin is not None and end is not None and end >= begin:
+            phases.append(StartPhase(name=name, started_s=round(begin - t0, 3), seconds=round(end - begin, 3)))
+
+    if m["run"] > t0:
+        phase("process start and imports", t0, m["run"])
+    phase("Ray start", m.get("ray_started"), m.get("ray_ready"))
+    phase("input check and planning", m.get("run"), m.get("planned"))
+    first = min(engines, key=lambda e: e.engine_ready_at, default=None)
+    if first is not None:
+        phase("engine actor start", m.get("graph_started"), max(first.init_started_at, m.get("graph_started", 0.0)))
+        phase("import vllm", first.init_started_at, first.vllm_imported_at)
+        core = first.engine_core_started_at
+        if core is not None and first.vllm_imported_at <= core <= first.engine_ready_at:
+            phase("engine arguments and EngineCore spawn", first.vllm_imported_at, core)
+            phase("EngineCore start: model load, KV cache, warm-up", core, first.engine_ready_at)
+        else:
+            phase("engine start: EngineCore, model load, KV cache", first.vllm_imported_at, first.engine_ready_at)
+    probed_until = None
+    if verdict and verdict.get("result") and verdict.get("started_at"):
+        probed_until = verdict["started_at"] + verdict["result"]["seconds"]
+        phase("drafter probe (on the job's first engine)", verdict["started_at"], probed_until)
+    if first is not None:
+        phase("first unit", max(first.engine_ready_at, probed_until or 0.0), m.get("first_commit"))
+    phases.sort(key=lambda p: p.started_s)
+    first_commit = m.get("first_commit")
+    return StartCost(
+        to_first_commit_seconds=round(first_commit - t0, 3) if first_commit else None, phases=phases, engine_starts=engines,
+    )
