@@ -171,7 +171,7 @@ def group_of(cmdline: str, root: int, pid: int) -> str:
         name = cmdline.split()[0]
         if "Generator" in name or "vLLMEngineStage" in name:
             return "engine actor"
-        if "Preprocessor" in name or "Tokenize" in name or "Detokenize" in name:
+        if "Preprocess" in name or "Tokenize" in name or "Detokenize" in name:
             return "preprocess"
         return "Ray workers"
     return "Ray daemons"

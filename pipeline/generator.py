@@ -8,7 +8,7 @@ generation (pipeline/engine_requests.py: requests, engine death, isolation of su
 and marker to the output location, off the event loop. The stats row goes back to the driver.
 
 Once its engine is up the actor checks in at the job board (pipeline/job_board.py) with how its
-start went. The first engine to check in measures the drafter probe's rows before any of its
+start went. The first engine with a unit to run measures the drafter probe's rows before its
 units generate, and no engine commits a unit before the probe's verdict is in: a refused
 drafter leaves nothing in outputs/.
 """
@@ -28,7 +28,7 @@ from pipeline.engine import engine_kwargs, prepare_process_env
 from pipeline.engine_requests import EngineRequests
 from pipeline.metrics import ReplicaMetrics
 from pipeline.outputs import OutputLocation
-from pipeline.job_board import DrafterRefused
+from pipeline.job_board import VERDICT_WAIT_SECONDS, DrafterRefused
 from pipeline.probe import probe_concurrency, probe_result, refusal
 from pipeline.storage import Storage
 from pipeline.unit_results import Identity, UnitResults, collect, tables, unit_stats
@@ -89,9 +89,10 @@ class Generator:
             "engine_ready_at": ready,
         }
         self.board = board
-        self.probe = ray.get(board.check_in.remote(self.start)) if board is not None else None
-        self.probed: Optional[asyncio.Future] = None  # this engine's probe, run once, before its units
-        self.cleared: Optional[asyncio.Future] = None  # the job's verdict, awaited once
+        if board is not None:
+            ray.get(board.check_in.remote(self.start))
+        self.probed: Optional[asyncio.Future] = None  # this engine's claim of the probe (and its measuring)
+        self.verdict: Optional[dict] = None  # once in, not asked for again
 
     def __del__(self):
         # Ray Data calls it when it shuts the pool down: the engine stops before its process
@@ -123,22 +124,26 @@ class Generator:
         return await asyncio.to_thread(self._commit, unit_id, out, batch.column("metadata"), stats, received)
 
     async def _probe_once(self) -> None:
-        """This engine was handed the probe's rows: measure them alone in the engine, once,
-        and post the verdict to the board."""
-        if self.probe is None:
+        """Claims the probe at this engine's first unit; when handed its rows, measures them
+        alone in the engine, once, and posts the verdict to the board."""
+        if self.board is None:
             return
         if self.probed is None:
-            self.probed = asyncio.ensure_future(self._measure_probe(self.probe["rows"], self.probe["near_limit_rows"]))
+            self.probed = asyncio.ensure_future(self._claim_and_measure())
         await asyncio.shield(self.probed)
 
-    async def _measure_probe(self, rows: list[dict], near_limit_rows: int) -> None:
+    async def _claim_and_measure(self) -> None:
         from pipeline.measure import figures
 
+        claim = await self.board.claim.remote(self.where["actor_id"])
+        if claim is None:
+            return
+        rows = claim["rows"]
         started = time.time()
         results = await self.requests.probe(rows, probe_concurrency(self.config, len(rows)))
         seconds = time.time() - started
         finished = [r for r in results if r is not None and not isinstance(r, BaseException) and r.finished]
-        result = probe_result(self.config, figures(finished, seconds), near_limit_rows)
+        result = probe_result(self.config, figures(finished, seconds), claim["near_limit_rows"])
         rejected = refusal(self.config, result)
         verdict = {"result": result.model_dump(mode="json"), "refusal": str(rejected) if rejected else None,
                    "started_at": started, "actor_id": self.where["actor_id"]}
@@ -146,14 +151,17 @@ class Generator:
 
     async def _verdict_passed(self) -> None:
         """Waits for the probe's verdict (at once when there is none to wait for); raises
-        DrafterRefused when it refused the drafter, so that nothing is committed."""
+        DrafterRefused when it refused the drafter, so that nothing is committed. While it
+        waits it takes over a claim whose engine went away."""
         if self.board is None:
             return
-        if self.cleared is None:
-            self.cleared = asyncio.wrap_future(self.board.wait_verdict.remote().future())
-        verdict = await asyncio.shield(self.cleared)
-        if verdict["refusal"]:
-            raise DrafterRefused(verdict["refusal"])
+        while self.verdict is None:
+            self.verdict = await self.board.wait_verdict.remote(VERDICT_WAIT_SECONDS)
+            if self.verdict is None and self.probed is not None and self.probed.done():
+                self.probed = None
+                await self._probe_once()
+        if self.verdict["refusal"]:
+            raise DrafterRefused(self.verdict["refusal"])
 
     def _suspects(self, unit_id: str) -> dict | None:
         """Starts the unit's attempt; its suspects once it was in flight at enough engine deaths."""

@@ -2,19 +2,21 @@
 
 Every engine posts how its start went (process, `import vllm`, engine construction), so the
 driver can say where the time to the first committed unit went and how many engines the job
-started. With the drafter probe on, the board holds the probe's rows: the first engine to
-check in is handed them and measures them on its own engine before it generates anything, and
+started. With the drafter probe on, the board holds the probe's rows: the first engine with a
+unit to run is handed them and measures them on its own engine before its units generate, and
 every engine waits for that verdict before its first commit. A failing verdict makes each
 engine refuse its units (nothing is committed) and the driver stops the job with the probe's
 refusal. One engine start per replica: the probe costs no engine of its own.
 
 An engine restarted by Ray (engine death, lost node) keeps its actor id: when the engine that
-claimed the probe is restarted before it posted the verdict, it is handed the rows again.
+claimed the probe is restarted before it posted the verdict, it is handed the rows again; a
+claim left by an engine that is gone for good is taken over after CLAIM_STALE_SECONDS.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, Optional
 
 class DrafterRefused(RuntimeError):
@@ -22,35 +24,53 @@ class DrafterRefused(RuntimeError):
     stops the job with the probe's refusal (probe.DrafterRejected, read from the board)."""
 
 
-# Checked in with the verdict: no probe runs in this graph (off, already judged, or no rows).
+# The verdict of a graph where no probe runs (off, judged by an earlier graph or attempt, no rows).
 NO_PROBE = {"result": None, "refusal": None}
+# A claim this old without a verdict is taken over: the engine that claimed it is gone.
+CLAIM_STALE_SECONDS = 600.0
+# Engines waiting for the verdict look again this often (and take over a stale claim).
+VERDICT_WAIT_SECONDS = 60.0
 
 
 class JobBoard:
     def __init__(self, probe_rows: list[dict[str, Any]], near_limit_rows: int = 0):
         self.rows, self.near_limit_rows = probe_rows, near_limit_rows
         self.claimant: Optional[str] = None
+        self.claimed_at = 0.0
         self.verdict: Optional[dict] = None if probe_rows else NO_PROBE
         self.decided = asyncio.Event()
         if self.verdict is not None:
             self.decided.set()
         self.starts: list[dict] = []
 
-    async def check_in(self, start: dict) -> Optional[dict]:
-        """Records an engine's start; the probe's rows when this engine is to measure them."""
+    async def check_in(self, start: dict) -> None:
+        """Records an engine's start."""
         self.starts.append(start)
-        if self.verdict is not None or self.claimant not in (None, start["actor_id"]):
+
+    async def claim(self, actor_id: str) -> Optional[dict]:
+        """The probe's rows, to the first engine that has a unit to run (an engine without
+        work never holds the others up); again to the same engine when Ray restarted it, and
+        to another once the claim is CLAIM_STALE_SECONDS old with no verdict (its engine went
+        away). None once the verdict is in, or while another engine measures."""
+        if self.verdict is not None:
             return None
-        self.claimant = start["actor_id"]
+        stale = self.claimant is not None and time.time() - self.claimed_at > CLAIM_STALE_SECONDS
+        if self.claimant not in (None, actor_id) and not stale:
+            return None
+        self.claimant, self.claimed_at = actor_id, time.time()
         return {"rows": self.rows, "near_limit_rows": self.near_limit_rows}
 
     async def post(self, verdict: dict) -> None:
-        """{"result": ProbeResult as JSON, "refusal": the refusal's message or None}."""
+        """{"result": ProbeResult as JSON, "refusal": the refusal's message or None, ...}."""
         self.verdict = verdict
         self.decided.set()
 
-    async def wait_verdict(self) -> dict:
-        await self.decided.wait()
+    async def wait_verdict(self, timeout: float) -> Optional[dict]:
+        """The verdict once it is in; None after `timeout` seconds without one."""
+        try:
+            await asyncio.wait_for(self.decided.wait(), timeout)
+        except asyncio.TimeoutError:
+            return None
         return self.verdict
 
     async def read(self) -> dict:

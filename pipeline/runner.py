@@ -775,9 +775,7 @@ def _run_graph(
     try:
         for stats in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
             stall.progress()
-            if "first_commit" not in heed.clock.marks:
-                heed.clock.mark("first_commit")
-                _record_board(board, manifest, location, heed.clock)
+            _note_first_commit(board, manifest, location, heed.clock)
             if time.time() - looked > WATCH_SECONDS:
                 note_losses()
                 looked = time.time()
@@ -806,6 +804,12 @@ def _run_graph(
     finally:
         stall.stop()
         _record_board(board, manifest, location, heed.clock)
+
+
+def _note_first_commit(board, manifest: JobManifest, location: OutputLocation, clock: StartClock) -> None:
+    if "first_commit" not in clock.marks:
+        clock.mark("first_commit")
+        _record_board(board, manifest, location, clock)
 
 
 def _read_board(board) -> Optional[dict]:

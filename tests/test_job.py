@@ -172,6 +172,28 @@ def test_stats_rows_add_up_to_outputs(s3_run):
         assert row["tokens_per_second"] > 0 or not row["output_rows"]  # a unit of bad rows generates nothing
 
 
+def test_the_job_says_where_its_start_went_and_how_fast_its_engine_ran(s3_run):
+    """One engine start; the start-up phases in their order on one time line, ending at the
+    first commit; speeds of engine time and of wall time, and the engines' busy share."""
+    _, manifest, location = s3_run
+    (attempt,) = manifest.attempts
+    start = attempt.start
+    (engine,) = start.engine_starts
+    assert engine.init_started_at <= engine.vllm_imported_at <= engine.engine_ready_at
+    names = [p.name for p in start.phases]
+    for before, after in [("Ray start", "engine actor start"), ("engine actor start", "import vllm"), ("import vllm", "first unit")]:
+        assert names.index(before) < names.index(after), names
+    first_unit = start.phases[names.index("first unit")]
+    assert first_unit.started_s + first_unit.seconds == pytest.approx(start.to_first_commit_seconds, abs=0.01)
+    assert 0 < start.to_first_commit_seconds <= attempt.wall_seconds
+    t = manifest.totals
+    stats = location.read_table("stats").to_pylist()
+    assert t.engine_busy_seconds <= sum(r["engine_seconds"] for r in stats) + 1e-6  # units overlap in the engine
+    assert t.engine_tokens_per_second == pytest.approx(t.generated_tokens / t.engine_busy_seconds)
+    assert t.engine_tokens_per_second > t.tokens_per_second == pytest.approx(t.generated_tokens / t.wall_seconds)
+    assert t.engine_busy_share == pytest.approx(t.engine_busy_seconds / t.wall_seconds) and 0 < t.engine_busy_share < 1
+
+
 def test_trained_drafter_is_accepted_and_stats_are_consistent(s3_run):
     _, manifest, location = s3_run
     stats = location.read_table("stats").to_pylist()

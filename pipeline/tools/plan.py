@@ -77,7 +77,10 @@ from pipeline.lease import LeaseHeld, OutputLease
 from pipeline.openai_batch import CONVERTED
 from pipeline.outputs import OutputLocation
 from pipeline.preflight import check_before_engines
-from pipeline.runner import LayoutMismatch, ResultsChanged, plan_job, read_calibration
+from pipeline.probe import refusal, rejudged
+from pipeline.runner import (
+    JobPlan, LayoutMismatch, ResultsChanged, plan_job, read_calibration, results_fingerprint,
+)
 from pipeline.storage import Storage
 from pipeline.units import UNIT_COLUMNS, WorkUnit
 from schemas.plan import CostEstimate, DryRunPlan, PlanCheck, PlanFile, PlanInputs, PlanUnits, TokenEstimate
@@ -178,7 +181,7 @@ def make_plan(
                 plan.warnings += [f"drafter check downgraded to a warning: {w}" for w in report.warnings]
             else:
                 step.done("skipped", "nothing left to run: the run starts no engine and skips it")
-        _probe_check(plan, config, previous, todo)
+        _probe_check(plan, config, job)
     # 5. the lease: read, not taken
     with _Step(plan, "lease") as step:
         held = OutputLease(location, config.lease, job.job_id, job.attempt_number).check(take_over)
@@ -249,17 +252,24 @@ def _files_and_units(
     )
 
 
-def _probe_check(plan: DryRunPlan, config: JobConfig, previous, todo: list[WorkUnit]) -> None:
-    rows = config.speculative.probe.rows
-    if previous and previous.probe:
+def _probe_check(plan: DryRunPlan, config: JobConfig, job: JobPlan) -> None:
+    """The probe as the run would take it: an earlier verdict of the same settings is kept
+    (a refusal refuses again, as the run does), else it would run on the job's first engine."""
+    rows, previous = config.speculative.probe.rows, job.previous
+    same = previous is not None and previous.results_fingerprint == results_fingerprint(config, job.target, job.drafter)
+    if rows and job.todo and same and previous.probe:
+        with _Step(plan, "drafter_probe"):
+            rejected = refusal(config, rejudged(config, previous.probe))
+            if rejected:
+                raise rejected
         message = "passed in an earlier attempt; the run keeps that result"
     elif not rows:
         message = "off (speculative.probe.rows: 0)"
-    elif not todo:
+    elif not job.todo:
         message = "nothing left to run: the run starts no engine and skips it"
     else:
-        message = (f"not run: the probe generates {rows} rows with an engine and the drafter, which a dry run does not "
-                   "start; the real run probes before the full run and refuses a drafter below "
+        message = (f"not run: the probe generates {rows} rows with the drafter on the job's first engine, which a dry "
+                   "run does not start; the real run measures them before any unit commits and refuses a drafter below "
                    f"{config.speculative.probe.min_mean_acceptance_length} mean acceptance length")
     plan.checks.append(PlanCheck(name="drafter_probe", status="skipped", message=message))
 

@@ -1,0 +1,108 @@
+"""The pieces of the job's start and speed accounting that need no engine: the job board's
+probe claim, the start-up phases, busy time over overlapping units, and what the console
+says. The same pieces on real jobs: tests/test_job.py and tests/test_speculation.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pyarrow as pa
+import pytest
+
+from pipeline import job_board
+from pipeline.console import progress_line, summary
+from pipeline.job_board import NO_PROBE, JobBoard
+from pipeline.runner import totals_from_stats
+from pipeline.startup import StartClock, start_cost
+from pipeline.stats import busy_seconds
+from schemas import Attempt, JobManifest, JobTotals, ModelFingerprint
+
+
+def test_the_probe_goes_to_the_first_engine_with_work_and_its_restart_only():
+    async def scenario():
+        board = JobBoard([{"id": "r"}], near_limit_rows=2)
+        await board.check_in({"actor_id": "a"})  # checked in first, but never had a unit
+        claim = await board.claim("b")
+        assert claim == {"rows": [{"id": "r"}], "near_limit_rows": 2}
+        assert await board.claim("a") is None  # b measures
+        assert await board.claim("b") == claim  # b restarted by Ray (same actor id): handed the rows again
+        assert await board.wait_verdict(0.01) is None  # no verdict yet: the waiters look again later
+        board.claimed_at -= job_board.CLAIM_STALE_SECONDS + 1  # b went away for good
+        assert await board.claim("a") == claim
+        await board.post({"result": {"passed": True}, "refusal": None})
+        assert await board.wait_verdict(0.01) == {"result": {"passed": True}, "refusal": None}
+        assert await board.claim("c") is None  # judged: nobody measures again
+        assert (await board.read())["starts"] == [{"actor_id": "a"}]
+
+    asyncio.run(scenario())
+
+
+def test_a_board_without_probe_rows_has_its_verdict_at_once():
+    async def scenario():
+        board = JobBoard([])
+        assert await board.claim("a") is None
+        assert await board.wait_verdict(0.01) == NO_PROBE
+
+    asyncio.run(scenario())
+
+
+def test_start_phases_lie_on_the_drivers_time_line():
+    clock = StartClock()
+    t0 = clock.marks["process"] = 1000.0
+    clock.marks.update(run=1001.0, ray_started=1001.5, ray_ready=1006.0, planned=1005.0, graph_started=1006.5,
+                       first_commit=1040.0)
+    engine = {"actor_id": "a", "node_id": "n", "process_started_at": 1007.0, "init_started_at": 1009.0,
+              "vllm_imported_at": 1017.0, "engine_core_started_at": 1018.0, "engine_ready_at": 1035.0}
+    verdict = {"result": {"seconds": 2.0}, "refusal": None, "started_at": 1036.0}
+    cost = start_cost(clock, [engine], verdict)
+    phases = {p.name: (p.started_s, p.seconds) for p in cost.phases}
+    assert phases == {
+        "process start and imports": (0.0, 1.0),
+        "input check and planning": (1.0, 4.0),
+        "Ray start": (1.5, 4.5),
+        "engine actor start": (6.5, 2.5),
+        "import vllm": (9.0, 8.0),
+        "engine arguments and EngineCore spawn": (17.0, 1.0),
+        "EngineCore start: model load, KV cache, warm-up": (18.0, 17.0),
+        "drafter probe (on the job's first engine)": (36.0, 2.0),
+        "first unit": (38.0, 2.0),
+    }
+    assert [p.started_s for p in cost.phases] == sorted(p.started_s for p in cost.phases)
+    assert cost.to_first_commit_seconds == 40.0 and len(cost.engine_starts) == 1 and t0 == 1000.0
+
+
+def test_busy_time_is_the_union_of_each_engines_units():
+    # engine a: [0, 10] and [5, 12] overlap -> 12; then [20, 21] -> 13; engine b: [0, 4] -> 4
+    units = [("a", 0.0, 10.0), ("a", 5.0, 7.0), ("a", 20.0, 1.0), ("b", 0.0, 4.0)]
+    assert busy_seconds(units) == pytest.approx(17.0)
+    stats = pa.table({
+        "actor_id": [u[0] for u in units], "started_at": [u[1] for u in units], "engine_seconds": [u[2] for u in units],
+        **{name: [0] * 4 for name in ("rows", "output_rows", "error_rows", "samples", "retryable_error_rows", "clipped_rows",
+                                     "prompt_tokens", "num_drafts", "draft_tokens", "accepted_tokens")},
+        "generated_tokens": [340, 0, 0, 0],
+    })
+    totals = totals_from_stats(stats, input_rows=4, wall_seconds=20.0, replicas=2)
+    assert totals.engine_busy_seconds == pytest.approx(17.0)
+    assert totals.engine_tokens_per_second == pytest.approx(20.0) and totals.tokens_per_second == pytest.approx(17.0)
+    assert totals.engine_busy_share == pytest.approx(17.0 / 40.0)
+
+
+def test_the_console_labels_its_speeds_and_waits_for_a_pace_before_an_eta():
+    first = progress_line(64, 256, 2150.4, 180.2, 0.68, None)
+    assert first == "64/256 rows (25%), 2,150 tok/s engine, 180 tok/s wall, acceptance 0.68, ETA after the next unit"
+    assert progress_line(128, 256, 2000, 300, None, 12.4).endswith("300 tok/s wall, ETA 12s")
+
+    model = ModelFingerprint(path="/m", config_sha256="0" * 64, architectures=[], files={})
+    manifest = JobManifest(
+        job_id="j", status="succeeded", started_at="2026-12-01T00:00:00+00:00", config={}, model=model,
+        versions={"specbatch": "dev", "vllm": None, "ray": "x", "torch": None, "python": "3"}, accelerator="cpu", input_files=[],
+        totals=JobTotals(input_rows=256, output_rows=250, error_rows=6, units=4, prompt_tokens=4710, generated_tokens=8000,
+                         wall_seconds=40.0, tokens_per_second=200.0, engine_busy_seconds=4.0, engine_tokens_per_second=2000.0,
+                         engine_busy_share=0.1),
+        attempts=[Attempt(number=1, started_at="2026-12-01T00:00:00+00:00", status="succeeded", skipped_rows=0)],
+    )
+    text = "\n".join(summary(manifest))
+    assert text.startswith("job j: succeeded")
+    assert "256 of 256 done: 250 generated, 6 failed" in text
+    assert "2,000 tok/s of engine time, 200 tok/s of wall time (40.0 s); engines busy 10% of the billed time" in text
+    assert "{" not in text  # a readable block, not a JSON dump
