@@ -448,7 +448,7 @@ def run_job(
     lease = OutputLease(location, config.lease, plan.job_id, plan.attempt_number)
     # The checks, the lease and the probe's rows on a thread while Ray starts here: Ray's
     # processes must be started by the main thread (they die with the thread that started them).
-    checked = InBackground(functools.partial(_check_and_lease, config, plan, lease, take_over, progress))
+    checked = InBackground(functools.partial(_check_and_lease, config, plan, lease, take_over, progress, clock))
     try:
         cluster = _join_cluster(config, progress, verbose, address, clock) if plan.todo else None
     except BaseException:
@@ -458,7 +458,6 @@ def run_job(
         raise
     dead_owner, probe, probe_rows = checked.result()  # a refusal is raised here, before any engine
     try:
-        clock.mark("planned")
         if restart:
             location.clear()
         if previous:
@@ -472,7 +471,9 @@ def run_job(
     return manifest
 
 
-def _check_and_lease(config: JobConfig, plan: JobPlan, lease: OutputLease, take_over: bool, progress: bool):
+def _check_and_lease(
+    config: JobConfig, plan: JobPlan, lease: OutputLease, take_over: bool, progress: bool, clock: StartClock
+):
     """The checks before any engine, the lease, and the probe's part: (the dead owner whose
     lease was taken, a verdict already in, the probe's rows)."""
     if plan.todo:
@@ -480,10 +481,12 @@ def _check_and_lease(config: JobConfig, plan: JobPlan, lease: OutputLease, take_
             log.warning("drafter check downgraded to a warning: %s", warning)
     dead_owner = lease.acquire(take_over=take_over)
     try:
-        return (dead_owner, *_drafter_probe(config, plan, progress))
+        probe = _drafter_probe(config, plan, progress)
     except BaseException:
         lease.release()
         raise
+    clock.mark("planned")
+    return (dead_owner, *probe)
 
 
 def _join_cluster(config: JobConfig, progress: bool, verbose: bool, address: Optional[str], clock: StartClock) -> str:

@@ -111,7 +111,8 @@ def start_cost(clock: StartClock, starts: list[dict], verdict: Optional[dict]) -
         phase("engine actor start", m.get("graph_started"), max(first.init_started_at, m.get("graph_started", 0.0)))
         phase("import vllm", first.init_started_at, first.vllm_imported_at)
         core = first.engine_core_started_at
-        if core is not None and first.vllm_imported_at <= core <= first.engine_ready_at:
+        if core is not None:  # a process's start time is known to about a second (the kernel's boot time is whole seconds)
+            core = min(max(core, first.vllm_imported_at), first.engine_ready_at)
             phase("engine arguments and EngineCore spawn", first.vllm_imported_at, core)
             phase("EngineCore start: model load, KV cache, warm-up", core, first.engine_ready_at)
         else:
