@@ -45,7 +45,7 @@ from pipeline.lease import OutputLease
 from pipeline.outputs import OutputLocation, error_units
 from pipeline.stats import Acceptance, busy_seconds
 from pipeline.model_cache import remote_files
-from pipeline.startup import InBackground, StartClock, ray_init, start_cost
+from pipeline.startup import StartClock, ray_init, start_cost
 from pipeline.storage import TRANSIENT_ERRORS, Storage, is_local
 from pipeline.units import WorkUnit, plan_units
 from schemas.report import CalibrationReport
@@ -440,24 +440,20 @@ def run_job(
     error rows), which run again; a finished job reruns without starting an engine.
     `restart` wipes the location first; `take_over` takes the lease of a run whose heartbeat
     is stale; `address` is the Ray cluster to join (default RAY_ADDRESS, else a Ray of its own).
-    Ray starts while the driver checks the input; the drafter probe runs on the job's first
-    engine. `clock`: where the start's time line begins (`specbatch run`: its process start)."""
+    The drafter probe runs on the job's first engine. `clock`: where the start's time line
+    begins (`specbatch run`: its process start)."""
     clock = clock or StartClock()
     plan = plan_job(config, job_id, restart, retry_errors)
+    if plan.todo:
+        for warning in check_before_any_engine(config, plan):
+            log.warning("drafter check downgraded to a warning: %s", warning)
     location, previous = plan.location, plan.previous
     lease = OutputLease(location, config.lease, plan.job_id, plan.attempt_number)
-    # The checks, the lease and the probe's rows on a thread while Ray starts here: Ray's
-    # processes must be started by the main thread (they die with the thread that started them).
-    checked = InBackground(functools.partial(_check_and_lease, config, plan, lease, take_over, progress, clock))
+    dead_owner = lease.acquire(take_over=take_over)
     try:
+        probe, probe_rows = _drafter_probe(config, plan, progress)
+        clock.mark("planned")
         cluster = _join_cluster(config, progress, verbose, address, clock) if plan.todo else None
-    except BaseException:
-        checked.join()  # a refusal of the checks comes first; the lease is let go either way
-        lease.release()
-        checked.result()
-        raise
-    dead_owner, probe, probe_rows = checked.result()  # a refusal is raised here, before any engine
-    try:
         if restart:
             location.clear()
         if previous:
@@ -469,24 +465,6 @@ def run_job(
     finally:
         lease.release()
     return manifest
-
-
-def _check_and_lease(
-    config: JobConfig, plan: JobPlan, lease: OutputLease, take_over: bool, progress: bool, clock: StartClock
-):
-    """The checks before any engine, the lease, and the probe's part: (the dead owner whose
-    lease was taken, a verdict already in, the probe's rows)."""
-    if plan.todo:
-        for warning in check_before_any_engine(config, plan):
-            log.warning("drafter check downgraded to a warning: %s", warning)
-    dead_owner = lease.acquire(take_over=take_over)
-    try:
-        probe = _drafter_probe(config, plan, progress)
-    except BaseException:
-        lease.release()
-        raise
-    clock.mark("planned")
-    return (dead_owner, *probe)
 
 
 def _join_cluster(config: JobConfig, progress: bool, verbose: bool, address: Optional[str], clock: StartClock) -> str:
