@@ -39,7 +39,7 @@ def print_progress(line: str, finished: bool) -> None:
 def summary(manifest: JobManifest) -> list[str]:
     """The job's end, as lines a person reads."""
     t, attempt = manifest.totals, manifest.attempts[-1] if manifest.attempts else None
-    lines = [f"job {manifest.job_id}: {manifest.status}"]
+    lines = [f"job {manifest.job_id} {manifest.status}"]
     lines.append(f"  rows      {t.output_rows + t.error_rows:,} of {t.input_rows:,} done: {t.output_rows:,} generated, "
                  f"{t.error_rows:,} failed")
     lines.append(f"  tokens    {t.generated_tokens:,} generated from {t.prompt_tokens:,} prompt tokens, in {t.units:,} units")

@@ -102,7 +102,7 @@ def test_the_console_labels_its_speeds_and_waits_for_a_pace_before_an_eta():
         attempts=[Attempt(number=1, started_at="2026-12-01T00:00:00+00:00", status="succeeded", skipped_rows=0)],
     )
     text = "\n".join(summary(manifest))
-    assert text.startswith("job j: succeeded")
+    assert text.startswith("job j succeeded")
     assert "256 of 256 done: 250 generated, 6 failed" in text
     assert "2,000 tok/s of engine time, 200 tok/s of wall time (40.0 s); engines busy 10% of the billed time" in text
     assert "{" not in text  # a readable block, not a JSON dump
