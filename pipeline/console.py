@@ -13,6 +13,9 @@ from typing import Optional
 
 from schemas import JobManifest
 
+# A steady pace needs commits this far apart: units that finish together say nothing of it.
+STEADY_MIN_SECONDS = 1.0
+
 
 def say(progress: bool, message: str) -> None:
     if progress:

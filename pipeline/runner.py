@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.breaker import ErrorBreaker
-from pipeline.console import print_progress, progress_line, say
+from pipeline.console import STEADY_MIN_SECONDS, print_progress, progress_line, say
 from pipeline.cluster import (
     PREPROCESS_CPUS, READ_TASK_CPUS, WATCH_SECONDS, ClusterWatch, SchedulingStalled, StallInterrupt, StallWatch,
     check_cluster_paths, check_schedulable, cluster_capacity, engine_remote_args, stall_message,
@@ -689,7 +689,7 @@ class _AttemptProgress:
             self.busy = busy_seconds((r["actor_id"], r["started_at"], r["engine_seconds"]) for r in self.heard.values())
             self.busy_at = now
         since, done_then = self.first_commit
-        steady = (done - done_then) / (now - since) if now > since and done > done_then else None
+        steady = (done - done_then) / (now - since) if now - since >= STEADY_MIN_SECONDS and done > done_then else None
         eta = (self.total_rows - done) / steady if steady else (0.0 if done >= self.total_rows else None)
         engine_rate = self.tokens / self.busy if self.busy else 0.0
         wall_rate = self.tokens / (now - self.started) if now > self.started else 0.0

@@ -83,8 +83,12 @@ class StatusReport(Contract):
     rows_per_second: Optional[float] = Field(
         None, description=(
             "Running: rows the last attempt committed per second since its first committed unit (its stats file): the "
-            "steady pace, without the start-up; null until a second unit committed."
+            "steady pace, without the start-up; since the attempt started when its units so far committed within a "
+            "second of each other (pace_since)."
         )
+    )
+    pace_since: Optional[Literal["first_commit", "attempt_start"]] = Field(
+        None, description="Where rows_per_second counts from; null when there is no pace."
     )
     eta_seconds: Optional[float] = Field(
         None, description="Running: rows left / rows_per_second, from stats_as_of; null when not running or no pace yet."

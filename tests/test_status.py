@@ -22,6 +22,7 @@ from pipeline.cli import main as cli_main
 from pipeline.config import LeaseConfig, parse_config
 from pipeline.lease import OutputLease
 from pipeline.outputs import OutputLocation
+from pipeline.console import STEADY_MIN_SECONDS
 from pipeline.runner import run_job
 from pipeline.storage import Storage
 from pipeline.tools.status import job_status, main
@@ -138,9 +139,16 @@ def running_copy(job, dest: Path, heartbeat_age: float) -> tuple[OutputLocation,
     beat = lease.lease.model_copy(update={"heartbeat_at": time.time() - heartbeat_age})
     location.storage.write_json(lease.uri, beat.model_dump(mode="json"))
 
-    # the steady pace: rows committed after the first commit, over the time since it (no start-up)
+    # the steady pace: rows committed after the first commit, over the time since it (no start-up);
+    # units that committed within a second of each other give none: then since the attempt began
     commits = sorted((r["started_at"] + r["wall_seconds"], r["rows"]) for r in kept.to_pylist())
-    pace = sum(rows for _, rows in commits[1:]) / (commits[-1][0] - commits[0][0])
+    span = commits[-1][0] - commits[0][0]
+    if span >= STEADY_MIN_SECONDS:
+        pace = sum(rows for _, rows in commits[1:]) / span
+    else:
+        from datetime import datetime
+
+        pace = sum(rows for _, rows in commits) / (commits[-1][0] - datetime.fromisoformat(attempt.started_at).timestamp())
     return location, manifest, pace
 
 

@@ -58,6 +58,7 @@ import pyarrow.parquet as pq
 from pydantic import ValidationError
 
 from pipeline.outputs import COMMITS, LEASE, MANIFEST, PARALLEL_READS, STATS
+from pipeline.console import STEADY_MIN_SECONDS
 from pipeline.runner import STATS_FLUSH_SECONDS, totals_from_stats
 from pipeline.storage import Storage
 from schemas import LAYOUT_VERSION, JobManifest, Lease, UnitStats, arrow_schema
@@ -234,7 +235,7 @@ def job_status(
         notes.append(f"attempt {last.number} failed: {last.error.splitlines()[0][:300]}; `{run_command}` resumes it")
 
     input_rows = sum(f.rows for f in manifest.input_files) or manifest.totals.input_rows
-    rows_per_second = eta = eta_at = as_of = None
+    rows_per_second = eta = eta_at = as_of = pace_since = None
     stats = None
     if running:
         stats = read_stats(storage, uri, last.number if last else 0)
@@ -254,8 +255,11 @@ def job_status(
                 f"rewrites stats/ about every {STATS_FLUSH_SECONDS:.0f} s, units committed since are not counted yet"
             )
             since, rows_after = stats.steady or (as_of, 0)
-            if as_of > since and rows_after:  # the steady pace since the first commit, not the start-up
-                rows_per_second = rows_after / (as_of - since)
+            if as_of - since >= STEADY_MIN_SECONDS and rows_after:  # the pace since the first commit, not the start-up
+                rows_per_second, pace_since = rows_after / (as_of - since), "first_commit"
+            elif elapsed > 0 and stats.attempt_rows:  # units that committed together: since the attempt began
+                rows_per_second, pace_since = stats.attempt_rows / elapsed, "attempt_start"
+            if rows_per_second:
                 eta = max(0, input_rows - totals.output_rows - totals.error_rows) / rows_per_second
                 eta_at = _iso(as_of + eta) if driver == "alive" else None
     else:
@@ -307,6 +311,7 @@ def job_status(
         acceptance_rate=totals.acceptance_rate,
         mean_acceptance_length=totals.mean_acceptance_length,
         rows_per_second=rows_per_second,
+        pace_since=pace_since,
         eta_seconds=eta,
         eta_at=eta_at,
         notes=notes,
@@ -359,8 +364,8 @@ def render(report: StatusReport) -> str:
         lines.append(f"  engines:   {r.engine_tokens_per_second:,.1f} tok/s of engine time{busy}")
     if r.eta_seconds is not None:
         when = f" (about {r.eta_at})" if r.eta_at else " once resumed"
-        lines.append(f"  ETA:       {_duration(r.eta_seconds)}{when}, at {r.rows_per_second:,.1f} rows/s since the attempt's "
-                     "first committed unit")
+        since = "the attempt's first committed unit" if r.pace_since == "first_commit" else "the attempt started"
+        lines.append(f"  ETA:       {_duration(r.eta_seconds)}{when}, at {r.rows_per_second:,.1f} rows/s since {since}")
     lines += [f"{'WARNING' if i == 0 and r.driver == 'gone' else 'note'}: {note}" for i, note in enumerate(r.notes)]
     return "\n".join(lines)
 
