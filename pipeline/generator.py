@@ -16,7 +16,6 @@ drafter leaves nothing in outputs/.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from typing import Any, Optional
 
@@ -30,6 +29,7 @@ from pipeline.metrics import ReplicaMetrics
 from pipeline.outputs import OutputLocation
 from pipeline.job_board import VERDICT_WAIT_SECONDS, DrafterRefused
 from pipeline.probe import probe_concurrency, probe_result, refusal
+from pipeline.startup import process_started_at
 from pipeline.storage import Storage
 from pipeline.unit_results import Identity, UnitResults, collect, tables, unit_stats
 from pipeline.units import unit_of
@@ -82,7 +82,7 @@ class Generator:
         engine_core = [p for p in psutil.Process().children(recursive=True) if "EngineCore" in _title(p)]
         self.start = {
             **self.where,
-            "process_started_at": psutil.Process(os.getpid()).create_time(),
+            "process_started_at": process_started_at(),
             "init_started_at": began,
             "vllm_imported_at": imported,
             "engine_core_started_at": min((p.create_time() for p in engine_core), default=None),

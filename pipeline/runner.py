@@ -810,7 +810,8 @@ def _record_board(board, manifest: JobManifest, location: OutputLocation, clock:
         return
     attempt = manifest.attempts[-1]
     known = attempt.start.engine_starts if attempt.start else []
-    new = [s for s in read["starts"] if (s["actor_id"], s["engine_ready_at"]) not in {(e.actor_id, e.engine_ready_at) for e in known}]
+    seen = {(e.actor_id, e.engine_ready_at) for e in known}
+    new = [s for s in read["starts"] if (s["actor_id"], s["engine_ready_at"]) not in seen]
     verdict = read["verdict"]
     attempt.start = start_cost(clock, [*(e.model_dump() for e in known), *new], verdict)
     if verdict and verdict.get("result"):
