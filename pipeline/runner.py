@@ -30,7 +30,7 @@ from pipeline.breaker import ErrorBreaker
 from pipeline.console import STEADY_MIN_SECONDS, print_progress, progress_line, say
 from pipeline.cluster import (
     PREPROCESS_CPUS, READ_TASK_CPUS, WATCH_SECONDS, ClusterWatch, SchedulingStalled, StallInterrupt, StallWatch,
-    check_cluster_paths, check_schedulable, cluster_capacity, engine_remote_args, stall_message,
+    check_cluster_paths, check_schedulable, cluster_capacity, engine_remote_args, read_concurrency, stall_message,
 )
 from pipeline.config import ConfigError, JobConfig
 from pipeline.drafter_check import check_drafter
@@ -155,8 +155,10 @@ def build_dataset(
     # A block is a whole unit from its read to its commit: Ray Data must not split it by size.
     context.target_max_block_size = None
     resources = config.resources
-    # One read task (one block) per unit, so no extra split either. Reads are I/O-bound.
-    ds = ray.data.read_datasource(UnitDatasource(units, storage), override_num_blocks=len(units), num_cpus=READ_TASK_CPUS)
+    # One read task (one block) per unit, so no extra split either. Reads are I/O-bound and few
+    # run at once (cluster.READS_PER_ENGINE).
+    ds = ray.data.read_datasource(UnitDatasource(units, storage), override_num_blocks=len(units), num_cpus=READ_TASK_CPUS,
+                                 concurrency=read_concurrency(config))
     ds = ds.map_batches(
         Preprocessor,
         fn_constructor_kwargs=dict(
