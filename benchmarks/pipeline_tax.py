@@ -106,8 +106,11 @@ def run_ray_data_llm(config_path: str) -> dict:
     from pipeline.engine import engine_kwargs
 
     config = load_config(config_path)
-    ray.init(num_cpus=max(4, os.cpu_count() or 1), logging_level="WARNING", _node_ip_address="127.0.0.1",
-             include_dashboard=False)
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(logging_level="WARNING")
+    else:
+        ray.init(num_cpus=max(4, os.cpu_count() or 1), logging_level="WARNING", _node_ip_address="127.0.0.1",
+                 include_dashboard=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     kwargs = engine_kwargs(config)
     kwargs.pop("model")
@@ -179,31 +182,45 @@ def group_of(cmdline: str, root: int, pid: int) -> str:
 
 class CpuSampler(threading.Thread):
     """CPU seconds of a process and all its descendants, by group, and the EngineCore
-    processes seen. A process's last reading before it ends is what counts (sampled often)."""
+    processes seen. A process's last reading before it ends is what counts (sampled often).
+    `cluster`: the pid of a running Ray head's raylet, whose workers run the job's actors:
+    they and the head's daemons count too, from the run's start."""
 
-    def __init__(self, pid: int):
+    def __init__(self, pid: int, cluster: int | None = None):
         super().__init__(daemon=True)
         self.pid, self.stop, self.cpu, self.engine_cores = pid, threading.Event(), {}, set()
+        self.roots, self.baseline = [pid, *([cluster] if cluster else [])], {}
 
     def run(self):
         import psutil
 
-        root = psutil.Process(self.pid)
         while not self.stop.is_set():
-            try:
-                procs = [root, *root.children(recursive=True)]
-            except psutil.NoSuchProcess:
+            procs = []
+            for pid in self.roots:
+                try:
+                    root = psutil.Process(pid)
+                    procs += [root, *root.children(recursive=True)]
+                except psutil.NoSuchProcess:
+                    pass
+            if not any(p.pid == self.pid for p in procs):
                 break
             for p in procs:
                 try:
                     cmdline = " ".join(p.cmdline()) or p.name()
                     times = p.cpu_times()
-                    self.cpu[p.pid] = (group_of(cmdline, self.pid, p.pid), times.user + times.system)
+                    seconds = times.user + times.system
+                    self.baseline.setdefault(p.pid, seconds if p.pid != self.pid and p.pid not in self.cpu and
+                                             p.create_time() < self.started else 0.0)
+                    self.cpu[p.pid] = (group_of(cmdline, self.pid, p.pid), seconds - self.baseline[p.pid])
                     if "VLLM::EngineCore" in cmdline:
                         self.engine_cores.add((p.pid, p.create_time()))
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     pass
             self.stop.wait(0.5)
+
+    def start(self):
+        self.started = time.time()
+        super().start()
 
     def by_group(self) -> dict[str, float]:
         out: dict[str, float] = defaultdict(float)
@@ -212,15 +229,17 @@ class CpuSampler(threading.Thread):
         return dict(out)
 
 
-def timed_run(kind: str, config_path: str) -> dict:
-    """One whole process of `kind`, timed from outside, its CPU sampled; then its figures."""
+def timed_run(kind: str, config_path: str, cluster: dict | None = None) -> dict:
+    """One whole process of `kind`, timed from outside, its CPU sampled; then its figures.
+    `cluster`: a running Ray head the Ray runs join (RAY_ADDRESS), as `ray job submit` does."""
     if kind == "specbatch":
         command = [str(Path(sys.executable).parent / "specbatch"), "run", config_path]
     else:
         command = [sys.executable, __file__, "--child", kind, config_path]
     started = time.time()
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    sampler = CpuSampler(proc.pid)
+    env = {**os.environ, **(cluster["env"] if cluster and kind != "vllm" else {})}
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    sampler = CpuSampler(proc.pid, cluster["raylet"] if cluster and kind != "vllm" else None)
     sampler.start()
     stdout, stderr = proc.communicate()
     wall = time.time() - started
@@ -293,25 +312,27 @@ def med(values: list[float], digits: int = 1) -> str:
 
 
 def report(label: str, runs: dict[str, list[dict]]) -> None:
-    print(f"\n== {label}: {len(runs['specbatch'])} rounds, medians (min-max)")
+    kinds = [k for k in KINDS if runs.get(k)]
+    print(f"\n== {label}: {max(len(runs[k]) for k in kinds)} rounds, medians (min-max)")
     header = f"{'':<12}{'wall s':>22}{'steady tok/s':>24}{'1st commit s':>20}{'engine starts':>15}{'busy share':>20}"
     print(header)
-    for kind in KINDS:
+    for kind in kinds:
         rs = runs[kind]
         steady = [r["tokens"] / r["engine_seconds"] if r.get("engine_seconds") else None for r in rs]
         print(f"{kind:<12}{med([r['wall'] for r in rs]):>22}{med(steady, 0):>24}{med([r.get('first_commit_s') for r in rs]):>20}"
               f"{med([r['engine_starts'] for r in rs], 0):>15}{med([r.get('busy_share') for r in rs], 2):>20}")
-    rounds = list(zip(runs["vllm"], runs["raydatallm"], runs["specbatch"]))
-    print(f"vllm wall / specbatch wall, per round: {med([v['wall'] / s['wall'] for v, _, s in rounds], 2)}")
-    print(f"raydatallm wall / specbatch wall, per round: {med([d['wall'] / s['wall'] for _, d, s in rounds], 2)}")
-    steady = [(s["tokens"] / s["engine_seconds"]) / (v["tokens"] / v["engine_seconds"]) for v, _, s in rounds]
-    print(f"specbatch steady tok/s / vllm steady tok/s, per round: {med(steady, 2)}")
-    groups = sorted({g for k in KINDS for r in runs[k] for g in r["cpu"]})
+    if kinds == list(KINDS):
+        rounds = list(zip(runs["vllm"], runs["raydatallm"], runs["specbatch"]))
+        print(f"vllm wall / specbatch wall, per round: {med([v['wall'] / s['wall'] for v, _, s in rounds], 2)}")
+        print(f"raydatallm wall / specbatch wall, per round: {med([d['wall'] / s['wall'] for _, d, s in rounds], 2)}")
+        steady = [(s["tokens"] / s["engine_seconds"]) / (v["tokens"] / v["engine_seconds"]) for v, _, s in rounds]
+        print(f"specbatch steady tok/s / vllm steady tok/s, per round: {med(steady, 2)}")
+    groups = sorted({g for k in kinds for r in runs[k] for g in r["cpu"]})
     print("CPU s per 1M generated tokens by process group (medians):")
-    print(f"{'':<24}" + "".join(f"{k:>14}" for k in KINDS))
+    print(f"{'':<24}" + "".join(f"{k:>14}" for k in kinds))
     for g in [*groups, "outside the vLLM engine processes"]:
         cells = []
-        for kind in KINDS:
+        for kind in kinds:
             if g == "outside the vLLM engine processes":
                 vals = [sum(c for n, c in r["cpu"].items() if n != "vLLM engine processes") / r["tokens"] * 1e6 for r in runs[kind]]
             else:
@@ -319,7 +340,7 @@ def report(label: str, runs: dict[str, list[dict]]) -> None:
             cells.append(f"{statistics.median(vals):>14,.0f}")
         print(f"{g:<24}" + "".join(cells))
     phases = defaultdict(list)
-    for r in runs["specbatch"]:
+    for r in runs.get("specbatch", []):
         for name, seconds in r["phases"].items():
             phases[name].append(seconds)
     print("specbatch start-up phases, seconds (they overlap; medians):")
@@ -327,11 +348,31 @@ def report(label: str, runs: dict[str, list[dict]]) -> None:
         print(f"  {name:<52}{med(values):>18}")
 
 
+def start_cluster(workdir: Path) -> dict:
+    """A Ray head on 127.0.0.1 (`ray start --head`, 4 logical CPUs as a job's own Ray has), for
+    the runs to join; the raylet's pid, whose worker processes the job's actors run in."""
+    import psutil
+
+    from tests.conftest import free_port, ray_head_command
+
+    gcs_port, temp_dir = free_port(), tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    subprocess.run(ray_head_command(gcs_port, free_port(), f"--temp-dir={temp_dir}"), check=True, env=env,
+                   capture_output=True, timeout=180)
+    (raylet,) = [p.pid for p in psutil.process_iter(["cmdline"])
+                 if temp_dir in " ".join(p.info["cmdline"] or []) and "raylet/raylet" in " ".join(p.info["cmdline"])]
+    return {"env": {"RAY_ADDRESS": f"127.0.0.1:{gcs_port}"}, "raylet": raylet, "temp_dir": temp_dir}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="256x32,2048x64", help="PROMPTSxMAX_TOKENS, comma-separated")
     parser.add_argument("--stores", default="local,s3", help="local and/or s3 (moto's server on 127.0.0.1)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--ray", default="own", choices=("own", "cluster"),
+                        help="own: each Ray run starts a local Ray, as `specbatch run` alone does; cluster: they join "
+                             "a Ray head started once here, as jobs submitted with `ray job submit` do")
+    parser.add_argument("--kinds", default=",".join(KINDS), help="which runs, comma-separated (ratios need all three)")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "CONFIG"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -354,20 +395,26 @@ def main() -> None:
         endpoint = f"http://127.0.0.1:{port}"
         boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench")
     workdir = Path(tempfile.mkdtemp(prefix="specbatch-tax-"))
+    cluster = start_cluster(workdir) if args.ray == "cluster" else None
     try:
         for size in args.sizes.split(","):
             n, max_tokens = map(int, size.split("x"))
             for store in stores:
                 config = prepare(workdir, store, endpoint, n, max_tokens)
-                runs: dict[str, list[dict]] = {k: [] for k in KINDS}
+                kinds = tuple(k for k in KINDS if k in args.kinds.split(","))
+                runs: dict[str, list[dict]] = {k: [] for k in kinds}
                 for r in range(args.rounds):
-                    order = KINDS[r % 3:] + KINDS[:r % 3]
+                    order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]
                     for kind in order:
                         clear_outputs(config)
-                        runs[kind].append(timed_run(kind, config))
+                        runs[kind].append(timed_run(kind, config, cluster))
                         print(f"  round {r + 1} {store} {size} {kind}: {runs[kind][-1]['wall']:.1f} s", flush=True)
-                report(f"{n} prompts x {max_tokens} tokens, {store}", runs)
+                report(f"{n} prompts x {max_tokens} tokens, {store}, {args.ray} Ray", runs)
     finally:
+        if cluster is not None:
+            from tests.conftest import stop_ray_head
+
+            stop_ray_head(cluster["temp_dir"])
         if server is not None:
             server.stop()
 
