@@ -2,6 +2,7 @@
 specbatch, side by side, whole processes, in alternating rounds.
 
     python benchmarks/pipeline_tax.py [--sizes 256x32,2048x64] [--stores local,s3] [--rounds 3]
+                                      [--kinds vllm,raydatallm,specbatch] [--ray own|cluster]
 
 Every run is one process started from here, as a user starts it, on the same prompts (8
 Parquet shards), engine settings and EAGLE-3.1 kit drafter (k=3), reading and writing Parquet:
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -348,20 +350,17 @@ def report(label: str, runs: dict[str, list[dict]]) -> None:
         print(f"  {name:<52}{med(values):>18}")
 
 
-def start_cluster(workdir: Path) -> dict:
-    """A Ray head on 127.0.0.1 (`ray start --head`, 4 logical CPUs as a job's own Ray has), for
-    the runs to join; the raylet's pid, whose worker processes the job's actors run in."""
+def start_cluster() -> dict:
+    """A Ray head on 127.0.0.1 with 4 logical CPUs, as a job's own Ray has (the test suite's
+    LocalCluster), for the runs to join; the raylet's pid, whose workers run the job's actors."""
     import psutil
 
-    from tests.conftest import free_port, ray_head_command
+    from tests.ray_cluster import LocalCluster
 
-    gcs_port, temp_dir = free_port(), tempfile.mkdtemp(prefix="ray-", dir="/tmp")
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    subprocess.run(ray_head_command(gcs_port, free_port(), f"--temp-dir={temp_dir}"), check=True, env=env,
-                   capture_output=True, timeout=180)
+    cluster = LocalCluster(head_cpus=4)
     (raylet,) = [p.pid for p in psutil.process_iter(["cmdline"])
-                 if temp_dir in " ".join(p.info["cmdline"] or []) and "raylet/raylet" in " ".join(p.info["cmdline"])]
-    return {"env": {"RAY_ADDRESS": f"127.0.0.1:{gcs_port}"}, "raylet": raylet, "temp_dir": temp_dir}
+                 if cluster.temp_dir in " ".join(p.info["cmdline"] or []) and "raylet/raylet" in " ".join(p.info["cmdline"])]
+    return {"env": cluster.env, "raylet": raylet, "cluster": cluster}
 
 
 def main() -> None:
@@ -389,13 +388,14 @@ def main() -> None:
 
         from tests.conftest import free_port
 
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's access log: a line per request
         port = free_port()
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
         server.start()
         endpoint = f"http://127.0.0.1:{port}"
         boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench")
     workdir = Path(tempfile.mkdtemp(prefix="specbatch-tax-"))
-    cluster = start_cluster(workdir) if args.ray == "cluster" else None
+    cluster = start_cluster() if args.ray == "cluster" else None
     try:
         for size in args.sizes.split(","):
             n, max_tokens = map(int, size.split("x"))
@@ -412,9 +412,7 @@ def main() -> None:
                 report(f"{n} prompts x {max_tokens} tokens, {store}, {args.ray} Ray", runs)
     finally:
         if cluster is not None:
-            from tests.conftest import stop_ray_head
-
-            stop_ray_head(cluster["temp_dir"])
+            cluster["cluster"].shutdown()
         if server is not None:
             server.stop()
 
