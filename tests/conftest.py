@@ -1,7 +1,10 @@
 """Shared, session-scoped fixtures: real Ray, real moto S3 server on loopback, tiny models.
 
 Engines are the expensive part (about 20-40 s each on CPU): tests that need generation share
-the job runs below instead of starting their own.
+the job runs below instead of starting their own. A test that starts a vLLM engine (in a job,
+a Ray worker, a `specbatch` subprocess or its own process) is marked `engine`, so that
+`pytest -m "not engine"` is the quick selection; the engine spotter below fails a test of that
+selection that starts one without the mark (in a whole run, it warns).
 """
 
 from __future__ import annotations
@@ -9,6 +12,9 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
+import time
+import warnings
 from pathlib import Path
 
 import pyarrow as pa
@@ -231,3 +237,66 @@ def record_s3_requests(monkeypatch) -> list[tuple[str, str]]:
     monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", recording)
     return calls
 
+
+
+# ---------------------------------------------------------------- the `engine` mark, held
+
+
+class EngineSpotter(threading.Thread):
+    """Every vLLM EngineCore process that appears on this machine, seen by its process title
+    (VLLM::EngineCore), once a second: the tests' engines run in Ray workers and in `specbatch`
+    subprocesses, not only under pytest's own process, and most are gone when their test ends."""
+
+    def __init__(self):
+        super().__init__(name="engine-spotter", daemon=True)
+        self.seen: set[tuple[int, float]] = set()
+
+    def run(self) -> None:
+        while True:
+            self.look()
+            time.sleep(1.0)
+
+    def look(self) -> None:
+        import psutil
+
+        for proc in psutil.process_iter(["cmdline", "create_time"]):
+            if "VLLM::EngineCore" in " ".join(proc.info["cmdline"] or ()):
+                self.seen.add((proc.pid, proc.info["create_time"]))
+
+    def started_since(self, since: float) -> int:
+        return sum(1 for _, created in self.seen if created >= since)
+
+
+SPOTTER = EngineSpotter()
+
+
+def pytest_configure(config):
+    SPOTTER.start()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test not marked `engine` that started one (its module's fixtures included) fails at teardown."""
+    item.stash[ENGINE_CHECK_SINCE] = time.time() - 1.0  # a process's start time is rounded
+    yield
+
+
+ENGINE_CHECK_SINCE = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """In the quick selection (-m "not engine") a test that started an engine fails; in a whole
+    run it is a warning in the summary, so that a mark missed costs no landing."""
+    yield
+    if item.get_closest_marker("engine") is not None:
+        return
+    SPOTTER.look()  # an engine still starting is seen now; one that came and went, by the thread
+    started = SPOTTER.started_since(item.stash[ENGINE_CHECK_SINCE])
+    if not started:
+        return
+    message = (f"{item.nodeid} started {started} vLLM engine(s) but is not marked engine: mark it "
+               "@pytest.mark.engine (or its module with pytestmark), so that -m 'not engine' stays quick")
+    if "not engine" in (item.config.getoption("markexpr") or ""):
+        pytest.fail(message)
+    warnings.warn(pytest.PytestWarning(message))

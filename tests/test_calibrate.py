@@ -171,6 +171,7 @@ def calibrated(tmp_path_factory, ray_local):
     return root, config_path, report
 
 
+@pytest.mark.engine
 def test_calibration_measures_every_depth_at_every_concurrency(calibrated):
     _, _, report = calibrated
     assert report.concurrencies == [1, 4, 16] and report.sample_measured == 16
@@ -190,6 +191,7 @@ def test_calibration_measures_every_depth_at_every_concurrency(calibrated):
     assert any("in flight" in w for w in report.warnings)  # 16 prompts < 32 in flight: said, not hidden
 
 
+@pytest.mark.engine
 def test_calibration_recommends_the_best_measured_rows_and_applies_them(calibrated):
     root, config_path, report = calibrated
     best = best_depths(report.rows)

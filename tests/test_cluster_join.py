@@ -42,6 +42,7 @@ def ray_tmpdir():
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.mark.engine
 def test_a_local_run_starts_its_own_ray_next_to_a_live_head_and_its_stale_file(tmp_path, random_kit, ray_tmpdir):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["RAY_TMPDIR"] = ray_tmpdir

@@ -299,6 +299,7 @@ def test_openai_batch_input_is_checked_without_writing_its_conversion(tmp_path, 
     assert files_of(out) == before
 
 
+@pytest.mark.engine
 def test_a_rerun_over_a_finished_output_has_nothing_left(tmp_path, capsys, ray_local, trained_kit):
     """One real job, then its dry rerun: every unit committed, nothing to run, the engine's
     own prompt token count is the dry run's exact count, and the location is untouched."""

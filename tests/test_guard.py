@@ -159,6 +159,7 @@ def assert_exactly_once(location: OutputLocation, ids: list[str]) -> None:
     assert Counter(landed) == Counter(ids)
 
 
+@pytest.mark.engine
 def test_warn_records_one_event_and_the_job_goes_on(warn_run):
     ids, location, error, _ = warn_run
     manifest = location.read_manifest()
@@ -170,6 +171,7 @@ def test_warn_records_one_event_and_the_job_goes_on(warn_run):
     assert_exactly_once(location, ids)
 
 
+@pytest.mark.engine
 def test_fail_stops_the_job_and_says_why(fail_run):
     ids, location, error = fail_run
     assert error is not None and "min_acceptance_rate" in str(error)
@@ -182,6 +184,7 @@ def test_fail_stops_the_job_and_says_why(fail_run):
     assert set(event["unit_ids"]) <= committed and len(committed) < N_ROWS // ROWS_PER_UNIT
 
 
+@pytest.mark.engine
 def test_disable_speculation_finishes_without_the_drafter(disable_run):
     import ray
 
@@ -245,6 +248,7 @@ def scrape_job(job_id: str) -> str:
         time.sleep(1)
 
 
+@pytest.mark.engine
 def test_metrics_are_exported_per_job_and_replica(warn_run):
     ids, location, _, text = warn_run
     job_id = location.read_manifest()["job_id"]

@@ -80,6 +80,7 @@ def test_the_wheel_holds_the_package_data_and_no_weights(wheel):
     assert wheel.stat().st_size < 1_000_000, wheel.stat().st_size
 
 
+@pytest.mark.engine
 def test_the_installed_wheel_runs_outside_the_checkout(installed, tmp_path):
     where = run_installed(installed, tmp_path, "-c", "import pipeline, schemas; print(pipeline.__file__); print(schemas.__file__)")
     assert where.returncode == 0, where.stderr[-3000:]
@@ -121,6 +122,7 @@ def test_the_installed_wheel_runs_outside_the_checkout(installed, tmp_path):
     assert (random_kit / "drafter" / "config.json").is_file()
 
 
+@pytest.mark.engine
 def test_the_demo_runs_from_the_installed_wheel_with_the_kit_the_image_ships(installed, tmp_path):
     """What `docker run IMAGE specbatch demo` runs, less Docker: the installed package, the kit
     from SPECBATCH_KIT_DIR."""

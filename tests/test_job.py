@@ -105,6 +105,7 @@ def local_run_no_spec(tmp_path_factory, ray_local, trained_kit):
     return manifest, OutputLocation(Storage(), config.output_uri)
 
 
+@pytest.mark.engine
 def test_every_input_id_lands_exactly_once(s3_run):
     ids, manifest, location = s3_run
     outputs, errors = location.read_table("outputs"), location.read_table("errors")
@@ -116,6 +117,7 @@ def test_every_input_id_lands_exactly_once(s3_run):
     assert manifest.totals.error_rows == len(BAD_ROWS)
 
 
+@pytest.mark.engine
 def test_bad_rows_carry_file_row_field_and_reason(s3_run):
     ids, _, location = s3_run
     for row in location.read_table("errors").to_pylist():
@@ -130,6 +132,7 @@ def test_bad_rows_carry_file_row_field_and_reason(s3_run):
         assert row["message"]
 
 
+@pytest.mark.engine
 def test_a_rerun_reads_no_output_file_and_no_input_footer(s3_run, s3_endpoint, trained_kit, monkeypatch):
     """A finished job rerun: the listings, its own documents and stats, nothing else. Every
     S3 request s3fs sends is recorded at its one entry point."""
@@ -146,6 +149,7 @@ def test_a_rerun_reads_no_output_file_and_no_input_footer(s3_run, s3_endpoint, t
     assert not [k for k in read if "/outputs/" in k or "/errors/" in k or "/_commits/" in k or "mixed/prompts" in k], read
 
 
+@pytest.mark.engine
 def test_outputs_follow_contract_and_pass_metadata_through(s3_run):
     _, manifest, location = s3_run
     outputs = location.read_table("outputs")
@@ -160,6 +164,7 @@ def test_outputs_follow_contract_and_pass_metadata_through(s3_run):
     assert rows["c-0"]["prompt_tokens"] > 4
 
 
+@pytest.mark.engine
 def test_stats_rows_add_up_to_outputs(s3_run):
     ids, manifest, location = s3_run
     stats, outputs = location.read_table("stats"), location.read_table("outputs")
@@ -173,6 +178,7 @@ def test_stats_rows_add_up_to_outputs(s3_run):
         assert row["tokens_per_second"] > 0 or not row["output_rows"]  # a unit of bad rows generates nothing
 
 
+@pytest.mark.engine
 def test_the_job_says_where_its_start_went_and_how_fast_its_engine_ran(s3_run):
     """One engine start; the start-up phases in their order on one time line, ending at the
     first commit; speeds of engine time and of wall time, and the engines' busy share."""
@@ -197,6 +203,7 @@ def test_the_job_says_where_its_start_went_and_how_fast_its_engine_ran(s3_run):
     assert t.engine_busy_share == pytest.approx(t.engine_busy_seconds / t.wall_seconds) and 0 < t.engine_busy_share < 1
 
 
+@pytest.mark.engine
 def test_trained_drafter_is_accepted_and_stats_are_consistent(s3_run):
     _, manifest, location = s3_run
     stats = location.read_table("stats").to_pylist()
@@ -210,6 +217,7 @@ def test_trained_drafter_is_accepted_and_stats_are_consistent(s3_run):
     assert manifest.totals.acceptance_rate > 0.2  # a matched drafter: drafts are accepted
 
 
+@pytest.mark.engine
 def test_manifest_records_versions_fingerprints_and_no_secrets(s3_run):
     _, manifest, location = s3_run
     doc = location.read_manifest()
@@ -223,6 +231,7 @@ def test_manifest_records_versions_fingerprints_and_no_secrets(s3_run):
     assert "testing" not in json.dumps(doc)  # the secret key from the environment
 
 
+@pytest.mark.engine
 def test_speculation_is_lossless(s3_run, local_run_no_spec):
     _, spec_manifest, spec_location = s3_run
     plain_manifest, plain_location = local_run_no_spec
@@ -234,6 +243,7 @@ def test_speculation_is_lossless(s3_run, local_run_no_spec):
     assert all(r["draft_tokens"] == 0 and r["acceptance_rate"] is None for r in stats)
 
 
+@pytest.mark.engine
 def test_models_in_object_storage_generate_what_local_models_generate(s3_run, s3_models_run):
     _, local_manifest, local_location = s3_run
     config, manifest, location, cache = s3_models_run
@@ -252,6 +262,7 @@ def test_models_in_object_storage_generate_what_local_models_generate(s3_run, s3
     assert (entries["target"] / "model.safetensors").is_file() and not (entries["target.config"] / "model.safetensors").exists()
 
 
+@pytest.mark.engine
 def test_a_changed_model_in_object_storage_refuses_the_resume(s3_endpoint, s3_models_run):
     """The target's weights rewritten in place (a new ETag): the resume is refused before any
     engine, naming the file, as for a local model; the same bytes put back are accepted."""
@@ -271,6 +282,7 @@ def test_a_changed_model_in_object_storage_refuses_the_resume(s3_endpoint, s3_mo
     assert rerun.attempts[-1].units_skipped == rerun.attempts[-1].units_planned and rerun.status == "succeeded"
 
 
+@pytest.mark.engine
 def test_zeroed_lm_heads_accept_everything(tmp_path, ray_local, zero_kit):
     """Target and drafter both always pick token 0: acceptance 1.0, mean length k+1."""
     write_prompts(tmp_path / "in" / "p.parquet", {"id": [f"z{i}" for i in range(20)], "prompt": GOOD_PROMPTS + GOOD_PROMPTS[:8]})

@@ -44,6 +44,7 @@ def test_a_local_adapter_on_a_cluster_must_be_on_a_shared_mount(kit):
     check_cluster_paths(config.model_copy(update={"storage": config.storage.model_copy(update={"shared_mounts": ["/adapters"]})}), nodes=2)
 
 
+@pytest.mark.engine
 def test_rows_name_their_adapter_and_get_its_output(tmp_path, ray_local, kit):
     from pipeline.tinykit.lora import write_lora_adapter
 

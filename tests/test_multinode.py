@@ -115,6 +115,7 @@ def wait_until(condition, proc: subprocess.Popen, timeout: float = 400, what: st
     raise TimeoutError(f"not in time: {what}")
 
 
+@pytest.mark.engine
 def test_engines_on_two_nodes_and_a_node_lost_mid_job(tmp_path, cluster, random_kit, s3_endpoint):
     """Two replicas on two worker nodes, each engine on its own node; then one node is lost
     mid-job: the job finishes on the other, every id exactly once, and `_job.json` names the
@@ -149,6 +150,7 @@ def test_engines_on_two_nodes_and_a_node_lost_mid_job(tmp_path, cluster, random_
     assert loss["recovery"] in ("ray-data-retried", "graph-rebuilt")
 
 
+@pytest.mark.engine
 def test_a_pool_grows_onto_a_node_that_joins_mid_job(tmp_path, cluster, random_kit):
     """replicas {min: 1, max: 2} starts on the one engine node there is; a node that joins
     mid-job gets the second engine, which commits units."""
@@ -168,6 +170,7 @@ def test_a_pool_grows_onto_a_node_that_joins_mid_job(tmp_path, cluster, random_k
     assert nodes.count(first.node_id) >= 1
 
 
+@pytest.mark.engine
 def test_local_paths_on_a_cluster_are_refused_before_any_engine(tmp_path, cluster, random_kit):
     config, _ = write_job(tmp_path, random_kit, str(tmp_path / "out"), units=1)
     data = yaml.safe_load(config.read_text())
@@ -181,6 +184,7 @@ def test_local_paths_on_a_cluster_are_refused_before_any_engine(tmp_path, cluste
     assert not (tmp_path / "out" / "_job.json").exists()
 
 
+@pytest.mark.engine
 def test_a_graph_that_cannot_fit_is_refused_naming_what_is_missing(tmp_path, cluster, random_kit):
     """Worker nodes have 2 CPUs each: an engine of 3 CPUs fits on none, and no autoscaler can add one."""
     config, _ = write_job(tmp_path, random_kit, str(tmp_path / "out"), units=1,
@@ -211,6 +215,7 @@ for i in range(int(sys.argv[1])):
 """
 
 
+@pytest.mark.engine
 def test_a_job_whose_engines_never_get_resources_stops_with_a_named_error(tmp_path, cluster, random_kit):
     """Another job holds every engine slot: the graph fits the cluster, but its engine waits.
     After retries.stall_minutes without a commit the job stops, naming what waits."""
@@ -229,6 +234,7 @@ def test_a_job_whose_engines_never_get_resources_stops_with_a_named_error(tmp_pa
     assert manifest["totals"]["output_rows"] == 0
 
 
+@pytest.mark.engine
 def test_a_tensor_parallel_engine_on_the_cpu_build(tmp_path, cluster, random_kit):
     """TP=2 on vLLM's CPU build: two workers under vLLM's multiprocessing executor on the engine
     actor's node (the CPU build has no Ray executor), the actor holding 2 CPUs of one node;
@@ -264,6 +270,7 @@ else:
 """
 
 
+@pytest.mark.engine
 def test_nodes_the_autoscaler_may_add_count_and_a_wait_for_them_ends(tmp_path, cluster, random_kit):
     """An engine that needs a `big_node` no node has is refused; once the cluster's autoscaler
     says it may add such nodes, the job is accepted and waits for one. No autoscaler runs here

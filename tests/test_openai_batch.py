@@ -353,6 +353,7 @@ def test_export_is_a_specbatch_subcommand_whose_help_ends_with_an_example(capsys
 # ---------------------------------------------------------------- end to end
 
 
+@pytest.mark.engine
 def test_a_batch_file_runs_through_the_engine_and_exports(tmp_path, ray_local, capsys):
     """JSONL in, a real job on vLLM's CPU build with the kit's EAGLE-3.1 drafter, export out, read
     back through the openai package; a rerun converts nothing and starts no engine."""

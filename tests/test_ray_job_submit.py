@@ -10,6 +10,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import yaml
 from ray.job_submission import JobStatus
 
@@ -21,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RAY = str(Path(sys.executable).with_name("ray"))
 
 
+@pytest.mark.engine
 def test_ray_job_submit_runs_the_job(tmp_path, random_kit, ray_head):
     ids = [f"r{i}" for i in range(24)]
     write_prompts(tmp_path / "in" / "p.parquet", {"id": ids, "prompt": [f"class C{i}:" for i in range(24)]})

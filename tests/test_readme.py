@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from pipeline.tools.config_reference import COMMAND, render, undescribed
 
@@ -161,6 +162,7 @@ def test_every_console_block_says_why_it_is_not_run():
     assert sum(b.marker == TREE_MARKER for b in blocks) == 1
 
 
+@pytest.mark.engine
 def test_readme_commands_work_as_written(tmp_path_factory, request):
     workdir = tmp_path_factory.mktemp("readme-walkthrough")
     assert not workdir.resolve().is_relative_to(ROOT)
@@ -182,6 +184,7 @@ def test_readme_commands_work_as_written(tmp_path_factory, request):
     assert {"run", "tree", "submit", "specbatch status", "specbatch check-drafter"} <= checked, checked
 
 
+@pytest.mark.engine
 def test_readme_demo_runs_as_written(tmp_path):
     """The README's demo as a new user runs it: a quiet console. Ray's and vLLM's logs go to
     their log folder (its path is printed), engines shut down cleanly, and the summary is on

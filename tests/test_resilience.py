@@ -106,6 +106,7 @@ def assert_engine_death_recovered(location: OutputLocation, ids: list[str]) -> N
     assert "EngineDeadError" in death["error"] and death["units"] and death["actor_id"]
 
 
+@pytest.mark.engine
 def test_engine_core_killed_mid_job(tmp_path, random_kit):
     config_path, ids, _ = make_job(tmp_path, random_kit)
     location = OutputLocation(Storage(), str(tmp_path / "out"))
@@ -117,6 +118,7 @@ def test_engine_core_killed_mid_job(tmp_path, random_kit):
     assert_engine_death_recovered(location, ids)
 
 
+@pytest.mark.engine
 def test_engine_actor_killed_mid_job(tmp_path, random_kit):
     """The whole actor process dies (a lost node, an OOM kill of the actor itself)."""
     config_path, ids, _ = make_job(tmp_path, random_kit, rows=64)
@@ -133,6 +135,7 @@ def test_engine_actor_killed_mid_job(tmp_path, random_kit):
     assert manifest["status"] == "succeeded" and len(manifest["attempts"]) == 1
 
 
+@pytest.mark.engine
 def test_driver_killed_then_rerun_completes_and_a_second_rerun_generates_nothing(tmp_path, random_kit):
     kit = {name: shutil.copytree(path, tmp_path / "kit" / name) for name, path in random_kit.items()}
     lease = {"heartbeat_seconds": 1, "stale_after_seconds": 6}
@@ -195,6 +198,7 @@ def test_driver_killed_then_rerun_completes_and_a_second_rerun_generates_nothing
     assert not location.committed_units() and not location.has_manifest()
 
 
+@pytest.mark.engine
 def test_storage_endpoint_down_for_seconds(tmp_path, s3_endpoint, random_kit):
     import boto3
     import s3fs
@@ -232,6 +236,7 @@ def test_storage_endpoint_down_for_seconds(tmp_path, s3_endpoint, random_kit):
 FAULTS_PLUGIN = str(Path(__file__).parent / "vllm_faults")
 
 
+@pytest.mark.engine
 def test_a_row_that_kills_the_engine_every_time_ends_alone_in_errors_then_retry_errors(tmp_path, random_kit):
     """A row whose request kills EngineCore every time (tests/vllm_faults): its unit's
     suspects run alone, half at a time, until the row kills the engine alone; it goes to
@@ -269,6 +274,7 @@ def test_a_row_that_kills_the_engine_every_time_ends_alone_in_errors_then_retry_
     assert manifest["status"] == "succeeded" and manifest["attempts"][-1]["units_skipped"] == 3  # of 4 units
 
 
+@pytest.mark.engine
 def test_n_samples_of_each_id_land_exactly_once_after_a_driver_kill(tmp_path, random_kit):
     """n=4 at temperature 0.8 (without the drafter: vLLM's CPU build samples wrongly with it, and
     the job refuses that): a kill -9 of the driver between commits, then a resume, leaves each

@@ -214,6 +214,7 @@ def test_a_reasoning_parser_splits_the_reasoning_off_the_answer(trained_kit):
 # ---------------------------------------------------------------- end to end
 
 
+@pytest.mark.engine
 def test_n_samples_land_as_one_row_each_and_seeded_samples_repeat(plain_run):
     """Sampled at temperature 0.8 without the drafter: vLLM's CPU build samples wrongly with it
     (docs/sampling.md), and the job refuses that (next test)."""
@@ -231,6 +232,7 @@ def test_n_samples_land_as_one_row_each_and_seeded_samples_repeat(plain_run):
     assert manifest.totals.samples == len(outputs) == len(by_id) + 5 * 3  # n-0..3 and n-twin: 3 more rows each
 
 
+@pytest.mark.engine
 def test_sampling_with_the_drafter_on_the_cpu_build_is_refused_per_row(spec_run):
     _, outputs, errors, _ = spec_run
     refused = {e["id"]: e for e in errors if e["id"] in SAMPLED}
@@ -238,6 +240,7 @@ def test_sampling_with_the_drafter_on_the_cpu_build_is_refused_per_row(spec_run)
     assert all(e["field"] == "temperature" and "CPU build samples wrongly" in e["message"] for e in refused.values())
 
 
+@pytest.mark.engine
 def test_unit_stats_sum_the_acceptance_of_their_rows(spec_run):
     _, outputs, _, location = spec_run
     stats = location.read_table("stats").to_pylist()
@@ -266,6 +269,7 @@ def test_acceptance_of_a_request_sums_every_sample():
     assert total.accepted_per_position == [3, 2, 1]
 
 
+@pytest.mark.engine
 def test_structured_outputs_parse_and_a_cut_off_one_is_marked(spec_run):
     _, outputs, _, _ = spec_run
     by_id = _by_id(outputs)
@@ -284,6 +288,7 @@ def test_structured_outputs_parse_and_a_cut_off_one_is_marked(spec_run):
     assert plain["parsed"] is None and plain["parse_error"] is None  # no format asked for
 
 
+@pytest.mark.engine
 def test_logprobs_are_present_and_agree_with_the_greedy_tokens(spec_run):
     _, outputs, _, _ = spec_run
     by_id = _by_id(outputs)
@@ -304,6 +309,7 @@ def test_logprobs_are_present_and_agree_with_the_greedy_tokens(spec_run):
     assert by_id["stop-0"][0]["logprobs"] is None  # off unless asked for
 
 
+@pytest.mark.engine
 def test_stop_strings_set_finish_and_stop_reason(spec_run):
     _, outputs, _, _ = spec_run
     by_id = _by_id(outputs)
@@ -314,6 +320,7 @@ def test_stop_strings_set_finish_and_stop_reason(spec_run):
         assert (r["finish_reason"], r["stop_reason"]) in (("stop", "\n"), ("length", None), ("stop", None))
 
 
+@pytest.mark.engine
 def test_chat_rows_get_the_job_system_prompt(spec_run):
     _, outputs, _, _ = spec_run
     by_id = _by_id(outputs)
@@ -323,6 +330,7 @@ def test_chat_rows_get_the_job_system_prompt(spec_run):
         assert SYSTEM_PROMPT in prompt_text and f"import os{i}" in prompt_text
 
 
+@pytest.mark.engine
 def test_bad_overrides_land_in_errors_with_their_field(spec_run):
     _, outputs, errors, _ = spec_run
     found = {e["id"]: (e["error_kind"], e["field"]) for e in errors}
@@ -332,6 +340,7 @@ def test_bad_overrides_land_in_errors_with_their_field(spec_run):
     assert not BAD.keys() & {o["id"] for o in outputs}
 
 
+@pytest.mark.engine
 def test_greedy_output_is_the_same_with_and_without_the_drafter(spec_run, plain_run):
     """Lossless with logprobs on and under a grammar: the drafter changes the speed, never the output."""
     spec, plain = _by_id(spec_run[1]), _by_id(plain_run[1])

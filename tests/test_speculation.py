@@ -96,6 +96,7 @@ def test_check_drafter_says_verified_only_for_a_declared_target(stripped_drafter
 # ---------------------------------------------------------------- the probe
 
 
+@pytest.mark.engine
 def test_the_probe_refuses_a_same_shape_drafter_of_another_target_on_the_jobs_engine(tmp_path, ray_local, prompts, stripped_drafter):
     config = kit_job(tmp_path, prompts[0], stripped_drafter, speculative={"probe": {"rows": 16}})
     with pytest.raises(DrafterRejected) as refused:
@@ -142,6 +143,7 @@ def scheduled_run(tmp_path_factory, ray_local, prompts):
     return first, manifest, OutputLocation(Storage(), config.output_uri)
 
 
+@pytest.mark.engine
 def test_the_matched_drafter_passes_the_probe_on_the_jobs_one_engine(scheduled_run):
     first, manifest, location = scheduled_run
     probe = location.read_manifest()["probe"]
@@ -154,6 +156,7 @@ def test_the_matched_drafter_passes_the_probe_on_the_jobs_one_engine(scheduled_r
     assert start.to_first_commit_seconds > 0
 
 
+@pytest.mark.engine
 def test_a_resume_keeps_the_verdict_and_does_not_probe_again(scheduled_run):
     first, manifest, _ = scheduled_run
     assert manifest.probe == first.probe
@@ -163,6 +166,7 @@ def test_a_resume_keeps_the_verdict_and_does_not_probe_again(scheduled_run):
     assert "drafter probe (on the job's first engine)" not in [p.name for p in resumed.start.phases]
 
 
+@pytest.mark.engine
 def test_a_depth_schedule_reaches_vllm(scheduled_run):
     *_, location = scheduled_run
     stats = sorted(location.read_table("stats").to_pylist(), key=lambda row: row["rows"])
@@ -177,6 +181,7 @@ def test_a_depth_schedule_reaches_vllm(scheduled_run):
         assert row["num_drafts"] <= 0.02 * row["generated_tokens"], row
 
 
+@pytest.mark.engine
 def test_greedy_output_with_the_schedule_equals_speculation_off(scheduled_run, reference):
     assert outputs_by_id(scheduled_run[2]) == reference
 
@@ -184,6 +189,7 @@ def test_greedy_output_with_the_schedule_equals_speculation_off(scheduled_run, r
 # ---------------------------------------------------------------- the default guard
 
 
+@pytest.mark.engine
 def test_the_default_guard_turns_off_a_drafter_that_slipped_past(tmp_path, ray_local, prompts, stripped_drafter, reference):
     raw = job_config(prompts[0], str(tmp_path / "out"), {"target": KIT["target"], "drafter": stripped_drafter},
                      sampling={"ignore_eos": True}, resources={"rows_per_unit": 8, "units_in_flight": 2})

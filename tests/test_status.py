@@ -83,6 +83,7 @@ def assert_text_agrees(text: str, r: StatusReport) -> None:
         assert note in text
 
 
+@pytest.mark.engine
 def test_a_finished_job_as_its_manifest_and_outputs_say(job, capsys):
     root, manifest = job
     out = str(root / "out")
@@ -152,6 +153,7 @@ def running_copy(job, dest: Path, heartbeat_age: float) -> tuple[OutputLocation,
     return location, manifest, pace
 
 
+@pytest.mark.engine
 def test_a_running_job_whose_driver_is_gone(job, tmp_path, capsys):
     root, _ = job
     location, manifest, pace = running_copy(job, tmp_path / "out", heartbeat_age=15 * 60)
@@ -179,6 +181,7 @@ def test_a_running_job_whose_driver_is_gone(job, tmp_path, capsys):
     assert r.notes[0].endswith(f"resume with `specbatch run {config} --output-uri {location.uri} --take-over`")
 
 
+@pytest.mark.engine
 def test_a_running_job_whose_driver_is_alive(job, tmp_path, capsys):
     location, _, pace = running_copy(job, tmp_path / "out", heartbeat_age=5)
     r = status_json(capsys, location.uri)
@@ -214,6 +217,7 @@ def s3_job(job, s3_endpoint):
     return "s3://specbatch/status-job"
 
 
+@pytest.mark.engine
 def test_status_on_s3_reads_the_aggregates_only(job, s3_job, s3_endpoint, capsys, monkeypatch):
     root, _ = job
     local = status_json(capsys, str(root / "out"))
@@ -230,6 +234,7 @@ def test_status_on_s3_reads_the_aggregates_only(job, s3_job, s3_endpoint, capsys
     assert {key for _, key in keys} == set(read) and "head_object" not in {method for method, _ in keys}, keys
 
 
+@pytest.mark.engine
 def test_status_on_s3_takes_the_endpoint_from_the_environment(job, s3_job, s3_endpoint):
     """The command line in a process of its own (a fresh s3fs), the endpoint in AWS_ENDPOINT_URL_S3."""
     import os

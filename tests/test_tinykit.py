@@ -228,6 +228,7 @@ def engine31():
     del llm
 
 
+@pytest.mark.engine
 def test_vllm_acceptance_equals_offline_simulation(engine31):
     """vLLM's per-step accepted counts equal those of the offline simulator driven by the
     training-side drafter, and the speculative output equals the target's greedy output."""
