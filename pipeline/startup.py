@@ -40,6 +40,14 @@ def process_started_at() -> float:
     return psutil.Process(os.getpid()).create_time()
 
 
+def local_ray_cpus() -> int:
+    """Logical CPUs of the job's own local Ray: Ray Data's listing and read tasks claim logical
+    CPUs next to the engine and preprocess actors, and on a 2-core machine the graph could not
+    be scheduled with one logical CPU per core. The engine's own threads are outside Ray's
+    accounting anyway."""
+    return max(4, os.cpu_count() or 1)
+
+
 def ray_init(verbose: bool = False, address: Optional[str] = None) -> tuple[Optional[str], str]:
     """Ray for the job, and which cluster it is, said plainly. `address` (--address), else
     RAY_ADDRESS (set by `ray job submit`), joins that cluster; otherwise the job starts a Ray of
@@ -57,11 +65,8 @@ def ray_init(verbose: bool = False, address: Optional[str] = None) -> tuple[Opti
         if address:
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=verbose)
         else:
-            # Ray Data's listing and read tasks claim logical CPUs next to the engine and preprocess
-            # actors; on a 2-core machine the graph could not be scheduled with one logical CPU per
-            # core. The engine's own threads are outside Ray's accounting anyway.
             ray.init(
-                address="local", num_cpus=max(4, os.cpu_count() or 1), logging_level=logging.WARNING,
+                address="local", num_cpus=local_ray_cpus(), logging_level=logging.WARNING,
                 log_to_driver=verbose, _node_ip_address="127.0.0.1", include_dashboard=False,
             )
     node = ray._private.worker._global_node

@@ -20,7 +20,7 @@ In the real run's order (pipeline/runner.run_job), each step calling the run's o
  5. the lease, read and not taken (pipeline/lease.OutputLease.check);
  6. the cluster: with a Ray address (--address, RAY_ADDRESS) the checks need that cluster's
     nodes and are skipped, said so; without one, a job whose engines need only CPUs is packed
-    onto the local Ray the run would start (this machine's CPUs, at least 4, as runner._ray_init).
+    onto the local Ray the run would start (this machine's CPUs, at least 4: startup.local_ray_cpus).
 
 Then the estimates, which refuse nothing:
 
@@ -81,6 +81,7 @@ from pipeline.probe import refusal, rejudged
 from pipeline.runner import (
     JobPlan, LayoutMismatch, ResultsChanged, plan_job, read_calibration, results_fingerprint,
 )
+from pipeline.startup import local_ray_cpus
 from pipeline.storage import Storage
 from pipeline.units import UNIT_COLUMNS, WorkUnit
 from schemas.plan import CostEstimate, DryRunPlan, PlanCheck, PlanFile, PlanInputs, PlanUnits, TokenEstimate
@@ -286,7 +287,7 @@ def _cluster_check(step: _Step, config: JobConfig, todo: list[WorkUnit], address
         step.done("skipped", "not run: the run's own local Ray would offer this machine's GPUs and resources, which only "
                              "Ray detects, and a dry run starts no Ray")
     else:
-        cpus = float(max(4, os.cpu_count() or 1))  # what runner._ray_init gives its own local Ray
+        cpus = float(local_ray_cpus())
         check_schedulable(config, [{"CPU": cpus}], [])
         step.done("pass", f"the graph fits on the run's own local Ray ({cpus:g} CPUs of this machine); one node, so "
                           "no shared paths are needed")

@@ -38,7 +38,6 @@ from schemas import JobManifest
 from schemas.report import CalibrationReport, CostReport, JobFigures, ReportTotals, SpeculationComparison
 
 MILLION = 1_000_000
-REPORT_FILES = ("report.md", "report.html", "report.json", "report.csv")
 
 
 @dataclass
