@@ -238,7 +238,6 @@ def record_s3_requests(monkeypatch) -> list[tuple[str, str]]:
     return calls
 
 
-
 # ---------------------------------------------------------------- the `engine` mark, held
 
 
@@ -268,6 +267,7 @@ class EngineSpotter(threading.Thread):
 
 
 SPOTTER = EngineSpotter()
+ENGINE_CHECK_SINCE = pytest.StashKey[float]()
 
 
 def pytest_configure(config):
@@ -279,9 +279,6 @@ def pytest_runtest_protocol(item, nextitem):
     """A test not marked `engine` that started one (its module's fixtures included) fails at teardown."""
     item.stash[ENGINE_CHECK_SINCE] = time.time() - 1.0  # a process's start time is rounded
     yield
-
-
-ENGINE_CHECK_SINCE = pytest.StashKey[float]()
 
 
 @pytest.hookimpl(hookwrapper=True)
