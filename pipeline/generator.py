@@ -16,6 +16,7 @@ drafter leaves nothing in outputs/.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any, Optional
 
@@ -62,8 +63,7 @@ class Generator:
 
         self.config = JobConfig.model_validate(config)
         prepare_process_env(self.config)
-        from vllm import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
+        AsyncEngineArgs, AsyncLLM = _import_vllm_apart()
 
         imported = time.time()
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(self.config)))
@@ -94,13 +94,14 @@ class Generator:
         self.probed: Optional[asyncio.Future] = None  # this engine's claim of the probe (and its measuring)
         self.verdict: Optional[dict] = None  # once in, not asked for again
 
-    def __del__(self):
-        # Ray Data calls it when it shuts the pool down: the engine stops before its process
-        # ends, instead of its output handler finding EngineCore gone and logging an error.
-        engine = getattr(self, "engine", None)
+    def __del__(self) -> None:
+        # Ray Data's pool shutdown frees the actor (__ray_shutdown__) before Ray kills the
+        # actor's child processes: the engine stops first, and its client does not find
+        # EngineCore gone and log an error.
         requests = getattr(self, "requests", None)
-        if engine is not None and not (requests and requests.dying):
-            engine.shutdown()
+        if requests is not None and not requests.dying:
+            _stop_output_handler(self.engine)
+            self.engine.shutdown()
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
         received = time.time()
@@ -176,6 +177,48 @@ class Generator:
         self.location.finish_attempt(unit_id)
         self.metrics.record(marker.stats)
         return pa.Table.from_pylist([marker.stats.model_dump()], schema=arrow_schema(UnitStats))
+
+
+def _stop_output_handler(engine) -> None:
+    """Cancels the engine's output handler and waits for its end. AsyncLLM.shutdown stops
+    EngineCore first and cancels the handler after: in between the handler wakes on the closed
+    engine and logs EngineDeadError with a traceback."""
+    handler = getattr(engine, "output_handler", None)
+    if handler is None or handler.done():
+        return
+    loop = handler.get_loop()
+    try:
+        on_its_loop = asyncio.get_running_loop() is loop
+    except RuntimeError:
+        on_its_loop = False
+    if on_its_loop or not loop.is_running():
+        handler.cancel()
+        return
+
+    async def cancel() -> None:
+        handler.cancel()
+        await asyncio.gather(handler, return_exceptions=True)
+
+    asyncio.run_coroutine_threadsafe(cancel(), loop).result(timeout=30)
+
+
+def _import_vllm_apart() -> tuple[type, type]:
+    """vLLM's engine classes, imported on a thread of its own. Imported under `__init__`, vLLM
+    leaves frames of its import referenced, and through their callers' frames the actor itself:
+    Ray Data's pool shutdown then cannot free the actor, `__del__` does not run, and Ray kills
+    EngineCore under a live client (an EngineDeadError traceback in the log of every job)."""
+    imported = {}
+
+    def load() -> None:
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        imported["classes"] = AsyncEngineArgs, AsyncLLM
+
+    thread = threading.Thread(target=load, name="import-vllm")
+    thread.start()
+    thread.join()
+    return imported["classes"]
 
 
 def _title(process) -> str:

@@ -196,6 +196,13 @@ def test_readme_demo_runs_as_written(tmp_path):
     assert "specbatch demo: succeeded" in out.stdout
     assert "ERROR" not in console and "Warning" not in console, console[-4000:]  # no deprecation warning of ours either
     assert "Ray's and vLLM's logs:" in out.stderr and f"{rows}/{rows} rows" in out.stderr
+    # the engine stopped before its actor ended: its client found no EngineCore gone under it
+    logs = Path(re.search(r"Ray's and vLLM's logs: (\S+)", out.stderr).group(1))
+    worker_logs = {path.name: path.read_text(errors="replace") for path in logs.glob("worker-*")}
+    assert any("MPClient: complete" in text for text in worker_logs.values()), sorted(worker_logs)
+    for name, text in worker_logs.items():
+        for sign in ("EngineDeadError", "engine core exited unexpectedly"):
+            assert sign not in text, f"{logs / name}: {sign}"
 
 
 # ---------------------------------------------------------------- what the docs point at

@@ -6,6 +6,7 @@ no job has run."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -54,16 +55,23 @@ def job(tmp_path_factory, ray_local, random_kit):
     return root, manifest
 
 
+# the session's Ray forwards its workers' log lines to this stdout whenever they come, each
+# line prefixed with its process: "\x1b[36m(MapWorker(MapBatches(Generator)) pid=21530)\x1b[0m ..."
+RAY_FORWARDED = re.compile(r"^(?:\x1b\[[0-9;]*m)?\((?:.*? )?pid=\d+\)")
+
+
+def status_out(capsys) -> str:
+    return "".join(line for line in capsys.readouterr().out.splitlines(keepends=True) if not RAY_FORWARDED.match(line))
+
+
 def status_json(capsys, *argv: str) -> StatusReport:
     assert main([*argv, "--json"]) == 0
-    # the session's Ray forwards its workers' log lines to this stdout whenever they come
-    lines = [line for line in capsys.readouterr().out.splitlines() if line[:1] in ("{", "}", " ")]
-    return StatusReport.model_validate_json("\n".join(lines))
+    return StatusReport.model_validate_json(status_out(capsys))
 
 
 def status_text(capsys, *argv: str) -> str:
     assert main(list(argv)) == 0
-    return capsys.readouterr().out
+    return status_out(capsys)
 
 
 def assert_text_agrees(text: str, r: StatusReport) -> None:
