@@ -26,9 +26,9 @@ def check_before_engines(config: JobConfig, inputs: InputReport, storage: Storag
     _check_lengths(config, storage)
     tokenizer_path = config.model.tokenizer or config.model.path
     try:
-        from transformers import AutoTokenizer
+        from pipeline.preprocess import load_tokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(localize(tokenizer_path, storage, weights=False))
+        tokenizer = load_tokenizer(localize(tokenizer_path, storage, weights=False))
     except Exception as exc:
         field = "model.tokenizer" if config.model.tokenizer else "model.path"
         raise ConfigError(

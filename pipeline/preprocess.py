@@ -9,6 +9,7 @@ its resolved sampling parameters, pipeline/sampling.py) or marked with an error 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -33,6 +34,27 @@ PREPARED_SCHEMA_FIELDS = [
 ]
 
 
+# The class transformers' AutoTokenizer gives a folder whose tokenizer_config.json names one of
+# these (Llama 3's, the kit's): a tokenizer.json run by the tokenizers library.
+PLAIN_FAST_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
+
+
+def load_tokenizer(folder: str):
+    """The tokenizer of a local model folder, as vLLM's engine loads it. AutoTokenizer imports
+    torch and the model classes on the way (5 to 13 CPU-seconds here, in the driver and each
+    preprocess actor while engines start); a folder that names a plain fast tokenizer is loaded
+    by that class alone, the same object without those imports."""
+    config_file = Path(folder) / "tokenizer_config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    if config.get("tokenizer_class") in PLAIN_FAST_TOKENIZERS and "auto_map" not in config:
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(folder)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
 class Preprocessor:
     """Ray Data stage: validates each row of a work unit, renders chat messages and tokenizes.
     A block is one whole unit (pipeline/units.py), and comes out as one block."""
@@ -44,11 +66,9 @@ class Preprocessor:
         """`speculation`: None (off), "gpu" or "cpu" (vLLM's CPU build), and the engine's
         structured-output backend: what a row's parameters must run with. `storage` reaches a
         tokenizer in object storage; `lora_adapters` are the names a row's `lora` may give."""
-        from transformers import AutoTokenizer
-
         from pipeline.model_cache import localize  # a tokenizer in object storage: this node's cached copy
 
-        self.tokenizer = AutoTokenizer.from_pretrained(localize(tokenizer_path, storage, weights=False))
+        self.tokenizer = load_tokenizer(localize(tokenizer_path, storage, weights=False))
         self.max_model_len = max_model_len
         self.sampling = SamplingConfig.model_validate(sampling)
         self.sampling_values = self.sampling.model_dump()

@@ -137,6 +137,44 @@ def test_rows_a_footer_cannot_check_become_row_errors():
     assert out[2]["error_message"].startswith("id 'a' appears twice in f.parquet (rows 10 and 12)") and out[0]["prompt_token_ids"]
 
 
+LOADS_WITHOUT_TORCH = """
+import json, shutil, sys
+from pipeline.preprocess import load_tokenizer
+from pipeline.tinykit import kit_paths
+tokenizer = load_tokenizer(kit_paths()["target"])
+print(json.dumps({"torch": "torch" in sys.modules, "auto": "transformers.models.auto.tokenization_auto" in sys.modules}))
+shutil.copytree(kit_paths()["target"], sys.argv[1], ignore=shutil.ignore_patterns("*.safetensors"))
+config = json.load(open(sys.argv[1] + "/tokenizer_config.json"))
+json.dump({**config, "auto_map": {"AutoTokenizer": [None, "PreTrainedTokenizerFast"]}}, open(sys.argv[1] + "/tokenizer_config.json", "w"))
+load_tokenizer(sys.argv[1])
+print(json.dumps({"torch": "torch" in sys.modules, "auto": "transformers.models.auto.tokenization_auto" in sys.modules}))
+"""
+
+
+def test_a_plain_fast_tokenizer_loads_as_autotokenizer_does_without_torch(tmp_path):
+    """The driver's check and each preprocess actor load the tokenizer while engines start: a
+    folder naming PreTrainedTokenizerFast loads without AutoTokenizer's import of torch and gives
+    what AutoTokenizer (vLLM's loader) gives; a folder with custom code goes to AutoTokenizer."""
+    import subprocess
+    import sys
+
+    from transformers import AutoTokenizer
+
+    from pipeline.preprocess import load_tokenizer
+    from pipeline.tinykit import kit_paths
+
+    out = subprocess.run([sys.executable, "-c", LOADS_WITHOUT_TORCH, str(tmp_path / "custom")], capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    assert [json.loads(line) for line in out] == [{"torch": False, "auto": False}, {"torch": True, "auto": True}]
+    ours, theirs = load_tokenizer(kit_paths()["target"]), AutoTokenizer.from_pretrained(kit_paths()["target"])
+    assert type(ours) is type(theirs) and ours.special_tokens_map == theirs.special_tokens_map
+    texts = ["def fib(n):\n    return", "<|user|> x <|endoftext|>", "  ünïcode\t"]
+    assert [ours.encode(t) for t in texts] == [theirs.encode(t) for t in texts]
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is a list?"}]
+    assert ours.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == theirs.apply_chat_template(
+        chat, tokenize=False, add_generation_prompt=True)
+
+
 def test_good_input_report(tmp_path):
     _write(tmp_path / "in" / "a.parquet", {"id": ["x1", "x2"], "prompt": ["a", "b"]})
     _write(tmp_path / "in" / "b.parquet", {"id": ["y1"], "messages": [[{"role": "user", "content": "c"}]]})
