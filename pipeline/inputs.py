@@ -103,7 +103,7 @@ def inspect_inputs(input_uri: str, storage: Storage, known: Optional[list[InputF
     if problems:
         raise InputError(
             f"input {input_uri!r} refused:\n  " + "\n  ".join(problems)
-            + "\nFix these files (the input contract: README.md, 'Input contract'), or move them out of input_uri."
+            + "\nFix these files (the input contract: docs/contracts.md, 'Input'), or move them out of input_uri."
         )
     return InputReport(files, sum(f.rows for f in files), footers_read=len(todo))
 
@@ -116,8 +116,6 @@ def _inspect_file(storage: Storage, uri: str, info: dict) -> tuple[Optional[Inpu
     except (OSError, pa.ArrowException) as exc:
         return None, [f"{uri}: not a readable Parquet file ({type(exc).__name__}: {exc})"]
     problems = _check_schema(uri, schema)
-    if "id" in schema.names and not problems:
-        problems += _check_id_statistics(uri, metadata, schema.get_field_index("id"))
     if problems:
         return None, problems
     return InputFile(
@@ -128,21 +126,6 @@ def _inspect_file(storage: Storage, uri: str, info: dict) -> tuple[Optional[Inpu
         text_column=next(c for c in PROMPT_TEXT_COLUMNS if c in schema.names),
         metadata_type=str(schema.field("metadata").type) if "metadata" in schema.names else None,
     ), []
-
-
-def _check_id_statistics(uri: str, metadata: pq.FileMetaData, column: int) -> list[str]:
-    """Null or empty ids, from the row groups' statistics (written by every common writer)."""
-    problems, first_row = [], 0
-    for i in range(metadata.num_row_groups):
-        group = metadata.row_group(i)
-        stats = group.column(column).statistics
-        rows = f"rows {first_row}-{first_row + group.num_rows - 1} (row group {i})"
-        if stats is not None and stats.null_count:
-            problems.append(f"{uri}: column 'id' has {stats.null_count} null values in {rows}")
-        elif stats is not None and stats.has_min_max and stats.min == "":
-            problems.append(f"{uri}: column 'id' has empty values in {rows}")
-        first_row += group.num_rows
-    return problems
 
 
 def _check_schema(uri: str, schema: pa.Schema) -> list[str]:

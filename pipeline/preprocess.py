@@ -55,6 +55,15 @@ def load_tokenizer(folder: str):
     return AutoTokenizer.from_pretrained(folder)
 
 
+def check_id(row: dict[str, Any]) -> None:
+    """A null, empty or blank id is the row's error: the row still lands once, in errors/, by
+    its file and row number."""
+    if row["id"] is None:
+        raise RowError("invalid_id", "id", f"id is null at row {row['row']} of {row['source']}")
+    if not row["id"].strip():
+        raise RowError("invalid_id", "id", f"id {row['id']!r} is blank at row {row['row']} of {row['source']}")
+
+
 class Preprocessor:
     """Ray Data stage: validates each row of a work unit, renders chat messages and tokenizes.
     A block is one whole unit (pipeline/units.py), and comes out as one block."""
@@ -155,8 +164,7 @@ class Preprocessor:
         for row in batch.drop_columns(["metadata"]).to_pylist():
             out = {name: row[name] for name in ("id", "source", "row", "unit_id", "unit_rows")}
             try:
-                if row["id"] is None or not row["id"].strip():
-                    raise RowError("invalid_id", "id", f"id is blank at row {row['row']}")
+                check_id(row)
                 if row["id"] in first_row_of:  # a unit is rows of one file: both rows are in row["source"]
                     first = first_row_of[row["id"]]
                     raise RowError(

@@ -91,8 +91,6 @@ def test_corrupt_parquet_names_the_file(tmp_path):
         ({"id": ["a"], "prompt": [3]}, r"column 'prompt' has type int64"),
         ({"id": ["a"], "prompt": ["x"], "max_tokens": ["ten"]}, r"column 'max_tokens' has type string"),
         ({"id": ["a"], "messages": [["hi"]]}, r"column 'messages' has type list<element: string>"),
-        ({"id": ["a", None], "prompt": ["x", "y"]}, r"column 'id' has 1 null values in rows 0-1 \(row group 0\)"),
-        ({"id": ["a", ""], "prompt": ["x", "y"]}, r"column 'id' has empty values in rows 0-1 \(row group 0\)"),
     ],
 )
 def test_job_level_refusals_name_file_and_column(tmp_path, columns, expected):
@@ -116,25 +114,35 @@ def test_footers_of_known_files_are_not_read_again(tmp_path):
     assert changed.footers_read == 1 and [f.rows for f in changed.files] == [2, 3]
 
 
+def test_null_and_empty_ids_pass_the_input_check(tmp_path):
+    """Null and empty ids are row errors (below), not a refusal of the whole input."""
+    _write(tmp_path / "in" / "shard.parquet", {"id": ["a", None, ""], "prompt": ["x", "y", "z"]})
+    assert inspect_inputs(str(tmp_path / "in"), Storage()).rows == 3
+
+
 def test_rows_a_footer_cannot_check_become_row_errors():
-    """Blank ids and ids repeated within a unit: row errors naming the row and the field."""
+    """Null, empty and blank ids and ids repeated within a unit: row errors naming the row, its
+    file and the field."""
     from pipeline.preprocess import Preprocessor
     from pipeline.tinykit import kit_paths
 
     pre = Preprocessor(kit_paths()["target"], 256, {})
-    rows = {"id": ["a", "  ", "a", "b"], "prompt": ["x = 1"] * 4}
+    rows = {"id": ["a", "  ", "a", "b", None, ""], "prompt": ["x = 1"] * 6}
     n = len(rows["id"])
     unit = pa.table({
         **rows, "messages": pa.nulls(n), "max_tokens": pa.nulls(n, pa.int64()), "temperature": pa.nulls(n, pa.float64()),
         "top_p": pa.nulls(n, pa.float64()), "seed": pa.nulls(n, pa.int64()), "metadata": pa.nulls(n),
-        "source": ["f.parquet"] * n, "row": [10, 11, 12, 13], "text_column": ["prompt"] * n, "unit_id": ["u"] * n,
+        "source": ["f.parquet"] * n, "row": [10, 11, 12, 13, 14, 15], "text_column": ["prompt"] * n, "unit_id": ["u"] * n,
         "unit_rows": [n] * n,
     })
     out = pre(unit).to_pylist()
     assert [(r["id"], r["error_kind"], r["error_field"]) for r in out] == [
-        ("a", None, None), ("  ", "invalid_id", "id"), ("a", "duplicate_id", "id"), ("b", None, None)
+        ("a", None, None), ("  ", "invalid_id", "id"), ("a", "duplicate_id", "id"), ("b", None, None),
+        ("", "invalid_id", "id"), ("", "invalid_id", "id"),
     ]
     assert out[2]["error_message"].startswith("id 'a' appears twice in f.parquet (rows 10 and 12)") and out[0]["prompt_token_ids"]
+    assert [r["error_message"] for r in out[4:]] == ["id is null at row 14 of f.parquet", "id '' is blank at row 15 of f.parquet"]
+    assert [(r["source"], r["row"]) for r in out] == [("f.parquet", 10 + i) for i in range(n)]
 
 
 LOADS_WITHOUT_TORCH = """

@@ -32,18 +32,20 @@ from schemas.status import StatusReport
 from tests.conftest import job_config, record_s3_requests, write_prompts
 
 ROWS = 28  # 4 units of 8, 8, 8, 4 rows
-BAD = {1: ("   ", None), 10: (None, None), 20: ("ok", 0)}  # row -> (prompt, max_tokens): 2 empty_prompt, 1 invalid_sampling
-EXPECTED_KINDS = {"empty_prompt": 2, "invalid_sampling": 1}
+NULL_ID = 26  # a row with a good prompt and a null id: a row error too, not a refusal of the input
+# row -> (prompt, max_tokens): 2 empty_prompt, 1 invalid_sampling, 1 invalid_id
+BAD = {1: ("   ", None), 10: (None, None), 20: ("ok", 0), NULL_ID: ("def f(x):", None)}
+EXPECTED_KINDS = {"empty_prompt": 2, "invalid_sampling": 1, "invalid_id": 1}
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory, ray_local, random_kit):
-    """The module's one job: 28 rows in 4 units, 3 of them bad, in units 0, 1 and 2."""
+    """The module's one job: 28 rows in 4 units, 4 of them bad, one in each unit."""
     root = tmp_path_factory.mktemp("status")
     prompts = [BAD[i][0] if i in BAD else f"def function_{i}(x):\n    return" for i in range(ROWS)]
     max_tokens = [BAD[i][1] if i in BAD else None for i in range(ROWS)]
     write_prompts(root / "in" / "p.parquet", {
-        "id": [f"r{i}" for i in range(ROWS)], "prompt": prompts, "max_tokens": pa.array(max_tokens, pa.int64()),
+        "id": [None if i == NULL_ID else f"r{i}" for i in range(ROWS)], "prompt": prompts, "max_tokens": pa.array(max_tokens, pa.int64()),
     })
     data = job_config(
         str(root / "in"), str(root / "out"), random_kit, sampling={"max_tokens": 8}, resources={"rows_per_unit": 8},
@@ -105,7 +107,7 @@ def test_a_finished_job_as_its_manifest_and_outputs_say(job, capsys):
     assert r.output_rows == len(set(outputs.column("id").to_pylist())) == doc.totals.output_rows == ROWS - len(BAD)
     assert r.error_rows == errors.num_rows == len(BAD)
     assert r.errors_by_kind == dict(Counter(errors.column("error_kind").to_pylist())) == EXPECTED_KINDS
-    assert r.errors_by_kind_complete and r.error_units == r.error_units_read == 3
+    assert r.errors_by_kind_complete and r.error_units == r.error_units_read == 4
     assert r.units_committed == r.units_planned == len(location.committed_units()) == 4
     assert r.acceptance_rate is not None and r.acceptance_rate == doc.totals.acceptance_rate  # the random drafter drafts
     assert r.mean_acceptance_length == doc.totals.mean_acceptance_length
@@ -116,8 +118,8 @@ def test_a_finished_job_as_its_manifest_and_outputs_say(job, capsys):
     assert "lease:     none" in text and "ETA" not in text and "WARNING" not in text
 
     partial = job_status(Storage(), out, error_files=1)  # one error file of three: said so, not scaled
-    assert (partial.error_units, partial.error_units_read, partial.errors_by_kind_complete) == (3, 1, False)
-    assert sum(partial.errors_by_kind.values()) == 1 and "from 1 of the 3 units with error rows" in partial.notes[0]
+    assert (partial.error_units, partial.error_units_read, partial.errors_by_kind_complete) == (4, 1, False)
+    assert sum(partial.errors_by_kind.values()) == 1 and "from 1 of the 4 units with error rows" in partial.notes[0]
 
 
 def running_copy(job, dest: Path, heartbeat_age: float) -> tuple[OutputLocation, JobManifest, float]:
@@ -238,7 +240,7 @@ def test_status_on_s3_reads_the_aggregates_only(job, s3_job, s3_endpoint, capsys
     errors = [key for key in read if key.startswith("errors/")]
     # one GET each; the lease's is answered "no such key" (no run holds the location)
     assert read == sorted(["_job.json", "_lease.json", "stats/attempt-0001.parquet", *errors]), keys
-    assert len(errors) == 3  # one per unit with error rows, named by its stats row
+    assert len(errors) == 4  # one per unit with error rows, named by its stats row
     assert {key for _, key in keys} == set(read) and "head_object" not in {method for method, _ in keys}, keys
 
 

@@ -289,8 +289,8 @@ def _cluster_check(step: _Step, config: JobConfig, todo: list[WorkUnit], address
     else:
         cpus = float(local_ray_cpus())
         check_schedulable(config, [{"CPU": cpus}], [])
-        step.done("pass", f"the graph fits on the run's own local Ray ({cpus:g} CPUs of this machine); one node, so "
-                          "no shared paths are needed")
+        step.done("pass", f"the graph fits on the run's own local Ray ({cpus:g} logical CPUs on this machine's "
+                          f"{os.cpu_count()} cores); one node, so no shared paths are needed")
 
 
 # ---------------------------------------------------------------- tokens
@@ -302,7 +302,7 @@ def estimate_tokens(
 ) -> TokenEstimate:
     """Prompt tokens estimated from a sample prepared as the preprocess stage prepares rows,
     per input kind; output tokens bounded by max_tokens x n (module docstring)."""
-    from pipeline.preprocess import Preprocessor
+    from pipeline.preprocess import Preprocessor, check_id
     from pipeline.sampling import RowError
 
     preprocessor = Preprocessor(
@@ -334,8 +334,7 @@ def estimate_tokens(
             if row is None:
                 continue
             try:
-                if row["id"] is None or not row["id"].strip():
-                    raise RowError("invalid_id", "id", "id is blank")
+                check_id(row)
                 prepared = preprocessor.prepare(row, kind)
             except RowError as err:
                 errors += 1
