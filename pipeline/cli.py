@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 import textwrap
 
@@ -91,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
         "run", help="run a job from a YAML config (local path or URI)",
         description=textwrap.fill(
             "Run, or resume, the job a YAML config describes (jobs/configs/ has examples). Exit 0 succeeded, 3 completed "
-            "with errors, 1 failed, 2 refused before it started: a refusal says what to change."
+            "with errors, 1 failed, 2 refused before it started (a refusal says what to change), 130 interrupted "
+            "(Ctrl-C; rerun to resume)."
         ),
         epilog=example(EXAMPLES["run"]), formatter_class=raw,
     ))
@@ -142,7 +145,7 @@ def run_from_config(
     as_json: bool = False,
 ) -> int:
     """Exit 0 succeeded, 3 completed_with_errors (over retries.max_error_fraction), 1 failed
-    (the job stopped; `_job.json` says why), 2 refused before it started. `dry_run`: the
+    (the job stopped; `_job.json` says why), 2 refused before it started, 130 interrupted. `dry_run`: the
     checks and the plan only (pipeline/tools/plan.py), 0 when the run would be accepted."""
     from pipeline.breaker import TooManyErrors
     from pipeline.cluster import SchedulingStalled
@@ -151,10 +154,11 @@ def run_from_config(
     from pipeline.guard import AcceptanceTooLow
     from pipeline.inputs import InputError
     from pipeline.lease import LeaseHeld
-    from pipeline.console import summary
     from pipeline.runner import LayoutMismatch, ResultsChanged, plain_text, run_job
     from pipeline.startup import StartClock
 
+    config = None
+    previous_handler = signal.signal(signal.SIGINT, _interrupt_then_exit_at_the_next)
     try:
         if dry_run:
             from pipeline.tools.plan import dry_run as plan
@@ -165,17 +169,50 @@ def run_from_config(
             config, job_id=job_id, restart=restart, take_over=take_over, retry_errors=retry_errors, verbose=verbose,
             address=address, clock=StartClock(from_process_start=True),
         )
+    except KeyboardInterrupt:
+        print(f"specbatch: {_interrupted(config)}; rerun the same command to resume", file=sys.stderr)
+        return EXIT["interrupted"]
     except (ConfigError, InputError, DrafterMismatch, ResultsChanged, LayoutMismatch, LeaseHeld, FileNotFoundError) as exc:
         print(f"specbatch: refused: {exc}", file=sys.stderr)
         return EXIT["refused"]
     except (TooManyErrors, AcceptanceTooLow, SchedulingStalled) as exc:
         print(f"specbatch: job failed: {plain_text(str(exc))}", file=sys.stderr)
         return EXIT["failed"]
+    finally:
+        signal.signal(signal.SIGINT, previous_handler)
+    _print_summary(manifest, config.output_uri)
+    return EXIT.get(manifest.status, EXIT["failed"])
+
+
+def _print_summary(manifest, output_uri: str) -> None:
+    from pipeline.console import summary
+
     print("\n".join(f"specbatch: {line}" if i == 0 else line for i, line in enumerate(summary(manifest))))
-    print(f"  manifest  {config.output_uri.rstrip('/')}/_job.json (every figure, as JSON)")
+    print(f"  manifest  {output_uri.rstrip('/')}/_job.json (every figure, as JSON)")
     for flag in manifest.speculation.flags if manifest.speculation else []:
         print(f"specbatch: warning: speculation: {flag}", file=sys.stderr)
-    return EXIT.get(manifest.status, EXIT["failed"])
+
+
+def _interrupt_then_exit_at_the_next(signum, frame) -> None:
+    """Ctrl-C: the job stops its engines and closes its attempt as `interrupted`; a second
+    Ctrl-C does not wait for that."""
+    signal.signal(signal.SIGINT, lambda *_: os._exit(EXIT["interrupted"]))
+    raise KeyboardInterrupt
+
+
+def _interrupted(config) -> str:
+    """How far the interrupted attempt got, from the manifest it wrote."""
+    from pipeline.outputs import OutputLocation
+    from pipeline.storage import Storage
+    from schemas import JobManifest
+
+    location = None if config is None else OutputLocation(Storage.from_config(config.storage), config.output_uri)
+    if location is None or not location.has_manifest():
+        return "interrupted before the job started"
+    manifest = JobManifest.model_validate(location.read_manifest())
+    if manifest.status != "interrupted":
+        return "interrupted before the job started"
+    return f"interrupted after {manifest.totals.units:,} of {manifest.attempts[-1].units_planned:,} units"
 
 
 if __name__ == "__main__":

@@ -601,6 +601,10 @@ def _run_attempt(
         if missing:
             raise RuntimeError(f"{len(missing)} of {len(plan.units)} units were not committed (e.g. {missing[0]}); rerun to finish them")
         attempt.status = manifest.status = "succeeded"
+    except KeyboardInterrupt:
+        attempt.status = manifest.status = "interrupted"
+        attempt.error = manifest.error = "interrupted (Ctrl-C, SIGINT); rerun the same command to resume"
+        raise
     except BaseException as exc:
         attempt.status = manifest.status = "failed"
         attempt.error = manifest.error = plain_text(f"{type(exc).__name__}: {exc}")

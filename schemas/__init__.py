@@ -280,8 +280,9 @@ class NodeLoss(Contract):
 
 # succeeded: every input row is in outputs/, or has a final error row, within
 # retries.max_error_fraction; completed_with_errors: every row is done, over that fraction;
-# failed: the attempt stopped; killed: the attempt ended without a word (closed by the next).
-JobStatus = Literal["running", "succeeded", "completed_with_errors", "failed", "killed"]
+# failed: the attempt stopped; interrupted: stopped by Ctrl-C (SIGINT); killed: the attempt
+# ended without a word (closed by the next).
+JobStatus = Literal["running", "succeeded", "completed_with_errors", "failed", "interrupted", "killed"]
 
 
 class EngineStart(Contract):
@@ -370,7 +371,7 @@ class SpeculationVerdict(Contract):
 
 # The process exit code of each job status (and of a refusal before the job starts): a RayJob or
 # a scheduler reads them.
-EXIT_CODES = {"succeeded": 0, "failed": 1, "refused": 2, "completed_with_errors": 3}
+EXIT_CODES = {"succeeded": 0, "failed": 1, "refused": 2, "completed_with_errors": 3, "interrupted": 130}
 
 LAYOUT_VERSION = 2  # 1: per-batch files named by id hashes; 2: work units by input position
 

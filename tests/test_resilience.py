@@ -275,21 +275,28 @@ def test_a_row_that_kills_the_engine_every_time_ends_alone_in_errors_then_retry_
 
 
 @pytest.mark.engine
-def test_n_samples_of_each_id_land_exactly_once_after_a_driver_kill(tmp_path, random_kit):
+def test_n_samples_of_each_id_land_exactly_once_after_a_ctrl_c(tmp_path, random_kit):
     """n=4 at temperature 0.8 (without the drafter: vLLM's CPU build samples wrongly with it, and
-    the job refuses that): a kill -9 of the driver between commits, then a resume, leaves each
-    id's four samples in outputs/ exactly once."""
-    lease = {"heartbeat_seconds": 1, "stale_after_seconds": 6}
+    the job refuses that): Ctrl-C between commits (SIGINT to the run's process group, as a
+    terminal sends it) closes the attempt as interrupted in one line, exit 130, and a resume
+    leaves each id's four samples in outputs/ exactly once."""
     sampling = {"max_tokens": 12, "n": 4, "temperature": 0.8, "seed": 7}
-    config_path, ids, config = make_job(tmp_path, random_kit, lease=lease, sampling=sampling, speculative={"enabled": False})
+    config_path, ids, config = make_job(tmp_path, random_kit, sampling=sampling, speculative={"enabled": False})
     location = OutputLocation(Storage(), str(tmp_path / "out"))
     proc = start_job(config_path)
     wait_for_commits(location, 2, proc)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in out, out[-3000:]
     committed_before = location.committed_units()
-    time.sleep(7)  # the killed run's lease goes stale
-    finish(start_job(config_path, None, "--take-over"))
+    interrupted = location.read_manifest()
+    assert interrupted["status"] == "interrupted" and interrupted["totals"]["units"] == len(committed_before) >= 2
+    assert out.splitlines()[-1] == (
+        f"specbatch: interrupted after {len(committed_before)} of {interrupted['attempts'][0]['units_planned']} units; "
+        "rerun the same command to resume"
+    )
+    assert not location.storage.exists(location.path("_lease.json"))  # released: the rerun needs no --take-over
+    finish(start_job(config_path))
 
     outputs = location.read_table("outputs").select(["id", "sample_index", "unit_id"]).to_pylist()
     assert Counter((o["id"], o["sample_index"]) for o in outputs) == Counter((i, s) for i in ids for s in range(4))
@@ -298,6 +305,6 @@ def test_n_samples_of_each_id_land_exactly_once_after_a_driver_kill(tmp_path, ra
         units_of.setdefault(o["id"], set()).add(o["unit_id"])
     assert all(len(units) == 1 for units in units_of.values())  # an id's samples commit together
     manifest = location.read_manifest()
-    assert [a["status"] for a in manifest["attempts"]] == ["killed", "succeeded"]
+    assert [a["status"] for a in manifest["attempts"]] == ["interrupted", "succeeded"]
     assert manifest["attempts"][1]["units_skipped"] >= len(committed_before) >= 2  # a worker may commit while it dies
     assert (manifest["totals"]["output_rows"], manifest["totals"]["samples"]) == (len(ids), 4 * len(ids))

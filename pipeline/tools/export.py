@@ -175,8 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"specbatch export: {done['results']:,} results and {done['errors']:,} errors from {done['units']:,} units "
           f"written to {done['dest']}/ (results.jsonl, errors.jsonl)")
-    if done["status"] == "failed":
-        print("specbatch export: warning: the job failed; requests of units it never committed are in neither file "
+    if done["status"] in ("failed", "interrupted"):
+        print(f"specbatch export: warning: the job {done['status']}; requests of units it never committed are in neither file "
               "(rerun `specbatch run` to finish them, then export again)", file=sys.stderr)
     return 0
 

@@ -231,8 +231,8 @@ def job_status(
             f"a stale lease of attempt {lease.attempt} is left (no heartbeat for {_age(age)}): its run died without "
             f"releasing it; the next `{run_command}` needs --take-over"
         )
-    if manifest.status == "failed" and last is not None and last.error:
-        notes.append(f"attempt {last.number} failed: {last.error.splitlines()[0][:300]}; `{run_command}` resumes it")
+    if manifest.status in ("failed", "interrupted") and last is not None and last.error:
+        notes.append(f"attempt {last.number} {manifest.status}: {last.error.splitlines()[0][:300]}; `{run_command}` resumes it")
 
     input_rows = sum(f.rows for f in manifest.input_files) or manifest.totals.input_rows
     rows_per_second = eta = eta_at = as_of = pace_since = None
