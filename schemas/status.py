@@ -43,11 +43,11 @@ class StatusReport(Contract):
     driver: Literal["alive", "gone", "starting", "none"] = Field(
         description=(
             "alive: running, its lease renewed; gone: _job.json says running but no fresh lease backs it (the driver "
-            "was killed; resume with --take-over); starting: a finished job with a fresh lease (a new attempt is "
-            "planning); none: finished, no run holds the location."
+            "was killed; resume with --take-over); starting: a fresh lease over a finished job, or over no _job.json "
+            "yet (a new or first attempt is planning); none: finished, no run holds the location."
         )
     )
-    attempts: int
+    attempts: int = Field(description="Attempts _job.json records; 0: a first attempt has not written it yet.")
     last_attempt: Optional[AttemptState] = None
     lease: Optional[LeaseState] = None
     counts_from: Literal["manifest", "stats"] = Field(

@@ -210,6 +210,29 @@ def test_no_job(tmp_path, capsys):
     assert "no job has run at" in capsys.readouterr().err
 
 
+def test_a_first_attempt_before_its_manifest_is_seen_by_its_lease(tmp_path, capsys):
+    """What a new run leaves while it checks inputs and starts Ray: its lease, no _job.json yet
+    (issue 28: status said "no job has run" while a second run was refused as leased)."""
+    location = OutputLocation(Storage(), str(tmp_path / "out"))
+    lease = OutputLease(location, LeaseConfig(heartbeat_seconds=30, stale_after_seconds=180), "daily-1", 1)
+    lease.acquire()
+    r = status_json(capsys, location.uri)
+    assert (r.job_id, r.status, r.driver, r.attempts, r.lease.owner, r.lease.stale) == (
+        "daily-1", "running", "starting", 0, lease.lease.owner, False)
+    assert r.notes == [f"the first attempt of job daily-1 is starting (input check, plan, Ray): run {lease.lease.owner} "
+                       f"holds the lease, heartbeat {r.lease.heartbeat_age_seconds:.0f} s ago; no _job.json yet, so no counts yet"]
+    text = status_text(capsys, location.uri)
+    assert text.startswith(f"job daily-1 at {location.uri}: running (a new attempt is starting)")
+    assert "rows:" not in text and "fresh" in text
+
+    old = lease.lease.model_copy(update={"heartbeat_at": time.time() - 15 * 60})  # its run died before the manifest
+    location.storage.write_json(lease.uri, old.model_dump(mode="json"))
+    r = status_json(capsys, location.uri)
+    assert (r.driver, r.lease.stale) == ("gone", True)
+    assert r.notes[0].endswith("died before it wrote one; the next `specbatch run CONFIG` needs --take-over")
+    lease.release()
+
+
 def test_help_ends_with_an_example(capsys):
     with pytest.raises(SystemExit) as exit:
         cli_main(["status", "--help"])

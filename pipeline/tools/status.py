@@ -204,12 +204,12 @@ def job_status(
     uri = uri.rstrip("/")
     now = time.time() if now is None else now
     manifest = read_manifest(storage, uri)
-    if manifest is None:
-        return None
     try:
         lease = Lease.model_validate(storage.read_json(storage.join(uri, LEASE)))
     except FileNotFoundError:
         lease = None
+    if manifest is None:
+        return _first_attempt_starting(uri, lease, now, run_command) if lease else None
     last = manifest.attempts[-1] if manifest.attempts else None
     running = manifest.status == "running"
     age = now - lease.heartbeat_at if lease else None
@@ -287,10 +287,7 @@ def job_status(
         last_attempt=AttemptState(
             number=last.number, status=last.status, started_at=last.started_at, ended_at=last.ended_at, error=last.error
         ) if last else None,
-        lease=LeaseState(
-            owner=lease.owner, attempt=lease.attempt, acquired_at=lease.acquired_at, heartbeat_at=lease.heartbeat_at,
-            heartbeat_age_seconds=age, stale_after_seconds=lease.stale_after_seconds, stale=not fresh,
-        ) if lease else None,
+        lease=_lease_state(lease, age) if lease else None,
         counts_from="stats" if running else "manifest",
         stats_as_of=_iso(as_of) if as_of is not None else None,
         input_rows=input_rows,
@@ -315,6 +312,33 @@ def job_status(
         eta_seconds=eta,
         eta_at=eta_at,
         notes=notes,
+    )
+
+
+def _lease_state(lease: Lease, age: float) -> LeaseState:
+    return LeaseState(
+        owner=lease.owner, attempt=lease.attempt, acquired_at=lease.acquired_at, heartbeat_at=lease.heartbeat_at,
+        heartbeat_age_seconds=age, stale_after_seconds=lease.stale_after_seconds, stale=age >= lease.stale_after_seconds,
+    )
+
+
+def _first_attempt_starting(uri: str, lease: Lease, now: float, run_command: str) -> StatusReport:
+    """A run holds the location but has not written `_job.json` yet: it is checking its inputs
+    and starting Ray (the manifest comes just before its engines start)."""
+    age = now - lease.heartbeat_at
+    fresh = age < lease.stale_after_seconds
+    if fresh:
+        note = (f"the first attempt of job {lease.job_id} is starting (input check, plan, Ray): run {lease.owner} holds "
+                f"the lease, heartbeat {_age(age)} ago; no _job.json yet, so no counts yet")
+    else:
+        note = (f"a stale lease of job {lease.job_id} is left (no heartbeat for {_age(age)}) and no _job.json: its run "
+                f"died before it wrote one; the next `{run_command}` needs --take-over")
+    return StatusReport(
+        output_uri=uri, checked_at=_iso(now), job_id=lease.job_id, status="running", driver="starting" if fresh else "gone",
+        attempts=0, lease=_lease_state(lease, age), counts_from="manifest", input_rows=0, rows_done=0, output_rows=0, error_rows=0, retryable_error_rows=0,
+        units_planned=0, units_committed=0, errors_by_kind={}, error_units=0, error_units_read=0,
+        errors_by_kind_complete=True, generated_tokens=0, tokens_per_second=0.0, acceptance_rate=None,
+        mean_acceptance_length=None, notes=[note],
     )
 
 
@@ -344,6 +368,8 @@ def render(report: StatusReport) -> str:
         )
     else:
         lines.append("  lease:     none")
+    if r.attempts == 0:  # no _job.json yet: nothing to count
+        return "\n".join([*lines, *(f"note: {note}" for note in r.notes)])
     share = f" ({r.rows_done / r.input_rows:.0%})" if r.input_rows else ""
     lines.append(
         f"  rows:      {r.rows_done:,} of {r.input_rows:,} done{share}: {r.output_rows:,} generated, {r.error_rows:,} errors"
