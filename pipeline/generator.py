@@ -90,7 +90,7 @@ class Generator:
         }
         self.board = board
         if board is not None:
-            ray.get(board.check_in.remote(self.start))
+            ray.get(board.check_in.remote(self.start, context.current_actor))
         self.probed: Optional[asyncio.Future] = None  # this engine's claim of the probe (and its measuring)
         self.verdict: Optional[dict] = None  # once in, not asked for again
 

@@ -42,10 +42,18 @@ class JobBoard:
         if self.verdict is not None:
             self.decided.set()
         self.starts: list[dict] = []
+        self.engines: list = []
 
-    async def check_in(self, start: dict) -> None:
-        """Records an engine's start."""
+    async def check_in(self, start: dict, engine=None) -> None:
+        """Records an engine's start, and its actor's handle for the driver to stop it by."""
         self.starts.append(start)
+        if engine is not None:
+            self.engines.append(engine)
+
+    async def hand_over_engines(self) -> list:
+        """The engine actors' handles, once: the board holds them no longer."""
+        engines, self.engines = self.engines, []
+        return engines
 
     async def claim(self, actor_id: str) -> Optional[dict]:
         """The probe's rows, to the first engine that has a unit to run (an engine without

@@ -752,15 +752,18 @@ def _run_graph(
     its actors wait for resources stops with SchedulingStalled; a drafter the probe refused
     stops it with DrafterRejected. The board's start figures and verdict go to `_job.json`
     at the graph's first commit and at its end."""
-    attempt = manifest.attempts[-1]
     watch = ClusterWatch()
     note_losses = functools.partial(_record_node_losses, watch, manifest, location, todo)
     stall = StallWatch(watch, config.retries.stall_minutes * 60)
     looked = time.time()
     heed.clock.mark("graph_started")
     stall.start()
+    # closed in `finally`: an exception raised out of the loop keeps its frame, and so the
+    # iterator, alive in its traceback, and Ray Data shuts the graph's actors (and their
+    # engines) down only when the iterator closes
+    batches = iter(dataset.iter_batches(batch_format="pyarrow", batch_size=None))
     try:
-        for stats in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
+        for stats in batches:
             stall.progress()
             _note_first_commit(board, manifest, location, heed.clock)
             if time.time() - looked > WATCH_SECONDS:
@@ -780,23 +783,48 @@ def _run_graph(
             raise refused from None
         if not watch.lost_nodes():
             raise
-        _record_node_losses(watch, manifest, location, todo, exc)
-        if len(attempt.node_losses) > config.retries.max_node_losses:
-            raise RuntimeError(
-                f"{len(attempt.node_losses)} Ray nodes lost in this attempt (retries.max_node_losses = "
-                f"{config.retries.max_node_losses}); the last one failed the dataset: {plain_text(str(exc))[:500]}"
-            ) from exc
-        log.warning("%d node(s) lost; rebuilding the graph over the units not committed yet", len(watch.lost_nodes()))
+        _graph_lost_a_node(exc, config, watch, manifest, location, todo)
         return "node-lost"
     finally:
         stall.stop()
+        batches.close()
         _record_board(board, manifest, location, heed.clock)
+        _stop_engines(board)
+
+
+def _graph_lost_a_node(exc: Exception, config: JobConfig, watch, manifest: JobManifest, location: OutputLocation,
+                       todo: list[WorkUnit]) -> None:
+    """The dataset failed after a node left: noted, and rebuilt unless too many were lost."""
+    attempt = manifest.attempts[-1]
+    _record_node_losses(watch, manifest, location, todo, exc)
+    if len(attempt.node_losses) > config.retries.max_node_losses:
+        raise RuntimeError(
+            f"{len(attempt.node_losses)} Ray nodes lost in this attempt (retries.max_node_losses = "
+            f"{config.retries.max_node_losses}); the last one failed the dataset: {plain_text(str(exc))[:500]}"
+        ) from exc
+    log.warning("%d node(s) lost; rebuilding the graph over the units not committed yet", len(watch.lost_nodes()))
 
 
 def _note_first_commit(board, manifest: JobManifest, location: OutputLocation, clock: StartClock) -> None:
     if "first_commit" not in clock.marks:
         clock.mark("first_commit")
         _record_board(board, manifest, location, clock)
+
+
+def _stop_engines(board) -> None:
+    """Each engine actor of the graph exits as an actor that is done (its engine stops first,
+    in Generator.__del__). Ray Data lets go of its actors and leaves them to reference
+    counting, which a graph that failed does not reach while its exception is held (a caller
+    that keeps it, a traceback): their engines would sit idle, holding memory and polling."""
+    import ray
+
+    try:
+        engines = ray.get(board.hand_over_engines.remote(), timeout=30)
+    except Exception as exc:  # the board went with a lost node; so did its engines, or Ray stops them with the job
+        log.warning("the job board could not be read (%s): engines are left to Ray to stop", type(exc).__name__)
+        return
+    for engine in engines:
+        engine.__ray_terminate__.remote()
 
 
 def _read_board(board) -> Optional[dict]:

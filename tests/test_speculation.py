@@ -96,6 +96,30 @@ def test_check_drafter_says_verified_only_for_a_declared_target(stripped_drafter
 # ---------------------------------------------------------------- the probe
 
 
+def assert_no_engine_actor_left(timeout: float) -> None:
+    """No engine actor, EngineCore or engine worker among this session's processes (the
+    session's Ray runs under pytest)."""
+    import time
+
+    import psutil
+
+    def engines() -> list[str]:
+        names = []
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                title = " ".join(proc.cmdline())
+            except psutil.Error:
+                continue
+            if "MapBatches(Generator)" in title or title.startswith(("VLLM::EngineCore", "VLLM::Worker")):
+                names.append(f"{proc.pid} {title[:60]}")
+        return names
+
+    deadline = time.time() + timeout
+    while engines() and time.time() < deadline:
+        time.sleep(2)
+    assert not engines(), f"engine processes still alive {timeout:.0f} s after the job's end: {engines()}"
+
+
 @pytest.mark.engine
 def test_the_probe_refuses_a_same_shape_drafter_of_another_target_on_the_jobs_engine(tmp_path, ray_local, prompts, stripped_drafter):
     config = kit_job(tmp_path, prompts[0], stripped_drafter, speculative={"probe": {"rows": 16}})
@@ -113,6 +137,9 @@ def test_the_probe_refuses_a_same_shape_drafter_of_another_target_on_the_jobs_en
     assert attempt["status"] == "failed" and "DrafterRejected" in attempt["error"]
     assert manifest["probe"] == result.model_dump(mode="json")
     assert len(attempt["start"]["engine_starts"]) == 1  # the probe ran on the job's one engine
+    # the refusal stopped the graph: its engine actor is gone, although the raised exception
+    # (held here by pytest.raises) keeps the frame that iterated the dataset alive
+    assert_no_engine_actor_left(timeout=60)
 
     # The rerun keeps the verdict: refused at once, before any engine starts, no attempt added.
     with pytest.raises(DrafterRejected) as again:
