@@ -93,18 +93,6 @@ def s3_models_run(s3_endpoint, ray_local, trained_kit, s3_run, tmp_path_factory)
     return config, manifest, OutputLocation(Storage.from_config(config.storage), config.output_uri), cache
 
 
-@pytest.fixture(scope="module")
-def local_run_no_spec(tmp_path_factory, ray_local, trained_kit):
-    """The same input from a local folder, speculation off."""
-    root = tmp_path_factory.mktemp("no-spec")
-    mixed_input(lambda name, cols: write_prompts(root / "in" / name, cols))
-    config = parse_config(job_config(
-        str(root / "in"), str(root / "out"), trained_kit, speculative={"enabled": False}, retries={"max_error_fraction": 0.5}
-    ))
-    manifest = run_job(config, progress=False)
-    return manifest, OutputLocation(Storage(), config.output_uri)
-
-
 @pytest.mark.engine
 def test_every_input_id_lands_exactly_once(s3_run):
     ids, manifest, location = s3_run
@@ -229,18 +217,6 @@ def test_manifest_records_versions_fingerprints_and_no_secrets(s3_run):
     assert doc["results_fingerprint"] and doc["attempts"][0]["status"] == "succeeded"
     assert doc["totals"]["input_rows"] == len(s3_run[0])
     assert "testing" not in json.dumps(doc)  # the secret key from the environment
-
-
-@pytest.mark.engine
-def test_speculation_is_lossless(s3_run, local_run_no_spec):
-    _, spec_manifest, spec_location = s3_run
-    plain_manifest, plain_location = local_run_no_spec
-    spec = {r["id"]: r["text"] for r in spec_location.read_table("outputs").to_pylist()}
-    plain = {r["id"]: r["text"] for r in plain_location.read_table("outputs").to_pylist()}
-    assert spec.keys() == plain.keys() and len(spec) == len(GOOD_PROMPTS) + len(GOOD_CHATS)
-    assert spec == plain
-    stats = plain_location.read_table("stats").to_pylist()
-    assert all(r["draft_tokens"] == 0 and r["acceptance_rate"] is None for r in stats)
 
 
 @pytest.mark.engine

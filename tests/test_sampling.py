@@ -342,10 +342,11 @@ def test_bad_overrides_land_in_errors_with_their_field(spec_run):
 
 @pytest.mark.engine
 def test_greedy_output_is_the_same_with_and_without_the_drafter(spec_run, plain_run):
-    """Lossless with logprobs on and under a grammar: the drafter changes the speed, never the output."""
+    """Lossless with logprobs on, under a grammar and on chat rows: the drafter changes the
+    speed, never the output; a job with speculation off drafts nothing."""
     spec, plain = _by_id(spec_run[1]), _by_id(plain_run[1])
-    compared = [i for i in spec if i.startswith(GREEDY)]
-    assert len(compared) == 21
+    compared = [i for i in spec if i.startswith((*GREEDY, "chat-"))]
+    assert len(compared) == 23
     for i in compared:
         a, b = spec[i][0], plain[i][0]
         assert (a["text"], a["finish_reason"], a["parsed"]) == (b["text"], b["finish_reason"], b["parsed"]), i
@@ -354,3 +355,5 @@ def test_greedy_output_is_the_same_with_and_without_the_drafter(spec_run, plain_
             assert [e["logprob"] for e in a["logprobs"]] == pytest.approx([e["logprob"] for e in b["logprobs"]], abs=1e-3)
     assert sum(o["draft_tokens"] for o in spec_run[1]) > 0 and sum(o["draft_tokens"] for o in plain_run[1]) == 0
     assert Counter(o["id"] for o in spec_run[1]) == Counter(o["id"] for o in plain_run[1] if o["id"] not in SAMPLED)
+    stats = plain_run[3].read_table("stats").to_pylist()
+    assert stats and all(r["draft_tokens"] == 0 and r["acceptance_rate"] is None for r in stats)
