@@ -49,10 +49,15 @@ def load_tokenizer(folder: str):
     if config.get("tokenizer_class") in PLAIN_FAST_TOKENIZERS and "auto_map" not in config:
         from transformers import PreTrainedTokenizerFast
 
-        return PreTrainedTokenizerFast.from_pretrained(folder)
-    from transformers import AutoTokenizer
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
+    else:
+        from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(folder)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    # transformers warns once of a prompt over the tokenizer's model_max_length; prompts are
+    # measured against the engine's max_model_len here, and a long one is its row's error
+    tokenizer.deprecation_warnings["sequence-length-is-longer-than-the-specified-maximum"] = True
+    return tokenizer
 
 
 def check_id(row: dict[str, Any]) -> None:

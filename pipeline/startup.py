@@ -60,11 +60,16 @@ def ray_init(verbose: bool = False, address: Optional[str] = None) -> tuple[Opti
     from ray.data import DataContext
 
     DataContext.get_current().enable_progress_bars = verbose
+    if not verbose:
+        _ray_data_console_errors_only()
     address = address or os.environ.get("RAY_ADDRESS")
     if not ray.is_initialized():
         if address:
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=verbose)
         else:
+            # a new local Ray turns token authentication on when RAY_AUTH_MODE is unset, and
+            # warns that it did on every run: the job's own Ray is on 127.0.0.1 only
+            logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
             ray.init(
                 address="local", num_cpus=local_ray_cpus(), logging_level=logging.WARNING,
                 log_to_driver=verbose, _node_ip_address="127.0.0.1", include_dashboard=False,
@@ -74,6 +79,17 @@ def ray_init(verbose: bool = False, address: Optional[str] = None) -> tuple[Opti
     nodes = sum(1 for n in ray.nodes() if n["Alive"])
     how = f"joined {address}" if address else "its own local Ray"
     return logs, f"{how} (GCS {ray.get_runtime_context().gcs_address}, {nodes} node{'s' if nodes != 1 else ''})"
+
+
+def _ray_data_console_errors_only() -> None:
+    """Ray Data logs each dataset's start, plan and end, and that progress bars are off, to the
+    console at INFO and WARNING; its log file in the session's folder keeps them all."""
+    import ray.data  # noqa: F401  (configures the "ray.data" logger)
+    from ray._private.log import PlainRayHandler
+
+    for handler in logging.getLogger("ray.data").handlers:
+        if isinstance(handler, PlainRayHandler):
+            handler.setLevel(logging.ERROR)
 
 
 def start_cost(clock: StartClock, starts: list[dict], verdict: Optional[dict]) -> StartCost:
