@@ -112,6 +112,17 @@ def test_the_plan_counts_rows_units_the_chat_split_and_tokens(tmp_path, capsys, 
     assert not (tmp_path / "out").exists()
 
 
+def test_the_probe_of_a_small_input_is_said_with_the_rows_it_has(tmp_path, capsys, trained_kit):
+    """probe.rows 64 over a 5-row input: the plan says 5 (it said "64 rows" on 5-row inputs)."""
+    write_prompts(tmp_path / "in" / "p.parquet", {"id": [f"s{i}" for i in range(5)], "prompt": ["def f(x):"] * 5})
+    config = write_config(tmp_path / "job.yaml", str(tmp_path / "in"), str(tmp_path / "out"), trained_kit,
+                          speculative={"probe": {"rows": 64}})
+    code, plan, err = dry_run_json(capsys, config)
+    assert code == 0, err
+    (probe,) = [c for c in plan.checks if c.name == "drafter_probe"]
+    assert "generates up to 5 rows with the drafter" in probe.message, probe.message
+
+
 def test_a_dry_run_starts_no_engine_and_no_ray_and_writes_nothing(tmp_path, job_input, trained_kit):
     """In a process of its own: no Ray or vLLM imported (so none started), no child process
     left, and the output location never created; the input and the models unchanged."""

@@ -269,7 +269,8 @@ def _probe_check(plan: DryRunPlan, config: JobConfig, job: JobPlan) -> None:
     elif not job.todo:
         message = "nothing left to run: the run starts no engine and skips it"
     else:
-        message = (f"not run: the probe generates {rows} rows with the drafter on the job's first engine, which a dry "
+        rows = min(rows, sum(unit.rows for unit in job.todo))  # a small input has fewer than probe.rows
+        message = (f"not run: the probe generates up to {rows} rows with the drafter on the job's first engine, which a dry "
                    "run does not start; the real run measures them before any unit commits and refuses a drafter below "
                    f"{config.speculative.probe.min_mean_acceptance_length} mean acceptance length")
     plan.checks.append(PlanCheck(name="drafter_probe", status="skipped", message=message))
