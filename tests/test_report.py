@@ -187,6 +187,20 @@ def test_single_job_report_goes_under_its_output_and_missing_price_is_a_warning(
     assert "job-x" in captured.out and "unpriced-gpu" in captured.err
 
 
+def test_a_report_of_cpu_jobs_bills_node_hours(tmp_path, capsys):
+    """Replicas without a GPU: no "GPU" in the Markdown, the HTML or the terminal (it said
+    "GPU-hours" and "tokens/s per GPU" on a CPU job); a report with a GPU job keeps GPU-hours."""
+    uri = str(tmp_path / "job")
+    write_job(Storage(), uri, manifest("job-cpu", accelerator="cpu", replicas=1, gpus=0, wall=60, speculative=False), JOB_B)
+    assert report_main([uri]) == 0
+    out = tmp_path / "job" / "report"
+    markdown, html, terminal = (out / "report.md").read_text(), (out / "report.html").read_text(), capsys.readouterr().out
+    for text in (markdown, html, terminal):
+        assert "GPU" not in text, [line for line in text.splitlines() if "GPU" in line][:3]
+    assert "| jobs | generated tokens | prompt tokens | node-hours | busy node-hours |" in markdown
+    assert "per node-hour" in markdown and "tokens/s per node" in markdown and "tok/s/node" in terminal
+
+
 def test_job_whose_drafter_was_turned_off_midway_is_left_out_of_the_comparison():
     guarded = [unit("d-1", "d1", 0, 10, 1000, 100, 10, 20, (5, 3), k=2), unit("d-2", "d1", 10, 10, 1000, 100)]
     jobs = [

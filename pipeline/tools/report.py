@@ -327,7 +327,19 @@ def tables(report: CostReport) -> dict[str, Table]:
         ["job", "speculation", "mean acceptance length", "flag"],
         [[j.job_id, _depth(j), _num(j.mean_acceptance_length, 2), flag] for j in jobs for flag in j.speculation_flags],
     )
-    return out
+    return {title: ([in_units(report, h) for h in header], rows) for title, (header, rows) in out.items()}
+
+
+def in_units(report: CostReport, text: str) -> str:
+    """A report whose jobs all ran on CPU nodes bills node-hours, not GPU-hours (the figures
+    are the same: one node per replica)."""
+    if not report.jobs or not all(j.cpu_only for j in report.jobs):
+        return text
+    for gpu, node in (("replicas x GPUs per replica x", "replicas x"), ("times GPUs per replica", "one node a replica"),
+                      ("replicas x GPUs", "replicas"), ("GPU-hour", "node-hour"), ("GPU-h", "node-h"),
+                      ("per GPU", "per node"), ("/GPU", "/node")):
+        text = text.replace(gpu, node)
+    return text
 
 
 DEFINITIONS = [
@@ -340,7 +352,8 @@ DEFINITIONS = [
 
 
 def to_markdown(report: CostReport) -> str:
-    lines = ["# specbatch cost report", "", f"Generated {report.generated_at}; prices in {report.currency} per GPU-hour.", ""]
+    intro = in_units(report, f"Generated {report.generated_at}; prices in {report.currency} per GPU-hour.")
+    lines = ["# specbatch cost report", "", intro, ""]
     for uri in report.output_uris:
         lines.append(f"- `{uri}`")
     for title, (header, rows) in tables(report).items():
@@ -353,7 +366,7 @@ def to_markdown(report: CostReport) -> str:
         lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
     if report.warnings:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in report.warnings]
-    lines += ["", "## Definitions", ""] + [f"- {d}" for d in DEFINITIONS]
+    lines += ["", "## Definitions", ""] + [f"- {in_units(report, d)}" for d in DEFINITIONS]
     return "\n".join(lines) + "\n"
 
 
@@ -431,7 +444,7 @@ def to_html(report: CostReport, jobs: Sequence[JobData]) -> str:
         "th{background:#f0f0f0}.warn{color:#a40}" + plots.STYLE + "</style>",
         "</head><body>",
         "<h1>specbatch cost report</h1>",
-        f"<p>Generated {escape(report.generated_at)}; prices in {escape(report.currency)} per GPU-hour.</p>",
+        f"<p>{escape(in_units(report, f'Generated {report.generated_at}; prices in {report.currency} per GPU-hour.'))}</p>",
         "<ul>" + "".join(f"<li><code>{escape(u)}</code></li>" for u in report.output_uris) + "</ul>",
     ]
     for title, (header, rows) in tables(report).items():
@@ -446,7 +459,7 @@ def to_html(report: CostReport, jobs: Sequence[JobData]) -> str:
     parts += [f"<figure>{svg}</figure>" for svg in report_plots(report, jobs)]
     if report.warnings:
         parts.append("<h2>Warnings</h2><ul>" + "".join(f'<li class="warn">{escape(w)}</li>' for w in report.warnings) + "</ul>")
-    parts.append("<h2>Definitions</h2><ul>" + "".join(f"<li>{escape(d)}</li>" for d in DEFINITIONS) + "</ul>")
+    parts.append("<h2>Definitions</h2><ul>" + "".join(f"<li>{escape(in_units(report, d))}</li>" for d in DEFINITIONS) + "</ul>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
@@ -472,7 +485,8 @@ def format_terminal_table(header: Sequence[str], rows: Sequence[Sequence[str]]) 
 
 def terminal_summary(report: CostReport) -> str:
     c = report.currency
-    header = ["job", "accelerator", "spec", "generated", "GPU-h", f"cost {c}", f"{c}/1M gen", "tok/s/GPU", "accept len", "failed"]
+    header = [in_units(report, h) for h in
+              ["job", "accelerator", "spec", "generated", "GPU-h", f"cost {c}", f"{c}/1M gen", "tok/s/GPU", "accept len", "failed"]]
     rows = [
         [j.job_id, j.accelerator, _depth(j), _num(j.generated_tokens), _num(j.gpu_hours, 4), _num(j.cost, 4),
          _num(j.cost_per_million_generated_tokens, 4), _num(j.tokens_per_second_per_gpu, 1), _num(j.mean_acceptance_length, 2),
