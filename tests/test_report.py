@@ -201,6 +201,24 @@ def test_a_report_of_cpu_jobs_bills_node_hours(tmp_path, capsys):
     assert "per node-hour" in markdown and "tokens/s per node" in markdown and "tok/s/node" in terminal
 
 
+def test_the_throughput_plot_draws_each_attempt_apart():
+    """A job resumed after a gap: one line per attempt, named by it (one line was drawn
+    through the gap, with nothing marking it)."""
+    from pipeline.tools.report import JobData, throughput_series
+
+    doc = manifest("job-r", accelerator="cpu", replicas=1, gpus=0, wall=100, speculative=False)
+    doc["attempts"] = [
+        {"number": 1, "started_at": "1970-01-01T00:16:00+00:00", "status": "interrupted", "skipped_rows": 0},
+        {"number": 2, "started_at": "1970-01-01T01:00:00+00:00", "status": "succeeded", "skipped_rows": 20},
+    ]
+    rows = [unit(f"u{i}", "a", started, 5, 100, 10) for i, started in enumerate((1000, 1010, 3700, 3710, 3720))]
+    series = throughput_series(JobData("uri", JobManifest.model_validate(doc), rows))
+    assert [(name, [x for x, _ in points]) for name, points in series] == [
+        ("job-r, attempt 1", [0, 10]), ("job-r, attempt 2", [2700, 2710, 2720])]
+    doc["attempts"] = doc["attempts"][1:]  # one attempt: one line, named by the job
+    assert [name for name, _ in throughput_series(JobData("uri", JobManifest.model_validate(doc), rows))] == ["job-r"]
+
+
 def test_job_whose_drafter_was_turned_off_midway_is_left_out_of_the_comparison():
     guarded = [unit("d-1", "d1", 0, 10, 1000, 100, 10, 20, (5, 3), k=2), unit("d-2", "d1", 10, 10, 1000, 100)]
     jobs = [

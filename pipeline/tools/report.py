@@ -379,6 +379,20 @@ def _thin(rows: Sequence[dict[str, Any]]) -> Sequence[dict[str, Any]]:
     return rows[::step]
 
 
+def throughput_series(job: JobData) -> list[tuple[str, list[tuple[float, float]]]]:
+    """(name, (seconds since the job's first unit, unit tok/s)) per attempt that committed
+    units: a line of its own each, so none is drawn across the gap between two attempts."""
+    starts = sorted((dt.datetime.fromisoformat(a.started_at).timestamp(), a.number) for a in job.manifest.attempts)
+    first = min(r["started_at"] for r in job.stats)
+    by_attempt: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in job.stats:
+        by_attempt[max((n for t, n in starts if t <= row["started_at"]), default=starts[0][1] if starts else 1)].append(row)
+    name = job.manifest.job_id
+    return [(f"{name}, attempt {n}" if len(by_attempt) > 1 else name,
+             [(r["started_at"] - first, r["tokens_per_second"]) for r in _thin(rows)])
+            for n, rows in sorted(by_attempt.items())]
+
+
 def report_plots(report: CostReport, jobs: Sequence[JobData]) -> list[str]:
     acceptance = plots.line_chart(
         "acceptance",
@@ -391,8 +405,7 @@ def report_plots(report: CostReport, jobs: Sequence[JobData]) -> list[str]:
     throughput = plots.line_chart(
         "throughput",
         "Tokens/s per unit over time",
-        [(job.manifest.job_id, [(r["started_at"] - job.stats[0]["started_at"], r["tokens_per_second"]) for r in _thin(job.stats)])
-         for job in jobs if job.stats],
+        [series for job in jobs if job.stats for series in throughput_series(job)],
         "seconds since the job's first unit",
         "generated tokens/s (unit)",
     )
