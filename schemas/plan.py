@@ -60,11 +60,14 @@ class TokenEstimate(Contract):
     prompt_tokens_by_kind: dict[str, int] = Field(description="'prompt' and 'messages' rows, each estimated from its own sample.")
     prompt_tokens_left: int = Field(description="The same estimate for the rows left to run.")
     output_tokens_upper_bound: int = Field(
-        description="An upper bound, not an estimate: all input rows x sampling.max_tokens x sampling.n (rows may stop earlier)."
+        description=(
+            "An upper bound (rows may stop earlier): each row's own max_tokens x n, its overrides else the job's; summed "
+            "over every row when the sample is all of them (exact), else each kind's sample mean x its rows."
+        )
     )
     output_tokens_upper_bound_left: int = Field(description="The same bound for the rows left to run.")
     sample_rows_above_bound: int = Field(
-        0, description="Sampled rows whose own max_tokens x n (row overrides) is above the job's: the bound does not hold for them."
+        0, description="Sampled rows whose own max_tokens x n (row overrides) is above the job's: counted by their own."
     )
 
 

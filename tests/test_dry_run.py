@@ -123,6 +123,23 @@ def test_the_probe_of_a_small_input_is_said_with_the_rows_it_has(tmp_path, capsy
     assert "generates up to 5 rows with the drafter" in probe.message, probe.message
 
 
+def test_the_output_bound_counts_each_rows_own_max_tokens(tmp_path, capsys, trained_kit):
+    """Every row counted (a small input): the bound is the sum of each row's max_tokens x n, its
+    overrides included, and no warning (it was rows x the job's max_tokens, then a warning that
+    it did not hold)."""
+    write_prompts(tmp_path / "in" / "p.parquet", {
+        "id": [f"m{i}" for i in range(5)], "prompt": ["def f(x):"] * 5,
+        "max_tokens": pa.array([None, 40, None, 3, None], pa.int64()),
+    })
+    config = write_config(tmp_path / "job.yaml", str(tmp_path / "in"), str(tmp_path / "out"), trained_kit)
+    code, plan, err = dry_run_json(capsys, config)
+    assert code == 0, err
+    t = plan.tokens
+    assert t.exact and t.sample_rows_above_bound == (40 > MAX_TOKENS) + (3 > MAX_TOKENS)
+    assert t.output_tokens_upper_bound == t.output_tokens_upper_bound_left == 3 * MAX_TOKENS + 40 + 3
+    assert not [w for w in plan.warnings if "max_tokens" in w], plan.warnings
+
+
 def test_a_dry_run_starts_no_engine_and_no_ray_and_writes_nothing(tmp_path, job_input, trained_kit):
     """In a process of its own: no Ray or vLLM imported (so none started), no child process
     left, and the output location never created; the input and the models unchanged."""

@@ -31,8 +31,9 @@ Then the estimates, which refuse nothing:
   then the same number of rows uniformly within each, so every row is as likely to be sampled
   and the sample mean x the kind's rows estimates its tokens. Rows the stage would refuse count
   0 tokens (they never reach the engine). With fewer rows than the sample, every row is counted.
-- output tokens: rows x sampling.max_tokens x sampling.n, an upper bound (rows stop earlier);
-  sampled rows whose own overrides ask for more are counted and reported.
+- output tokens: each row's own max_tokens x n (its overrides, else the job's), an upper bound
+  (rows stop earlier): summed over every row when the sample is all of them, else each kind's
+  sample mean x its rows, and sampled rows that ask for more than the job's are reported.
 - GPU-hours and cost, when the job's calibration exists (OUTPUT_URI/calibration/calibration.json,
   written by `specbatch calibrate`): the output bound of the rows left / its measured generated
   tokens per second per GPU at the job's depth and the highest concurrency measured (the job's
@@ -194,10 +195,10 @@ def make_plan(
     # the estimates
     plan.tokens = estimate_tokens(config, storage, inputs, todo, sample_rows)
     rows_above = plan.tokens.sample_rows_above_bound
-    if rows_above:
+    if rows_above and not plan.tokens.exact:
         plan.warnings.append(
             f"{rows_above} of {plan.tokens.sample_rows} sampled rows ask for more than sampling.max_tokens x sampling.n "
-            "(their own max_tokens or n): the output bound does not hold for rows like them"
+            "(their own max_tokens or n): the output bound counts rows by the sample's mean, an estimate for rows not sampled"
         )
     plan.cost, plan.cost_note = estimate_cost(config, location, plan.tokens.output_tokens_upper_bound_left, plan.warnings)
 
@@ -318,7 +319,7 @@ def estimate_tokens(
         by_kind[f.text_column].append(f)
     total = inputs.rows
     bound = config.sampling.max_tokens * config.sampling.n
-    tokens_by_kind, mean_by_kind = {}, {}
+    tokens_by_kind, mean_by_kind, bound_by_kind = {}, {}, {}
     sampled = groups_read = errors = above = 0
     error_kinds: Counter = Counter()
     exact = True
@@ -330,6 +331,7 @@ def estimate_tokens(
         draws = min(want, max(1, int(max_row_groups * rows / total)))
         exact &= want == rows
         counts: list[int] = []
+        bounds: list[int] = []  # each row's own max_tokens x n; 0 for a row the stage refuses
         for row in _sample_kind(storage, files, rows, want, draws, rng):
             groups_read += row is None
             if row is None:
@@ -341,12 +343,15 @@ def estimate_tokens(
                 errors += 1
                 error_kinds[err.kind] += 1
                 counts.append(0)
+                bounds.append(0)
                 continue
             values = json.loads(prepared["sampling"])
             above += values["max_tokens"] * values["n"] > bound
             counts.append(len(prepared["prompt_token_ids"]))
+            bounds.append(values["max_tokens"] * values["n"])
         sampled += len(counts)
         mean_by_kind[kind] = sum(counts) / len(counts) if counts else 0.0
+        bound_by_kind[kind] = sum(bounds) / len(bounds) if bounds else float(bound)
         tokens_by_kind[kind] = round(mean_by_kind[kind] * rows)
     left_by_kind = Counter()
     for u in todo:
@@ -357,7 +362,8 @@ def estimate_tokens(
         sample_error_kinds=dict(error_kinds), exact=exact, prompt_tokens=sum(tokens_by_kind.values()),
         prompt_tokens_by_kind=tokens_by_kind,
         prompt_tokens_left=round(sum(mean_by_kind.get(k, 0.0) * n for k, n in left_by_kind.items())),
-        output_tokens_upper_bound=total * bound, output_tokens_upper_bound_left=rows_left * bound,
+        output_tokens_upper_bound=round(sum(bound_by_kind[k] * sum(f.rows for f in fs) for k, fs in by_kind.items() if k in bound_by_kind)),
+        output_tokens_upper_bound_left=round(sum(bound_by_kind.get(k, bound) * n for k, n in left_by_kind.items())),
         sample_rows_above_bound=above,
     )
 
@@ -497,7 +503,7 @@ def format_plan(plan: DryRunPlan) -> str:
         kinds = ", ".join(f"{k} {n:,}" for k, n in sorted(t.prompt_tokens_by_kind.items()))
         lines.append(f"  tokens    prompt ~{t.prompt_tokens:,} ({kinds}; {how}, as the preprocess stage tokenizes); "
                      f"left to run ~{t.prompt_tokens_left:,}")
-        lines.append(f"            output at most {t.output_tokens_upper_bound:,} (rows x max_tokens x n: an upper bound, "
+        lines.append(f"            output at most {t.output_tokens_upper_bound:,} (each row's max_tokens x n: an upper bound, "
                      f"not an estimate); left to run at most {t.output_tokens_upper_bound_left:,}")
         if t.sample_error_rows:
             kinds = ", ".join(f"{k} {n}" for k, n in sorted(t.sample_error_kinds.items()))
