@@ -503,8 +503,10 @@ def format_plan(plan: DryRunPlan) -> str:
         kinds = ", ".join(f"{k} {n:,}" for k, n in sorted(t.prompt_tokens_by_kind.items()))
         lines.append(f"  tokens    prompt ~{t.prompt_tokens:,} ({kinds}; {how}, as the preprocess stage tokenizes); "
                      f"left to run ~{t.prompt_tokens_left:,}")
-        lines.append(f"            output at most {t.output_tokens_upper_bound:,} (each row's max_tokens x n: an upper bound, "
-                     f"not an estimate); left to run at most {t.output_tokens_upper_bound_left:,}")
+        bound = ("summed over every row" if t.exact else
+                 "estimated: the sample's mean per row x the rows")
+        lines.append(f"            output at most {t.output_tokens_upper_bound:,} (each row's max_tokens x n, {bound}; "
+                     f"rows may stop earlier); left to run at most {t.output_tokens_upper_bound_left:,}")
         if t.sample_error_rows:
             kinds = ", ".join(f"{k} {n}" for k, n in sorted(t.sample_error_kinds.items()))
             lines.append(f"            {t.sample_error_rows} of {t.sample_rows} sampled rows would go to errors/ ({kinds})")
