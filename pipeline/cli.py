@@ -207,10 +207,8 @@ def _interrupted(config) -> str:
     from schemas import JobManifest
 
     location = None if config is None else OutputLocation(Storage.from_config(config.storage), config.output_uri)
-    if location is None or not location.has_manifest():
-        return "interrupted before the job started"
-    manifest = JobManifest.model_validate(location.read_manifest())
-    if manifest.status != "interrupted":
+    manifest = JobManifest.model_validate(location.read_manifest()) if location and location.has_manifest() else None
+    if manifest is None or manifest.status != "interrupted":
         return "interrupted before the job started"
     return f"interrupted after {manifest.totals.units:,} of {manifest.attempts[-1].units_planned:,} units"
 

@@ -758,9 +758,8 @@ def _run_graph(
     looked = time.time()
     heed.clock.mark("graph_started")
     stall.start()
-    # closed in `finally`: an exception raised out of the loop keeps its frame, and so the
-    # iterator, alive in its traceback, and Ray Data shuts the graph's actors (and their
-    # engines) down only when the iterator closes
+    # closed in `finally`, as Ray Data asks of an iterator held by name: its executor stops
+    # then, not when a traceback that holds the frame lets go (the engines: _stop_engines)
     batches = iter(dataset.iter_batches(batch_format="pyarrow", batch_size=None))
     try:
         for stats in batches:
