@@ -107,35 +107,6 @@ def assert_engine_death_recovered(location: OutputLocation, ids: list[str]) -> N
 
 
 @pytest.mark.engine
-def test_engine_core_killed_mid_job(tmp_path, random_kit):
-    config_path, ids, _ = make_job(tmp_path, random_kit)
-    location = OutputLocation(Storage(), str(tmp_path / "out"))
-    proc = start_job(config_path)
-    wait_for_commits(location, 2, proc)
-    assert kill_engine_cores() >= 1, "no VLLM::EngineCore process found"
-    finish(proc)
-    assert len(location.committed_units()) == N_ROWS // 8
-    assert_engine_death_recovered(location, ids)
-
-
-@pytest.mark.engine
-def test_engine_actor_killed_mid_job(tmp_path, random_kit):
-    """The whole actor process dies (a lost node, an OOM kill of the actor itself)."""
-    config_path, ids, _ = make_job(tmp_path, random_kit, rows=64)
-    location = OutputLocation(Storage(), str(tmp_path / "out"))
-    proc = start_job(config_path)
-    wait_for_commits(location, 1, proc)
-    pids = engine_actor_pids()
-    assert pids, "engine actor process not found"
-    for pid in pids:
-        os.kill(pid, signal.SIGKILL)
-    finish(proc)
-    assert_exactly_once(location, ids)
-    manifest = location.read_manifest()
-    assert manifest["status"] == "succeeded" and len(manifest["attempts"]) == 1
-
-
-@pytest.mark.engine
 def test_driver_killed_then_rerun_completes_and_a_second_rerun_generates_nothing(tmp_path, random_kit):
     kit = {name: shutil.copytree(path, tmp_path / "kit" / name) for name, path in random_kit.items()}
     lease = {"heartbeat_seconds": 1, "stale_after_seconds": 6}
@@ -199,7 +170,10 @@ def test_driver_killed_then_rerun_completes_and_a_second_rerun_generates_nothing
 
 
 @pytest.mark.engine
-def test_storage_endpoint_down_for_seconds(tmp_path, s3_endpoint, random_kit):
+def test_storage_down_then_engine_core_then_engine_actor_killed_one_job(tmp_path, s3_endpoint, random_kit):
+    """One job on S3 meets three faults in turn and ends exactly once in its one attempt: the
+    endpoint stops for seconds, then vLLM's EngineCore is killed (the death and restart are
+    recorded), then the restarted engine's actor process is killed."""
     import boto3
     import s3fs
     from moto.server import ThreadedMotoServer
@@ -228,9 +202,17 @@ def test_storage_endpoint_down_for_seconds(tmp_path, s3_endpoint, random_kit):
     boto3.client("s3", endpoint_url=s3_endpoint).head_bucket(Bucket="specbatch")
     committed = len(location.committed_units())
     wait_for_commits(location, committed + 1, proc)
-    assert kill_engine_cores() >= 1  # and then the engine dies too
+    assert kill_engine_cores() >= 1  # then vLLM's EngineCore dies (a GPU fault, the OOM killer)...
+    committed = len(location.committed_units())
+    wait_for_commits(location, committed + 1, proc)  # ...the restarted engine commits...
+    pids = engine_actor_pids()
+    assert pids, "engine actor process not found"
+    for pid in pids:  # ...and then the whole actor process dies (a lost node, an OOM kill of the actor)
+        os.kill(pid, signal.SIGKILL)
     finish(proc)
+    assert len(location.committed_units()) == N_ROWS // 8
     assert_engine_death_recovered(location, ids)
+    assert len(location.read_manifest()["attempts"]) == 1  # all of it recovered inside the one attempt
 
 
 FAULTS_PLUGIN = str(Path(__file__).parent / "vllm_faults")
@@ -240,15 +222,15 @@ FAULTS_PLUGIN = str(Path(__file__).parent / "vllm_faults")
 def test_a_row_that_kills_the_engine_every_time_ends_alone_in_errors_then_retry_errors(tmp_path, random_kit):
     """A row whose request kills EngineCore every time (tests/vllm_faults): its unit's
     suspects run alone, half at a time, until the row kills the engine alone; it goes to
-    errors/ as a final EngineCrash and every other row of its unit to outputs/ (units of 4: each
-    death is an engine restart, so the fewer halvings the better). One error in 24 rows is over retries.max_error_fraction: completed_with_errors, exit code 3. With
+    errors/ as a final EngineCrash and every other row of its unit to outputs/ (units of 2: each
+    death is an engine restart, so one halving: the unit dies, then the row alone). One error in 24 rows is over retries.max_error_fraction: completed_with_errors, exit code 3. With
     the fault gone, --retry-errors generates it: every row in outputs/, none in errors/."""
     from transformers import AutoTokenizer
 
     config_path, ids, _ = make_job(
         tmp_path, random_kit, rows=24,
-        retries={"isolate_after_attempts": 1, "max_error_fraction": 0.01},
-        resources={"rows_per_unit": 4, "units_in_flight": 1},
+        retries={"isolate_after_attempts": 1, "max_error_fraction": 0.01, "breaker_window_units": 12},  # no mid-job stop
+        resources={"rows_per_unit": 2, "units_in_flight": 1},
     )
     poison = AutoTokenizer.from_pretrained(random_kit["target"]).encode("class K13:")  # the prompt of id-0013
     faults = {"PYTHONPATH": os.pathsep.join(filter(None, [FAULTS_PLUGIN, os.environ.get("PYTHONPATH")])),
@@ -265,13 +247,13 @@ def test_a_row_that_kills_the_engine_every_time_ends_alone_in_errors_then_retry_
     manifest = location.read_manifest()
     assert manifest["status"] == "completed_with_errors" and manifest["totals"]["error_rows"] == 1
     deaths = manifest["attempts"][-1]["engine_deaths"]
-    assert 2 <= len(deaths) <= 4  # about log2(4) + 1: the suspects are halved at each death
+    assert len(deaths) == 2  # the unit of 2, then the row alone (log2(2) + 1)
 
     finish(start_job(config_path, None, "--retry-errors"))  # the fault is gone
     assert_exactly_once(location, ids)
     assert location.read_table("errors").num_rows == 0
     manifest = location.read_manifest()
-    assert manifest["status"] == "succeeded" and manifest["attempts"][-1]["units_skipped"] == 5  # of 6 units
+    assert manifest["status"] == "succeeded" and manifest["attempts"][-1]["units_skipped"] == 11  # of 12 units
 
 
 @pytest.mark.engine
