@@ -229,7 +229,7 @@ def test_a_row_that_kills_the_engine_every_time_ends_alone_in_errors_then_retry_
 
     config_path, ids, _ = make_job(
         tmp_path, random_kit, rows=24,
-        retries={"isolate_after_attempts": 1, "max_error_fraction": 0.01, "breaker_window_units": 12},  # no mid-job stop
+        retries={"isolate_after_attempts": 1, "max_error_fraction": 0.01, "breaker_window_units": 13},  # > its 12 units: never full
         resources={"rows_per_unit": 2, "units_in_flight": 1},
     )
     poison = AutoTokenizer.from_pretrained(random_kit["target"]).encode("class K13:")  # the prompt of id-0013
