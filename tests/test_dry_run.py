@@ -1,5 +1,6 @@
 """`specbatch run CONFIG --dry-run [--json]`: the plan and the checks of the real run, with no
-engine, no Ray and nothing written to the output location. One real job (the rerun test)."""
+engine, no Ray and nothing written to the output location. The dry run of a finished job's
+rerun is tested on tests/test_status.py's real job."""
 
 from __future__ import annotations
 
@@ -121,6 +122,17 @@ def test_the_probe_of_a_small_input_is_said_with_the_rows_it_has(tmp_path, capsy
     assert code == 0, err
     (probe,) = [c for c in plan.checks if c.name == "drafter_probe"]
     assert "generates up to 5 rows with the drafter" in probe.message, probe.message
+
+
+def test_null_and_blank_ids_are_counted_as_the_rows_errors(tmp_path, capsys, trained_kit):
+    """The dry run counts a null or blank id as its row's `invalid_id`, as the job does (its
+    sample once failed on a null id: KeyError 'row')."""
+    write_prompts(tmp_path / "in" / "p.parquet", {"id": ["a", None, " ", "d"], "prompt": ["def f(x):"] * 4})
+    config = write_config(tmp_path / "job.yaml", str(tmp_path / "in"), str(tmp_path / "out"), trained_kit)
+    code, plan, err = dry_run_json(capsys, config)
+    assert code == 0, err
+    assert plan.tokens.exact and plan.tokens.sample_error_rows == 2
+    assert plan.tokens.sample_error_kinds == {"invalid_id": 2}
 
 
 def test_the_output_bound_counts_each_rows_own_max_tokens(tmp_path, capsys, trained_kit):
@@ -325,34 +337,3 @@ def test_openai_batch_input_is_checked_without_writing_its_conversion(tmp_path, 
     assert main(["run", config, "--dry-run"]) == 2
     assert capsys.readouterr().err == real and "line 1" in real
     assert files_of(out) == before
-
-
-@pytest.mark.engine
-def test_a_rerun_over_a_finished_output_has_nothing_left(tmp_path, capsys, ray_local, trained_kit):
-    """One real job, then its dry rerun: every unit committed, nothing to run, the engine's
-    own prompt token count is the dry run's exact count, and the location is untouched."""
-    from pipeline.config import load_config
-    from pipeline.runner import run_job
-
-    rng = random.Random(3)
-    write_prompts(tmp_path / "in" / "p.parquet", {"id": [f"r{i}" for i in range(20)], "prompt": [_text(rng, 20) for _ in range(20)]})
-    config = write_config(tmp_path / "job.yaml", str(tmp_path / "in"), str(tmp_path / "out"), trained_kit,
-                          sampling={"max_tokens": 4, "temperature": 0.0})
-    manifest = run_job(load_config(config), progress=False)
-    assert manifest.status == "succeeded"
-    before = files_of(tmp_path / "out")
-
-    code, plan, err = dry_run_json(capsys, config)
-    assert code == 0, err
-    assert plan.units.rerun_of == manifest.job_id
-    assert (plan.units.units, plan.units.committed, plan.units.left, plan.units.rows_left) == (2, 2, 0, 0)
-    assert plan.inputs.footers_read == 0  # the files _job.json recorded are not read again
-    assert plan.tokens.exact and plan.tokens.prompt_tokens == manifest.totals.prompt_tokens
-    assert plan.tokens.prompt_tokens_left == plan.tokens.output_tokens_upper_bound_left == 0
-    statuses = {c.name: c.status for c in plan.checks}
-    assert statuses == {"preflight": "skipped", "drafter": "skipped", "drafter_probe": "skipped", "lease": "pass",
-                        "cluster": "skipped"}
-    assert files_of(tmp_path / "out") == before
-
-    assert main(["run", config, "--dry-run"]) == 0
-    assert f"rerun of job {manifest.job_id}: 2 committed, 0 left to run" in capsys.readouterr().out

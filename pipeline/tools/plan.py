@@ -370,7 +370,7 @@ def estimate_tokens(
 
 def _sample_kind(storage: Storage, files: list, rows: int, want: int, draws: int, rng: random.Random):
     """Yields None for each row group read, then its sampled rows in the unit layout
-    (pipeline/units.UNIT_COLUMNS; never `metadata`). Every row, when `want` is all of them;
+    (pipeline/units.UNIT_COLUMNS; never `metadata`) with its `source` and `row`. Every row, when `want` is all of them;
     otherwise `draws` row groups drawn proportional to their rows (with replacement: a group
     drawn twice gives twice the rows), and want/draws rows uniformly within each."""
     starts, offset = [], 0
@@ -406,8 +406,8 @@ def _sample_kind(storage: Storage, files: list, rows: int, want: int, draws: int
                         take = sum(per_draw[draw:draw + landed])
                         draw += landed
                         chosen = sorted(rng.sample(range(size), min(size, take)))
-                    for r in chosen:
-                        yield table.slice(r, 1).to_pylist()[0]
+                    for r in chosen:  # where it came from, as read_unit's rows say it (the row errors name it)
+                        yield {**table.slice(r, 1).to_pylist()[0], "source": f.uri, "row": first + r}
                 first += size
 
 
