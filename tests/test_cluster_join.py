@@ -2,9 +2,10 @@
 
 Ray remembers the last cluster started on a machine in `ray_current_cluster` under its temp
 dir, and a plain `ray.init()` joins it, or fails once it is dead. A local run must start a Ray
-of its own next to a live `ray start` head and next to the stale file that head leaves when it
-is killed, and `_job.json` must say which cluster ran the job. Each run is a real CLI process
-with its own RAY_TMPDIR, so the session's Ray and other tests are not touched."""
+of its own next to a live `ray start` head (a whole `specbatch run`, whose `_job.json` says which
+cluster ran the job) and next to the stale file that head leaves when it is killed (the run's own
+Ray start, `pipeline.startup.ray_init`, in a process of its own). Each has its own RAY_TMPDIR, so
+the session's Ray and other tests are not touched."""
 
 from __future__ import annotations
 
@@ -60,6 +61,16 @@ def test_a_local_run_starts_its_own_ray_next_to_a_live_head_and_its_stale_file(t
         stop_ray_head(ray_tmpdir)
 
     assert address_file.read_text().strip().endswith(f":{gcs_port}")  # the head is dead, its file stays
-    stale, manifest = run_cli(tmp_path, "stale", random_kit, env)
+    # Next to the stale file, the run's own Ray start (what `specbatch run` calls, in a process
+    # of its own with the same environment): a plain ray.init() would fail on the dead head.
+    stale = subprocess.run([sys.executable, "-c", STALE_START], env=env, capture_output=True, text=True, timeout=300)
     assert stale.returncode == 0, stale.stderr[-3000:]
-    assert manifest["status"] == "succeeded" and manifest["attempts"][-1]["ray_cluster"].startswith("its own local Ray")
+    assert stale.stdout.strip().startswith("its own local Ray") and f":{gcs_port}" not in stale.stdout
+
+
+STALE_START = """
+import ray
+from pipeline.startup import ray_init
+print(ray_init()[1])
+ray.shutdown()
+"""

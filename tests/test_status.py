@@ -285,3 +285,28 @@ def test_status_on_s3_takes_the_endpoint_from_the_environment(job, s3_job, s3_en
         text=True, cwd=Path(__file__).parent.parent, timeout=120,
     )
     assert missing.returncode == 2 and "no job has run at s3://specbatch/no-such-job" in missing.stderr
+
+
+@pytest.mark.engine
+def test_a_dry_rerun_over_the_finished_job_has_nothing_left(job, capsys):
+    """The finished job's dry rerun: every unit committed, nothing to run, the engine's own
+    prompt token count is the dry run's exact count, and the location is untouched."""
+    from tests.test_dry_run import dry_run_json, files_of
+
+    root, manifest = job
+    config = str(root / "job.yaml")
+    before = files_of(root / "out")
+    code, plan, err = dry_run_json(capsys, config)
+    assert code == 0, err
+    assert plan.units.rerun_of == manifest.job_id
+    assert (plan.units.units, plan.units.committed, plan.units.left, plan.units.rows_left) == (4, 4, 0, 0)
+    assert plan.inputs.footers_read == 0  # the files _job.json recorded are not read again
+    assert plan.tokens.exact and plan.tokens.prompt_tokens == manifest.totals.prompt_tokens
+    assert plan.tokens.prompt_tokens_left == plan.tokens.output_tokens_upper_bound_left == 0
+    statuses = {c.name: c.status for c in plan.checks}
+    assert statuses == {"preflight": "skipped", "drafter": "skipped", "drafter_probe": "skipped", "lease": "pass",
+                        "cluster": "skipped"}
+    assert files_of(root / "out") == before
+
+    assert cli_main(["run", config, "--dry-run"]) == 0
+    assert f"rerun of job {manifest.job_id}: 4 committed, 0 left to run" in capsys.readouterr().out
