@@ -218,6 +218,7 @@ def test_greedy_output_with_the_schedule_equals_speculation_off(scheduled_run, r
 
 @pytest.mark.engine
 def test_the_default_guard_turns_off_a_drafter_that_slipped_past(tmp_path, ray_local, prompts, stripped_drafter, reference):
+    ray = ray_local
     raw = job_config(prompts[0], str(tmp_path / "out"), {"target": KIT["target"], "drafter": stripped_drafter},
                      sampling={"ignore_eos": True}, resources={"rows_per_unit": 8, "units_in_flight": 2})
     del raw["speculative"]["guard"]  # the default: on, disable-speculation
@@ -230,8 +231,24 @@ def test_the_default_guard_turns_off_a_drafter_that_slipped_past(tmp_path, ray_l
     assert manifest.status == "succeeded"
     assert outputs_by_id(location) == reference  # every row, identical to a run without speculation
     assert Counter(location.read_table("outputs").column("id").to_pylist()) == Counter(prompts[1])
-    stats = location.read_table("stats").to_pylist()
-    assert any(row["speculation_disabled_by_guard"] for row in stats)
+    assert manifest.attempts[-1].processed_rows == len(prompts[1])
     verdict = location.read_manifest()["speculation"]
     assert verdict["below_floor"] and verdict["cost_more_than_saved"] is True
     assert any("below the floor" in flag for flag in verdict["flags"])
+
+    # Units before the switch drafted; after it, none did, on engines without the drafter.
+    stats = sorted(location.read_table("stats").to_pylist(), key=lambda r: r["started_at"])
+    spec = [r for r in stats if r["speculative"]]
+    plain = [r for r in stats if not r["speculative"]]
+    assert spec and plain, "some units before the switch, some after"
+    assert set(event.unit_ids) <= {r["unit_id"] for r in spec}
+    assert max(r["started_at"] for r in spec) < min(r["started_at"] for r in plain)
+    assert all(r["speculation_disabled_by_guard"] and r["draft_tokens"] == 0 for r in plain)
+    drafter_of = {r["unit_id"]: r["drafter"] for r in location.read_table("outputs").to_pylist()}
+    assert all(drafter_of[r["unit_id"]] is None for r in plain if r["output_rows"])
+    # The drafting engines were gone before the plain ones generated anything.
+    old_actors = {r["actor_id"] for r in spec} - {r["actor_id"] for r in plain}
+    assert old_actors
+    for actor_id in old_actors:
+        actor = ray._private.state.actors(actor_id)
+        assert actor["State"] == "DEAD" and actor["EndTime"] / 1000 < min(r["started_at"] for r in plain)
