@@ -31,11 +31,6 @@ GAUGES = {
 }
 
 
-def exported_names() -> set[str]:
-    """The names Prometheus sees."""
-    return {f"ray_specbatch_{name}_total" for name in COUNTERS} | {f"ray_specbatch_{name}" for name in GAUGES}
-
-
 class ReplicaMetrics:
     def __init__(self, job_id: str, replica: str):
         self.tags = {"job_id": job_id, "replica": replica}

@@ -154,11 +154,6 @@ class OutputLocation:
         self.storage.write_parquet(self.path(STATS, f"{name}.parquet"), table)
         return pa.concat_tables([others, table])
 
-    def units_with_errors(self, committed: set[str], retryable_only: bool) -> set[str]:
-        """Committed units with error rows (with `retryable_only`, rows a rerun generates
-        again), from the stats files (and the markers of units none holds yet)."""
-        return error_units(self.stats_table(committed), retryable_only)
-
     # ------------------------------------------------------------------ cleanup
 
     def cleanup(self, committed: Optional[set[str]] = None) -> int:

@@ -96,13 +96,6 @@ class Storage:
     def fs(self, uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
         return url_to_fs(uri, **self._options(uri))
 
-    def arrow_fs(self, uri: str):
-        """The same file system wrapped for pyarrow / Ray Data."""
-        from pyarrow.fs import FSSpecHandler, PyFileSystem
-
-        fs, _ = self.fs(uri)
-        return PyFileSystem(FSSpecHandler(fs))
-
     def join(self, base: str, *parts: str) -> str:
         return posixpath.join(base.rstrip("/"), *parts)
 

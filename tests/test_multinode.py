@@ -54,7 +54,7 @@ def write_job(tmp_path: Path, kit: dict, output_uri: str, units: int, rows_per_u
     columns = {"id": ids, "prompt": [f"def f{i}(a, b):" for i in range(len(ids))]}
     input_uri = f"s3://specbatch/{tmp_path.name}/in" if s3 else str(tmp_path / "in")
     if s3:
-        write_prompts(f"specbatch/{tmp_path.name}/in/p.parquet", columns, filesystem=Storage(endpoint_url=s3).arrow_fs("s3://specbatch"))
+        write_prompts(f"specbatch/{tmp_path.name}/in/p.parquet", columns, filesystem=Storage(endpoint_url=s3).fs("s3://specbatch")[0])
     else:
         write_prompts(tmp_path / "in" / "p.parquet", columns)
     models = str(Path(kit["target"]).parent)  # the kit is on a folder every node sees: declared shared

@@ -63,7 +63,7 @@ import random
 import sys
 import tempfile
 from collections import Counter, defaultdict
-from typing import IO, Optional
+from typing import Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -105,18 +105,16 @@ def dry_run(
     retry_errors: bool = False,
     address: Optional[str] = None,
     as_json: bool = False,
-    out: Optional[IO[str]] = None,
-    sample_rows: int = SAMPLE_ROWS,
 ) -> int:
     """Print the plan (text, or one JSON object with `as_json`) and return 0 when the run would
     be accepted. A refusal prints the plan so far and raises the real run's exception."""
-    out = out or sys.stdout
+    out = sys.stdout
     plan = DryRunPlan(accepted=False, config_uri=config_uri)
     try:
         config = load_config(config_uri, {"output_uri": output_uri} if output_uri else None)
         plan.output_uri = config.output_uri
         with tempfile.TemporaryDirectory(prefix="specbatch-dry-run-") as scratch:
-            make_plan(config, plan, scratch, restart, take_over, retry_errors, address, sample_rows)
+            make_plan(config, plan, scratch, restart, take_over, retry_errors, address)
     except REFUSALS as exc:
         plan.refused = str(exc)
         out.write(plan.model_dump_json(indent=2) + "\n" if as_json else format_plan(plan))
@@ -146,7 +144,7 @@ class _Step:
 
 def make_plan(
     config: JobConfig, plan: DryRunPlan, scratch: str, restart: bool = False, take_over: bool = False,
-    retry_errors: bool = False, address: Optional[str] = None, sample_rows: int = SAMPLE_ROWS,
+    retry_errors: bool = False, address: Optional[str] = None,
 ) -> None:
     # 1-3. the output location and the models, the input check (OpenAI batch files not
     # converted yet are converted into `scratch`), the units: what run_job plans, read-only
@@ -193,7 +191,7 @@ def make_plan(
     with _Step(plan, "cluster") as step:
         _cluster_check(step, config, todo, address)
     # the estimates
-    plan.tokens = estimate_tokens(config, storage, inputs, todo, sample_rows)
+    plan.tokens = estimate_tokens(config, storage, inputs, todo)
     rows_above = plan.tokens.sample_rows_above_bound
     if rows_above and not plan.tokens.exact:
         plan.warnings.append(
@@ -299,8 +297,7 @@ def _cluster_check(step: _Step, config: JobConfig, todo: list[WorkUnit], address
 
 
 def estimate_tokens(
-    config: JobConfig, storage: Storage, inputs: InputReport, todo: list[WorkUnit], sample_rows: int = SAMPLE_ROWS,
-    max_row_groups: int = SAMPLE_ROW_GROUPS, seed: int = SAMPLE_SEED,
+    config: JobConfig, storage: Storage, inputs: InputReport, todo: list[WorkUnit]
 ) -> TokenEstimate:
     """Prompt tokens estimated from a sample prepared as the preprocess stage prepares rows,
     per input kind; output tokens bounded by max_tokens x n (module docstring)."""
@@ -313,7 +310,7 @@ def estimate_tokens(
         structured_backend=structured_backend(config), storage=storage,
         lora_adapters=sorted(config.lora.adapters) if config.lora else (),
     )
-    rng = random.Random(seed)
+    rng = random.Random(SAMPLE_SEED)
     by_kind: dict[str, list] = defaultdict(list)
     for f in inputs.files:
         by_kind[f.text_column].append(f)
@@ -327,8 +324,8 @@ def estimate_tokens(
         rows = sum(f.rows for f in files)
         if not rows:
             continue
-        want = min(rows, max(MIN_SAMPLE_PER_KIND, round(sample_rows * rows / total)))
-        draws = min(want, max(1, int(max_row_groups * rows / total)))
+        want = min(rows, max(MIN_SAMPLE_PER_KIND, round(SAMPLE_ROWS * rows / total)))
+        draws = min(want, max(1, int(SAMPLE_ROW_GROUPS * rows / total)))
         exact &= want == rows
         counts: list[int] = []
         bounds: list[int] = []  # each row's own max_tokens x n; 0 for a row the stage refuses
@@ -358,7 +355,7 @@ def estimate_tokens(
         left_by_kind[u.text_column] += u.rows
     rows_left = sum(left_by_kind.values())
     return TokenEstimate(
-        sample_rows=sampled, sample_row_groups=groups_read, sample_seed=seed, sample_error_rows=errors,
+        sample_rows=sampled, sample_row_groups=groups_read, sample_seed=SAMPLE_SEED, sample_error_rows=errors,
         sample_error_kinds=dict(error_kinds), exact=exact, prompt_tokens=sum(tokens_by_kind.values()),
         prompt_tokens_by_kind=tokens_by_kind,
         prompt_tokens_left=round(sum(mean_by_kind.get(k, 0.0) * n for k, n in left_by_kind.items())),

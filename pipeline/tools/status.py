@@ -197,12 +197,11 @@ def read_manifest(storage: Storage, uri: str) -> Optional[JobManifest]:
 
 def job_status(
     storage: Storage, uri: str, error_files: int = DEFAULT_ERROR_FILES, run_command: str = "specbatch run CONFIG",
-    now: Optional[float] = None,
 ) -> Optional[StatusReport]:
     """Where the job at `uri` stands; None when no job has run there. `run_command` is how the
     notes name the command that resumes it."""
     uri = uri.rstrip("/")
-    now = time.time() if now is None else now
+    now = time.time()
     manifest = read_manifest(storage, uri)
     try:
         lease = Lease.model_validate(storage.read_json(storage.join(uri, LEASE)))
