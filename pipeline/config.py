@@ -550,6 +550,15 @@ class JobConfig(Section):
             "glob), converted once into Parquet prompt rows under output_uri/_inputs/ (pipeline/openai_batch.py)."
         ),
     )
+    unsupported_requests: Literal["refuse", "errors"] = Field(
+        "refuse",
+        description=(
+            "openai_batch input: refuse refuses the whole job over any request line specbatch cannot run, as OpenAI's "
+            "batch validation does; errors makes each such line with a custom_id its row in errors/ (unsupported_request, "
+            "naming the field), an error line of the export, and runs the rest. Lines that are not JSON, lack a "
+            "custom_id or repeat one are refused either way."
+        ),
+    )
     output_uri: str = Field(
         description=(
             "Where outputs/, errors/, stats/ and _job.json go: a local folder or a URI (any fsspec scheme). A rerun on it "
@@ -595,6 +604,15 @@ class JobConfig(Section):
                 f"output_uri ({self.output_uri}) {inside} the folder input_uri ({self.input_uri}) reads from: the job would "
                 "work once, then a rerun would read its own outputs as input. Set output_uri to a folder outside input_uri "
                 "(e.g. a sibling folder), or move the input into a folder of its own"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _unsupported_requests_of_batch_files(self):
+        if self.unsupported_requests != "refuse" and self.input_format != "openai_batch":
+            raise ValueError(
+                f"unsupported_requests: {self.unsupported_requests} applies to OpenAI batch files only: set "
+                "input_format: openai_batch, or remove unsupported_requests (a bad Parquet row is always its row's error)"
             )
         return self
 

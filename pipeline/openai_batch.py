@@ -13,7 +13,10 @@ needs ({"url", "model", "file", "line"}).
 
 Like OpenAI's own batch validation, a file with any line that cannot be run refuses the whole job
 before any engine starts (InputError): the message names the file, the line, the custom_id and
-the field of each problem (the first LISTED_PROBLEMS, and their count). A value of the right type
+the field of each problem (the first LISTED_PROBLEMS, and their count). With
+`unsupported_requests: errors` such a line with a custom_id is written as a row with no prompt
+and its problem in `metadata` (`unsupported_row`); the preprocess stage makes it the row's
+`unsupported_request` error, so the export writes it as an error line. A value of the right type
 but out of range (temperature 7) is the request's own fault, as at OpenAI's endpoint: that row
 goes to errors/ and the rest of the job runs.
 
@@ -48,6 +51,7 @@ LISTED_PROBLEMS = 20
 PARALLEL_FILES = 8
 MARKERS_PER_READ = 256  # commit markers the export holds at once
 
+UNSUPPORTED = "unsupported_request"  # the metadata key of an unsupported line's row, and its error_kind
 MESSAGES = pa.list_(pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())]))
 
 
@@ -286,6 +290,28 @@ def _shared_body(body: dict, row: dict, sampling: dict) -> None:
             raise LineProblem(f"body.{name}", "not supported by specbatch (refused rather than ignored)")
 
 
+def unsupported_row(request: dict, custom_id: str, problem: LineProblem, line: int, file: str) -> tuple[str, dict]:
+    """A line specbatch cannot run, as a row the preprocess stage turns into its error
+    (`unsupported_request`, unsupported_requests: errors): its id, no prompt, and the problem in
+    its metadata."""
+    url = request.get("url")
+    body = request.get("body") if isinstance(request.get("body"), dict) else {}
+    meta = {"url": url if url in URLS else None, "model": body.get("model") if isinstance(body.get("model"), str) else None,
+            "file": file, "line": line, UNSUPPORTED: {"field": problem.field, "message": str(problem)}}
+    return URLS.get(url, "completions"), {"id": custom_id, "metadata": json.dumps(meta, sort_keys=True)}
+
+
+def unsupported_problem(metadata: Any) -> Optional[dict]:
+    """The problem an unsupported line's row carries (unsupported_row), or None."""
+    if not isinstance(metadata, str) or UNSUPPORTED not in metadata:
+        return None
+    try:
+        problem = json.loads(metadata).get(UNSUPPORTED)
+    except (ValueError, AttributeError):
+        return None
+    return problem if isinstance(problem, dict) else None
+
+
 def convert_request(request: Any, line: int, file: str) -> tuple[str, dict]:
     """One request line (parsed JSON) -> (kind, row of the prompt row contract); LineProblem
     names the field of what cannot be run."""
@@ -358,10 +384,12 @@ def identity_hash(*parts: Any) -> str:
     return hashlib.sha256("\0".join(str(p) for p in parts).encode()).hexdigest()
 
 
-def converted_base(uri: str, size: int, version: str) -> str:
+def converted_base(uri: str, size: int, version: str, unsupported: str = "refuse") -> str:
     """`<stem>-<hash of the URI>-<hash of URI, size, version>`: the first two name the source,
-    the last its content."""
-    return f"{short_name(uri)}-{identity_hash(uri)[:8]}-{identity_hash(uri, size, version)[:12]}"
+    the last its content (and, with unsupported_requests: errors, that setting: its
+    conversion holds rows the other one refuses)."""
+    content = identity_hash(uri, size, version) if unsupported == "refuse" else identity_hash(uri, size, version, unsupported)
+    return f"{short_name(uri)}-{identity_hash(uri)[:8]}-{content[:12]}"
 
 
 def _source_key(converted_uri: str) -> str:
@@ -378,11 +406,12 @@ class _FileConversion:
     first LISTED_PROBLEMS listed, all counted), and its custom_id hashes, so duplicates are
     found without holding the ids. Once a problem is seen nothing more is written."""
 
-    def __init__(self, storage: Storage, uri: str, folder: str, base: str):
+    def __init__(self, storage: Storage, uri: str, folder: str, base: str, unsupported: str = "refuse"):
         self.storage, self.uri, self.folder, self.base = storage, uri, folder, base
+        self.error_lines = unsupported == "errors"
         self.sinks: dict[str, _Sink] = {}
         self.problems: list[str] = []
-        self.count = self.lines = 0
+        self.count = self.lines = self.unsupported = 0
         self.hashes, self.line_numbers = [], []
         self.ids_batch, self.lines_batch = [], []
 
@@ -404,7 +433,10 @@ class _FileConversion:
         try:
             kind, row = convert_request(request, line, self.uri)
         except LineProblem as exc:
-            return self.note(line, custom_id, exc.field, str(exc))
+            if not (self.error_lines and isinstance(custom_id, str) and custom_id):
+                return self.note(line, custom_id, exc.field, str(exc))
+            kind, row = unsupported_row(request, custom_id, exc, line, self.uri)
+            self.unsupported += 1
         self.ids_batch.append(hashlib.blake2b(custom_id.encode(), digest_size=8).digest())
         self.lines_batch.append(line)
         if len(self.ids_batch) >= ROWS_PER_BATCH:
@@ -434,11 +466,12 @@ class _FileConversion:
             sink.close(keep)
 
 
-def _convert_file(storage: Storage, uri: str, info: dict, folder: str) -> tuple[list[str], list[str], int]:
+def _convert_file(storage: Storage, uri: str, info: dict, folder: str, unsupported: str) -> tuple[list[str], list[str], int]:
     """Convert one JSONL file -> (converted URIs, problems (the first LISTED_PROBLEMS), count of
-    problems). Nothing is kept unless every line converts."""
-    base = converted_base(uri, info["size"], info["version"])
-    conversion = _FileConversion(storage, uri, folder, base)
+    problems). Nothing is kept unless every line converts (or, with unsupported_requests:
+    errors, becomes its error row)."""
+    base = converted_base(uri, info["size"], info["version"], unsupported)
+    conversion = _FileConversion(storage, uri, folder, base, unsupported)
     fs, path = storage.fs(uri)
     try:
         with storage.retrying(f"open {uri}", lambda: fs.open(path, "rb")) as f:
@@ -453,7 +486,8 @@ def _convert_file(storage: Storage, uri: str, info: dict, folder: str) -> tuple[
         return [], conversion.problems, conversion.count
     sinks = conversion.sinks
     marker = {"source": uri, "size": info["size"], "version": info["version"], "lines": conversion.lines,
-              "files": {k: posixpath.basename(s.uri) for k, s in sinks.items()}, "rows": {k: s.rows for k, s in sinks.items()}}
+              "files": {k: posixpath.basename(s.uri) for k, s in sinks.items()}, "rows": {k: s.rows for k, s in sinks.items()},
+              "unsupported_lines": conversion.unsupported}
     storage.write_json(storage.join(folder, f"{base}.json"), marker)
     return sorted(s.uri for s in sinks.values()), [], 0
 
@@ -484,11 +518,14 @@ def _custom_ids_at(storage: Storage, uri: str, wanted: set[int]) -> dict[int, st
     return found
 
 
-def convert_batch_files(input_uri: str, storage: Storage, folder: str, scratch: Optional[str] = None) -> list[str]:
+def convert_batch_files(
+    input_uri: str, storage: Storage, folder: str, scratch: Optional[str] = None, unsupported: str = "refuse"
+) -> list[str]:
     """Convert every JSONL file of `input_uri` not converted yet into `folder`; returns the
     converted Parquet URIs of all of them, in order. InputError lists every problem.
     `scratch` (a dry run's temporary folder): the files not converted yet in `folder` are
-    converted there instead, and nothing is written to `folder`."""
+    converted there instead, and nothing is written to `folder`. `unsupported`: the job's
+    unsupported_requests."""
     sources = expand_sources(storage, input_uri)
     if not sources:
         raise InputError(
@@ -500,13 +537,13 @@ def convert_batch_files(input_uri: str, storage: Storage, folder: str, scratch: 
     parquet = [u for u in listed if u.endswith(".parquet")]
     converted, todo = {}, []
     for uri, info in sources.items():
-        base = converted_base(uri, info["size"], info["version"])
+        base = converted_base(uri, info["size"], info["version"], unsupported)
         if base in done:
             converted[uri] = sorted(u for u in parquet if posixpath.basename(u).startswith(base + "."))
         else:
             todo.append((uri, info))
     with ThreadPoolExecutor(PARALLEL_FILES) as pool:
-        results = list(pool.map(lambda item: _convert_file(storage, item[0], item[1], scratch or folder), todo))
+        results = list(pool.map(lambda item: _convert_file(storage, item[0], item[1], scratch or folder, unsupported), todo))
     problems, count = [], 0
     for (uri, _), (files, file_problems, file_count) in zip(todo, results):
         converted[uri] = files
@@ -517,7 +554,9 @@ def convert_batch_files(input_uri: str, storage: Storage, folder: str, scratch: 
         head = f"{count} problem{'s' if count > 1 else ''}" + (f", the first {len(shown)}" if count > len(shown) else "")
         raise InputError(
             f"OpenAI batch input {input_uri!r} refused ({head}):\n  " + "\n  ".join(shown)
-            + "\nFix these lines (each a request of OpenAI's batch format with a custom_id unique in its file) and run again."
+            + "\nFix these lines (each a request of OpenAI's batch format with a custom_id unique in its file) and run again"
+            + (", or set unsupported_requests: errors to run the rest and get each such line back as an error line."
+               if unsupported == "refuse" else ".")
         )
     return [u for uri in sources for u in converted[uri]]
 
@@ -529,7 +568,9 @@ def inspect_job_inputs(
     files when `config.input_format` is openai_batch (`scratch`: see `convert_batch_files`)."""
     if config.input_format == "parquet":
         return inspect_inputs(config.input_uri, storage, known)
-    converted = convert_batch_files(config.input_uri, storage, storage.join(config.output_uri, CONVERTED), scratch)
+    converted = convert_batch_files(
+        config.input_uri, storage, storage.join(config.output_uri, CONVERTED), scratch, config.unsupported_requests
+    )
     if not converted:
         raise InputError(
             f"input_uri {config.input_uri!r}: its JSONL files hold no request; point input_uri at files with request lines"
@@ -538,7 +579,7 @@ def inspect_job_inputs(
     replaced = sorted(f.uri for f in known or [] if _source_key(f.uri) in now and posixpath.basename(f.uri) not in names)
     if replaced:
         raise InputError(
-            f"OpenAI batch files changed since this job started at {config.output_uri} (their earlier conversions: "
+            f"OpenAI batch files (or unsupported_requests) changed since this job started at {config.output_uri} (their earlier conversions: "
             + ", ".join(replaced) + "). Use a new output_uri, or rerun with --restart to start over."
         )
     with ThreadPoolExecutor(PARALLEL_FILES) as pool:

@@ -60,6 +60,16 @@ def load_tokenizer(folder: str):
     return tokenizer
 
 
+def check_supported_line(metadata: Any) -> None:
+    """An OpenAI batch line that specbatch cannot run (unsupported_requests: errors) is its
+    row's `unsupported_request`, naming the field as the refusal would have."""
+    from pipeline.openai_batch import UNSUPPORTED, unsupported_problem
+
+    problem = unsupported_problem(metadata)
+    if problem is not None:
+        raise RowError(UNSUPPORTED, problem.get("field"), problem.get("message") or "not supported by specbatch")
+
+
 def check_id(row: dict[str, Any]) -> None:
     """A null, empty or blank id is the row's error: the row still lands once, in errors/, by
     its file and row number."""
@@ -166,10 +176,13 @@ class Preprocessor:
     def __call__(self, batch: pa.Table) -> pa.Table:
         columns = {f.name: [] for f in PREPARED_SCHEMA_FIELDS}
         first_row_of: dict[str, int] = {}  # ids are checked unique within a unit
-        for row in batch.drop_columns(["metadata"]).to_pylist():
+        metadata = batch.column("metadata")
+        for i, row in enumerate(batch.drop_columns(["metadata"]).to_pylist()):
             out = {name: row[name] for name in ("id", "source", "row", "unit_id", "unit_rows")}
             try:
                 check_id(row)
+                if row["prompt"] is None and row["messages"] is None:  # an OpenAI batch line it could not run?
+                    check_supported_line(metadata[i].as_py())
                 if row["id"] in first_row_of:  # a unit is rows of one file: both rows are in row["source"]
                     first = first_row_of[row["id"]]
                     raise RowError(

@@ -298,6 +298,22 @@ def test_without_a_calibration_the_plan_says_how_to_get_one(tmp_path, capsys, jo
     assert "no calibration: run `specbatch calibrate CONFIG` for GPU-hours and cost" in capsys.readouterr().out
 
 
+def test_unsupported_batch_lines_are_counted_as_their_rows_errors(tmp_path, capsys, trained_kit):
+    """unsupported_requests: errors: the dry run counts each line specbatch cannot run as its
+    row's unsupported_request, as the job's preprocess stage does."""
+    ok = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions", "body": {"prompt": f"x = {i}"}} for i in range(3)]
+    bad = [{"custom_id": "bias", "method": "POST", "url": "/v1/completions", "body": {"prompt": "y", "logit_bias": {"1": 2}}},
+           {"custom_id": "emb", "method": "POST", "url": "/v1/embeddings", "body": {"input": "z"}}]
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "batch.jsonl").write_text("\n".join(json.dumps(line) for line in ok + bad) + "\n")
+    config = write_config(tmp_path / "job.yaml", str(tmp_path / "in"), str(tmp_path / "out"), trained_kit,
+                          input_format="openai_batch", unsupported_requests="errors")
+    code, plan, err = dry_run_json(capsys, config)
+    assert code == 0, err
+    assert plan.inputs.rows == 5 and plan.tokens.exact
+    assert plan.tokens.sample_error_kinds == {"unsupported_request": 2}
+
+
 def test_openai_batch_input_is_checked_without_writing_its_conversion(tmp_path, capsys, trained_kit):
     """Every line checked as the run checks it (a bad line refuses the job with its message),
     the rows and units exact, and nothing under OUTPUT_URI/_inputs."""

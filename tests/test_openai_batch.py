@@ -1,7 +1,8 @@
 """OpenAI batch files: conversion of request lines to the prompt row contract, the job-level
 refusal of lines that cannot be run, conversion once per file (local and moto S3), and the
-export of an output location, read back through the `openai` package's own types. No engine:
-the end-to-end run over a JSONL input comes with the row contract change."""
+export of an output location, read back through the `openai` package's own types, without an
+engine; then one real job over a JSONL file (unsupported lines as error lines included) and its
+export."""
 
 from __future__ import annotations
 
@@ -215,6 +216,58 @@ def test_input_format_is_validated_in_the_config():
     assert parse_config(job_config("in", "out", KIT)).input_format == "parquet"
 
 
+def test_unsupported_requests_errors_makes_each_such_line_its_error_row(tmp_path):
+    """unsupported_requests: errors. Lines that are not JSON, lack a custom_id or repeat one are
+    still refused (only they); every other line that cannot run becomes its row's
+    `unsupported_request` at the preprocess stage, naming the field the refusal names, and its
+    errors.jsonl line is a 400 in OpenAI's error shape. The default's refusal names the switch."""
+    from openai.types import BatchError
+
+    from pipeline.preprocess import Preprocessor
+    from pipeline.tinykit import kit_paths
+    from pipeline.tools.export import error_line
+    from pipeline.units import plan_units, read_unit
+
+    lines = bad_lines()
+    source = write_jsonl(tmp_path / "in" / "bad.jsonl", lines)
+    config = parse_config(job_config(source, str(tmp_path / "out"), KIT, input_format="openai_batch",
+                                     unsupported_requests="errors"))
+    with pytest.raises(InputError) as refused:
+        inspect_job_inputs(config, Storage())
+    message = str(refused.value)
+    assert "(3 problems)" in message and all(f"bad.jsonl, line {n}," in message for n in (2, 3, 4)), message
+    assert "or set unsupported_requests" not in message  # the switch is on: no hint
+    with pytest.raises(InputError, match="or set unsupported_requests: errors to run the rest"):
+        inspect_job_inputs(config_for(source, str(tmp_path / "out-refused")), Storage())
+
+    write_jsonl(tmp_path / "in" / "bad.jsonl", [lines[0], *lines[4:]])
+    report = inspect_job_inputs(config, Storage())
+    preprocess = Preprocessor(kit_paths()["target"], 256, {})
+    rows = [r for unit in plan_units(report.files, 100) for r in preprocess(read_unit(Storage(), unit)).to_pylist()]
+    by_id = {r["id"]: r for r in rows}
+    fields = {"get": "method", "emb": "url", "streamed": "body.stream", "tooled": "body.tools",
+              "image": "body.messages[0].content[1]", "prompts": "body.prompt", "echo": "body.echo",
+              "top": "body.top_logprobs", "hot": "body.temperature", "bias": "body.logit_bias",
+              "kwargs": "body.chat_template_kwargs"}
+    assert sorted(by_id) == sorted([*fields, "good-1", "good-2"]) and len(rows) == len(by_id)
+    for custom_id, field in fields.items():
+        row = by_id[custom_id]
+        assert (row["error_kind"], row["error_field"]) == ("unsupported_request", field) and row["error_message"], row
+        assert row["prompt_token_ids"] is None
+    assert by_id["good-1"]["error_kind"] is None and by_id["good-2"]["prompt_token_ids"]
+    error = {"id": "bias", "error_kind": "unsupported_request", "field": "body.logit_bias", "stage": "validate",
+             "message": by_id["bias"]["error_message"], "retryable": False}
+    line = error_line(error, "job-1")
+    assert line["response"]["status_code"] == 400 and line["response"]["body"]["error"]["param"] == "body.logit_bias"
+    assert BatchError.model_validate(line["error"]).code == "unsupported_request"
+
+
+def test_unsupported_requests_is_for_batch_files_only():
+    with pytest.raises(ConfigError, match="unsupported_requests: errors applies to OpenAI batch files only"):
+        parse_config(job_config("in", "out", KIT, unsupported_requests="errors"))
+    assert parse_config(job_config("in", "out", KIT)).unsupported_requests == "refuse"
+
+
 # ---------------------------------------------------------------- export
 
 
@@ -374,15 +427,17 @@ def test_a_batch_file_runs_through_the_engine_and_exports(tmp_path, ray_local, c
         {"custom_id": "cmpl", "method": "POST", "url": "/v1/completions",
          "body": {"model": "davinci-002", "prompt": "def f(x):\n    return", "max_tokens": 12, "stop": ["\n"], "logprobs": 1}},
         {"custom_id": "min-p", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x = ", "min_p": 0.1}},
+        chat("tooled", {"tools": [{"type": "function", "function": {"name": "f"}}]}),  # unsupported: its error line
     ]
     write_jsonl(tmp_path / "batch" / "requests.jsonl", lines)
     kit = kit_paths()
     config = parse_config(job_config(
         str(tmp_path / "batch"), str(tmp_path / "out"), {"target": kit["target"], "drafter": kit["drafter_eagle31"]},
-        input_format="openai_batch", engine={"json_whitespace": False}, retries={"max_error_fraction": 0.5},
+        input_format="openai_batch", unsupported_requests="errors", engine={"json_whitespace": False},
+        retries={"max_error_fraction": 0.5},
     ))
     manifest = run_job(config, progress=False)
-    assert (manifest.status, manifest.totals.input_rows, manifest.totals.error_rows) == ("succeeded", 5, 2)  # within 0.5
+    assert (manifest.status, manifest.totals.input_rows, manifest.totals.error_rows) == ("succeeded", 6, 3)  # within 0.5
     location = OutputLocation(Storage(), config.output_uri)
     stats = location.read_table("stats").to_pylist()
     assert sum(s["draft_tokens"] for s in stats) > 0  # the drafter ran
@@ -392,7 +447,7 @@ def test_a_batch_file_runs_through_the_engine_and_exports(tmp_path, ray_local, c
     dest = location.path("export", "openai_batch")
     results = {line["custom_id"]: line for line in read_jsonl(location.storage, f"{dest}/results.jsonl")}
     errors = {line["custom_id"]: line for line in read_jsonl(location.storage, f"{dest}/errors.jsonl")}
-    assert sorted(results) == ["cmpl", "json", "lp"] and sorted(errors) == ["min-p", "sampled"]
+    assert sorted(results) == ["cmpl", "json", "lp"] and sorted(errors) == ["min-p", "sampled", "tooled"]
 
     outputs = {o["id"]: o for o in location.read_table("outputs").to_pylist()}
     lp = ChatCompletion.model_validate(results["lp"]["response"]["body"])
@@ -406,6 +461,9 @@ def test_a_batch_file_runs_through_the_engine_and_exports(tmp_path, ray_local, c
     assert cmpl.model == "davinci-002" and "\n" not in cmpl.choices[0].text and cmpl.choices[0].logprobs.tokens
     assert BatchError.model_validate(errors["sampled"]["error"]).code == "invalid_sampling"
     assert "min_p" in BatchError.model_validate(errors["min-p"]["error"]).message
+    tooled = errors["tooled"]["response"]
+    assert tooled["status_code"] == 400 and tooled["body"]["error"]["param"] == "body.tools"
+    assert BatchError.model_validate(errors["tooled"]["error"]).code == "unsupported_request"
 
     converted = converted_files(location.storage, config.output_uri)
     again = run_job(config, progress=False)

@@ -301,7 +301,7 @@ def estimate_tokens(
 ) -> TokenEstimate:
     """Prompt tokens estimated from a sample prepared as the preprocess stage prepares rows,
     per input kind; output tokens bounded by max_tokens x n (module docstring)."""
-    from pipeline.preprocess import Preprocessor, check_id
+    from pipeline.preprocess import Preprocessor, check_id, check_supported_line
     from pipeline.sampling import RowError
 
     preprocessor = Preprocessor(
@@ -329,12 +329,15 @@ def estimate_tokens(
         exact &= want == rows
         counts: list[int] = []
         bounds: list[int] = []  # each row's own max_tokens x n; 0 for a row the stage refuses
-        for row in _sample_kind(storage, files, rows, want, draws, rng):
+        batch_lines = config.input_format == "openai_batch"  # their rows' metadata may hold an unsupported line
+        for row in _sample_kind(storage, files, rows, want, draws, rng, batch_lines):
             groups_read += row is None
             if row is None:
                 continue
             try:
                 check_id(row)
+                if row["prompt"] is None and row["messages"] is None:
+                    check_supported_line(row.get("metadata"))
                 prepared = preprocessor.prepare(row, kind)
             except RowError as err:
                 errors += 1
@@ -365,9 +368,11 @@ def estimate_tokens(
     )
 
 
-def _sample_kind(storage: Storage, files: list, rows: int, want: int, draws: int, rng: random.Random):
+def _sample_kind(
+    storage: Storage, files: list, rows: int, want: int, draws: int, rng: random.Random, with_metadata: bool = False
+):
     """Yields None for each row group read, then its sampled rows in the unit layout
-    (pipeline/units.UNIT_COLUMNS; never `metadata`) with its `source` and `row`. Every row, when `want` is all of them;
+    (pipeline/units.UNIT_COLUMNS; `metadata` only `with_metadata`) with its `source` and `row`. Every row, when `want` is all of them;
     otherwise `draws` row groups drawn proportional to their rows (with replacement: a group
     drawn twice gives twice the rows), and want/draws rows uniformly within each."""
     starts, offset = [], 0
@@ -389,13 +394,16 @@ def _sample_kind(storage: Storage, files: list, rows: int, want: int, draws: int
         with storage.open_ranged(f.uri, size=f.size) as handle:
             parquet = pq.ParquetFile(handle)
             names = parquet.schema_arrow.names
-            columns = [c.name for c in UNIT_COLUMNS if c.name in names]
+            columns = [c.name for c in UNIT_COLUMNS if c.name in names] + (["metadata"] if with_metadata and "metadata" in names else [])
             first = 0
             for group in range(parquet.metadata.num_row_groups):
                 size = parquet.metadata.row_group(group).num_rows
                 landed = 1 if picks[f.uri] is None else sum(n for r, n in picks[f.uri].items() if first <= r < first + size)
                 if landed and size:
-                    table = _unit_layout(parquet.read_row_group(group, columns=columns), names)
+                    read = parquet.read_row_group(group, columns=columns)
+                    table = _unit_layout(read, names)
+                    if "metadata" in columns:
+                        table = table.append_column("metadata", read.column("metadata"))
                     yield None
                     if picks[f.uri] is None:
                         chosen = range(size)
