@@ -60,12 +60,15 @@ def load_tokenizer(folder: str):
     return tokenizer
 
 
-def check_supported_line(metadata: Any) -> None:
-    """An OpenAI batch line that specbatch cannot run (unsupported_requests: errors) is its
-    row's `unsupported_request`, naming the field as the refusal would have."""
+def check_supported_line(row: dict[str, Any], metadata: Any) -> None:
+    """An OpenAI batch line that specbatch cannot run (unsupported_requests: errors; its row has
+    neither prompt nor messages) is its row's `unsupported_request`, naming the field as the
+    refusal would have."""
+    if row["prompt"] is not None or row["messages"] is not None:
+        return
     from pipeline.openai_batch import UNSUPPORTED, unsupported_problem
 
-    problem = unsupported_problem(metadata)
+    problem = unsupported_problem(metadata.as_py() if isinstance(metadata, pa.Scalar) else metadata)
     if problem is not None:
         raise RowError(UNSUPPORTED, problem.get("field"), problem.get("message") or "not supported by specbatch")
 
@@ -181,8 +184,7 @@ class Preprocessor:
             out = {name: row[name] for name in ("id", "source", "row", "unit_id", "unit_rows")}
             try:
                 check_id(row)
-                if row["prompt"] is None and row["messages"] is None:  # an OpenAI batch line it could not run?
-                    check_supported_line(metadata[i].as_py())
+                check_supported_line(row, metadata[i])  # converted only for a row with no prompt
                 if row["id"] in first_row_of:  # a unit is rows of one file: both rows are in row["source"]
                     first = first_row_of[row["id"]]
                     raise RowError(

@@ -336,8 +336,7 @@ def estimate_tokens(
                 continue
             try:
                 check_id(row)
-                if row["prompt"] is None and row["messages"] is None:
-                    check_supported_line(row.get("metadata"))
+                check_supported_line(row, row.get("metadata"))
                 prepared = preprocessor.prepare(row, kind)
             except RowError as err:
                 errors += 1
