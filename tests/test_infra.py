@@ -36,7 +36,7 @@ INFRA = ROOT / "infra"
 TF = INFRA / "terraform"
 MODULES = TF / "modules"
 EXAMPLE = TF / "envs" / "example"
-RAYJOB_TEMPLATES = MODULES / "rayjob" / "templates"
+KUBERAY = ROOT / "jobs" / "kuberay"
 
 META_ARGS = {"source", "version", "count", "for_each", "providers", "depends_on"}
 
@@ -547,8 +547,15 @@ def test_dockerfile():
     text = "\n".join(instructions)
     assert re.search(r"^ARG EXTRA=cuda$", text, flags=re.M) and '".[${EXTRA}]"' in text  # the CUDA build by default
     assert re.search(r"^COPY .*\bjobs\b", text, flags=re.M)
-    assert "/opt/specbatch/jobs/entrypoint.py" in (RAYJOB_TEMPLATES / "rayjob-generate.yaml").read_text()
     assert re.search(r"^WORKDIR /opt/specbatch$", text, flags=re.M)
+    # The RayJob runs the image's entrypoint, as the image's user, on the image's Ray.
+    rayjob = yaml.safe_load((KUBERAY / "rayjob.yaml").read_text())
+    assert rayjob["spec"]["entrypoint"].startswith("python /opt/specbatch/jobs/entrypoint.py ")
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    assert cluster["rayVersion"] in froms[-1]
+    for pod in [cluster["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in cluster["workerGroupSpecs"]]:
+        context = pod["securityContext"]
+        assert f"{context['runAsUser']}:{context['runAsGroup']}" == users[-1]
 
 
 # --- checkov ---------------------------------------------------------------------------------------------

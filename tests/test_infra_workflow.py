@@ -2,8 +2,8 @@
 
 - modules/rayjob has no provider, so it is applied on its own, offline, in two ways (SOURCES):
   "python": its HCL parsed by python-hcl2 and its own expressions (locals, outputs, output
-  preconditions, variable validations, templatefile() of the templates) evaluated by HclModule
-  below; no terraform needed, so this is what CI runs. "terraform": `terraform apply` with its
+  preconditions, variable validations, the RayJobs built from jobs/kuberay/rayjob.yaml and
+  yamlencode()d) evaluated by HclModule below; no terraform needed, so this is what CI runs. "terraform": `terraform apply` with its
   state in a temporary folder. test_the_python_evaluation_matches_terraform holds the two to the
   same bytes. The RayJobs are rendered for the example environment and for an edge case (8 GPUs
   per worker with tensor parallelism, env values with quotes and colons). The preconditions are
@@ -86,8 +86,11 @@ def _apply(tmp: Path, values: dict) -> tuple[bool, dict | str]:
 # CI has no terraform binary. So that the sizing rules, the preconditions that refuse pods which
 # cannot fit and the rendered RayJobs are checked there too, modules/rayjob's HCL is parsed with
 # python-hcl2 (the test extra) and its expressions -- locals, outputs, preconditions, variable
-# validations, templatefile() on the templates -- are evaluated below: no formula of the module is
-# written again here, the HCL itself is read. Numbers are exact fractions, like terraform's
+# validations, the RayJobs built from jobs/kuberay/rayjob.yaml and yamlencode() -- are evaluated
+# below: no formula of the module is written again here, the HCL itself is read. Why it stays:
+# nothing else that installs here evaluates HCL (Terraform is not on PyPI; python-hcl2 parses,
+# checkov checks policies), and what it evaluates -- pod sizes from the instance types, the
+# refusals of pods that cannot fit, the manifests run.sh creates -- is what breaks a day's run. Numbers are exact fractions, like terraform's
 # arbitrary-precision numbers. The evaluator knows the functions the module uses; anything else
 # fails loudly (_Unsupported), never silently. With terraform present,
 # test_the_python_evaluation_matches_terraform checks it against `terraform apply` output byte for byte.
@@ -226,6 +229,71 @@ def _yamldecode(text: str):
         raise _HclError(f"yamldecode(): {exc}") from exc
 
 
+def _yaml_scalar(value, column: int = 0, indent: int = 0) -> str:
+    """A scalar as terraform's yamlencode() (go-yaml) writes it, starting at `column` of its line:
+    strings double-quoted, folded at a space past column 80 onto a line at `indent`."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return "{}" if isinstance(value, dict) else "[]"
+    if not isinstance(value, str):
+        return _hcl_str(value)
+    if "\n" in value:
+        raise _Unsupported("yamlencode() of a string of several lines (terraform writes a |- block)")
+    out, column, spaces = ['"'], column + 1, False
+    for i, char in enumerate(value):
+        if char in '"\\' or not char.isprintable():
+            if char not in '"\\':
+                raise _Unsupported(f"yamlencode() escape of {char!r}")
+            out.append("\\" + char)
+            column, spaces = column + 2, False
+        elif char == " ":
+            if not spaces and column > 80 and 0 < i < len(value) - 1:
+                out.append("\n" + " " * indent)
+                column = indent
+                if value[i + 1] == " ":
+                    out.append("\\")
+                    column += 1
+            else:
+                out.append(" ")
+                column += 1
+            spaces = True
+        else:
+            out.append(char)
+            column, spaces = column + 1, False
+    return "".join(out) + '"'
+
+
+def _yaml_block(value, indent: int) -> list[str]:
+    """A non-empty map or list as terraform's yamlencode() writes it: keys sorted and quoted,
+    a list at its key's indent, two spaces per level."""
+    pad, lines = " " * indent, []
+    if isinstance(value, dict):
+        for key in sorted(value):
+            item, prefix = value[key], f"{pad}{_yaml_scalar(key)}:"
+            if item and isinstance(item, (dict, list)):
+                lines.append(prefix)
+                lines += _yaml_block(item, indent + 2 if isinstance(item, dict) else indent)
+            else:
+                lines.append(f"{prefix} {_yaml_scalar(item, len(prefix) + 1, indent + 2)}")
+        return lines
+    for item in value:
+        if item and isinstance(item, (dict, list)):
+            inner = _yaml_block(item, indent + 2)
+            lines += [f"{pad}- {inner[0].lstrip()}"] + inner[1:]
+        else:
+            lines.append(f"{pad}- {_yaml_scalar(item, indent + 2, indent + 2)}")
+    return lines
+
+
+def _yamlencode(value) -> str:
+    if not (value and isinstance(value, (dict, list))):
+        return _yaml_scalar(value) + "\n"
+    return "\n".join(_yaml_block(value, 0)) + "\n"
+
+
 def _floor(x):
     return math.floor(_num(x))
 
@@ -240,10 +308,11 @@ HCL_FUNCTIONS = {
     "join": lambda sep, items: sep.join(_hcl_str(i) for i in items), "contains": lambda items, v: v in items,
     "keys": lambda m: sorted(m), "sort": lambda items: sorted(items), "jsonencode": _jsonencode,
     "tonumber": _tonumber, "trimspace": lambda s: s.strip(), "regex": _regex, "templatefile": _templatefile,
-    "merge": lambda *maps: {k: v for m in maps for k, v in m.items()}, "concat": lambda *lists: [x for l in lists for x in l],
+    "merge": lambda *maps: {k: v for m in maps if m is not None for k, v in m.items()}, "concat": lambda *lists: [x for l in lists for x in l],
     "yamldecode": _yamldecode, "alltrue": lambda items: all(i is True for i in items),
     "split": lambda sep, s: s.split(sep), "startswith": lambda s, p: s.startswith(p), "endswith": lambda s, p: s.endswith(p),
     "strcontains": lambda s, sub: sub in s, "tostring": _hcl_str,
+    "file": lambda path: Path(path).read_text(), "yamlencode": _yamlencode,
 }
 BINARY = {
     "+": lambda a, b: _num(a) + _num(b), "-": lambda a, b: _num(a) - _num(b), "*": lambda a, b: _num(a) * _num(b),
@@ -779,7 +848,7 @@ def test_the_example_keeps_a_gpu_node_for_every_worker(evaluated_example):
     assert TfDir(EXAMPLE).variables["worker_cpu"]["default"] is None
 
 
-def test_scheduled_runs_get_a_short_ttl_and_a_pre_running_deadline():
+def test_scheduled_runs_get_a_short_ttl_and_a_pre_running_deadline(evaluated_example):
     """What modules/workflows passes to modules/rayjob: the example's path to the RayJobs."""
     workflows = TfDir(MODULES / "workflows")
     call = workflows.modules["rayjob"]
@@ -790,11 +859,11 @@ def test_scheduled_runs_get_a_short_ttl_and_a_pre_running_deadline():
                                 str(workflows.variables["workflows"]["type"]))
     assert default_minutes and 1 <= int(default_minutes.group(1)) <= 60
     assert "ttl_seconds_after_finished" not in TfDir(EXAMPLE).modules["workflows"]
-    for template in ("rayjob-generate.yaml", "rayjob-report.yaml"):
-        text = (RAYJOB / "templates" / template).read_text()
-        assert re.search(r"^  ttlSecondsAfterFinished: \$\{ttl_seconds_after_finished\}$", text, flags=re.M)
-        assert re.search(r"^  preRunningDeadlineSeconds: \$\{pre_running_deadline_seconds\}$", text, flags=re.M)
-        assert re.search(r"^  shutdownAfterJobFinishes: true$", text, flags=re.M)
+    declared = _declared(RAYJOB)
+    for job in _jobs(evaluated_example):
+        assert job["spec"]["ttlSecondsAfterFinished"] == declared["ttl_seconds_after_finished"]["default"]
+        assert job["spec"]["preRunningDeadlineSeconds"] == declared["pre_running_deadline_seconds"]["default"]
+        assert job["spec"]["shutdownAfterJobFinishes"] is True
 
 
 def test_the_python_evaluation_matches_terraform(tmp_path):
@@ -917,21 +986,46 @@ def test_the_autoscaler_alone_gets_an_api_token(rendered):
         assert all("projected" not in v for v in head["volumes"])
 
 
-@pytest.mark.parametrize("case", ["example", "edge"])
-def test_a_fixed_pool_renders_as_before_autoscaling(tmp_path, case):
-    """The template as it was before max_replicas (no autoscaler, maxReplicas = the pods), rendered
-    with the same values: byte for byte the same RayJob."""
-    values = _example_values(**CASES[case])
-    module = HclModule(RAYJOB, values)
-    ok, out = module.apply()
-    assert ok, out
-    template = (RAYJOB / "templates" / "rayjob-generate.yaml").read_text()
-    before = template.replace("${autoscaling_yaml}", "false").replace(
-        "maxReplicas: ${max_worker_pods}", "maxReplicas: ${worker_pods}")
-    assert before != template
-    path = tmp_path / "rayjob-generate-before.yaml"
-    path.write_text(before)
-    assert out["generate"] == _templatefile(str(path), module.local("template_vars"))
+def _changed(base, other, path: str = "") -> set[str]:
+    """The dotted paths at which `other` differs from `base` (a list of another length: the list)."""
+    if isinstance(base, dict) and isinstance(other, dict):
+        return {p for k in set(base) | set(other) for p in _changed(base.get(k), other.get(k), f"{path}.{k}")}
+    if isinstance(base, list) and isinstance(other, list) and len(base) == len(other):
+        return {p for i, (a, b) in enumerate(zip(base, other)) for p in _changed(a, b, f"{path}[{i}]")}
+    return set() if base == other else {path}
+
+
+# What modules/rayjob replaces in jobs/kuberay/rayjob.yaml: names, sizes, node pools, identity,
+# deadlines, the run's environment and volumes. Everything else is the KubeRay manifest's.
+POD = r"\.template\.(metadata\.labels\.specbatch\.io/workflow|spec\.(serviceAccountName|nodeSelector|volumes|containers\[0\]\.(image|env|envFrom|resources|volumeMounts)))(\.|\[|$)"
+REPLACED = [
+    r"^\.metadata\.(name|namespace|labels\.specbatch\.io/(workflow|run-date))$",
+    r"^\.spec\.(entrypoint|runtimeEnvYAML|ttlSecondsAfterFinished|preRunningDeadlineSeconds|activeDeadlineSeconds)$",
+    r"^\.spec\.rayClusterSpec\.(rayVersion|enableInTreeAutoscaling|autoscalerOptions)$",
+    r"^\.spec\.rayClusterSpec\.headGroupSpec" + POD,
+    r"^\.spec\.rayClusterSpec\.workerGroupSpecs\[0\]\.(replicas|minReplicas|maxReplicas|rayStartParams\.num-(cpus|gpus))$",
+    r"^\.spec\.rayClusterSpec\.workerGroupSpecs\[0\]" + POD,
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_terraform_renders_the_kuberay_manifest_replacing_only_what_it_sizes(rendered, case):
+    """One RayJob, two ways to run it: modules/rayjob renders jobs/kuberay/rayjob.yaml (the manifest
+    `kubectl apply -k jobs/kuberay` applies), not a copy of its own."""
+    base = yaml.safe_load((ROOT / "jobs" / "kuberay" / "rayjob.yaml").read_text())
+    generate, report = _jobs(rendered[case], _workflow(case))
+    changed = _changed(base, generate)
+    assert changed and not [p for p in changed if not any(re.search(r, p) for r in REPLACED)], sorted(changed)
+    # The report RayJob is the same manifest's head alone.
+    assert report["spec"]["submissionMode"] == base["spec"]["submissionMode"] and report["spec"]["rayClusterSpec"]["workerGroupSpecs"] == []
+    assert report["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["securityContext"] == (
+        base["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["securityContext"])
+    cluster = generate["spec"]["rayClusterSpec"]
+    worker = cluster["workerGroupSpecs"][0]
+    # A fixed pool: no autoscaler, maxReplicas = the pods, as before max_replicas existed.
+    fixed = case != "autoscaling"
+    assert cluster["enableInTreeAutoscaling"] is not fixed and ("autoscalerOptions" in cluster) is not fixed
+    assert (worker["maxReplicas"] == worker["replicas"]) is fixed
 
 
 def test_the_example_job_config_carries_the_pool_to_the_pipeline():

@@ -1,6 +1,6 @@
-# The two RayJobs of one workflow (generation, cost report), rendered with templatefile(),
-# and the sizes of their pods, derived from or checked against the node types they run on.
-# run.sh fills in __RAYJOB_NAME__ and __RUN_DATE__ at run time.
+# The two RayJobs of one workflow (generation, cost report), both rendered from
+# jobs/kuberay/rayjob.yaml (manifests.tf), and the sizes of their pods, derived from or checked
+# against the node types they run on. run.sh fills in __RAYJOB_NAME__ and __RUN_DATE__ at run time.
 
 locals {
   # Quantities in millicores and MiB. An unparsable one is null and fails a check below.
@@ -94,10 +94,6 @@ locals {
     securityContext    = local.container_security_context
     volumeMounts       = [{ name = local.autoscaler_token_volume.name, mountPath = "/var/run/secrets/kubernetes.io/serviceaccount", readOnly = true }]
   }
-  # The value of rayClusterSpec's enableInTreeAutoscaling, followed by the autoscalerOptions
-  # key when the autoscaler runs: the template stays plain YAML, and a fixed pool renders
-  # exactly as before.
-  autoscaling_yaml = local.autoscaling ? "true\n    autoscalerOptions: ${jsonencode(local.autoscaler_options)}" : "false"
 
   sizing = {
     gpu_instance_types = var.gpu_instance_types
@@ -118,86 +114,4 @@ locals {
   # report's, and slack for polling and cleanup. Forbid holds the next run until it ends.
   scheduler_seconds = var.timeout_hours * 3600 + var.report_timeout_seconds + 1800
   daily             = contains(["@daily", "@midnight"], trimspace(var.schedule)) || can(regex("^[0-9]+ [0-9]+ \\* \\* \\*$", trimspace(var.schedule)))
-
-  # The same offline environment as `ray job submit --runtime-env jobs/runtime_env.yaml`:
-  # the image holds the models' code and the weights are on a volume, never a hub download.
-  offline_env = {
-    HF_HUB_OFFLINE         = "1"
-    TRANSFORMERS_OFFLINE   = "1"
-    TOKENIZERS_PARALLELISM = "false"
-  }
-
-  pod_security_context = {
-    runAsNonRoot   = true
-    runAsUser      = 1000
-    runAsGroup     = 100
-    fsGroup        = 100
-    seccompProfile = { type = "RuntimeDefault" }
-  }
-  container_security_context = {
-    allowPrivilegeEscalation = false
-    privileged               = false
-    capabilities             = { drop = ["ALL"] }
-  }
-  pod_env = concat(
-    [
-      { name = "AWS_REGION", value = var.aws_region },
-      { name = "AWS_DEFAULT_REGION", value = var.aws_region },
-    ],
-    [for k, v in local.offline_env : { name = k, value = v }],
-  )
-
-  template_vars = {
-    namespace                       = var.namespace
-    workflow                        = var.workflow
-    image                           = var.image
-    ray_version                     = var.ray_version
-    service_account                 = var.service_account
-    job_config_uri                  = var.job_config_uri
-    output_uri                      = var.output_uri
-    active_deadline_seconds         = var.timeout_hours * 3600
-    pre_running_deadline_seconds    = var.pre_running_deadline_seconds
-    ttl_seconds_after_finished      = var.ttl_seconds_after_finished
-    report_timeout_seconds          = var.report_timeout_seconds
-    head_cpu                        = var.head_cpu
-    head_memory                     = var.head_memory
-    worker_pods                     = local.worker_pods
-    max_worker_pods                 = local.max_worker_pods
-    autoscaling_yaml                = local.autoscaling_yaml
-    gpus_per_worker                 = local.gpus_per_worker
-    worker_cpu                      = local.sizing.worker_cpu
-    worker_memory                   = local.sizing.worker_memory
-    worker_num_cpus                 = local.sizing.worker_num_cpus
-    head_node_selector_json         = jsonencode(var.head_node_selector)
-    gpu_node_selector_json          = jsonencode(var.gpu_node_selector)
-    pod_security_context_json       = jsonencode(local.pod_security_context)
-    container_security_context_json = jsonencode(local.container_security_context)
-    env_json                        = jsonencode(local.pod_env)
-    # JSON (a subset of YAML) keeps every value a quoted string, also once run.sh has put
-    # the date in (a bare 2026-11-29 would load as a date, which Ray's env_vars refuse).
-    runtime_env_yaml = jsonencode(jsonencode({
-      env_vars = merge(local.offline_env, var.env, {
-        SPECBATCH_WORKFLOW = var.workflow
-        SPECBATCH_DATASET  = var.dataset
-        SPECBATCH_RUN_DATE = "__RUN_DATE__"
-      })
-    }))
-    head_volumes_json = jsonencode(concat(
-      [{ name = "job-config", configMap = { name = var.job_config_map, items = [{ key = "job.yaml", path = "job.yaml" }] } }],
-      var.extra_volumes,
-      local.autoscaling ? [local.autoscaler_token_volume] : [],
-    ))
-    head_volume_mounts_json = jsonencode(concat(
-      [{ name = "job-config", mountPath = "/etc/specbatch", readOnly = true }],
-      var.extra_volume_mounts,
-    ))
-    worker_volumes_json = jsonencode(concat(
-      [{ name = "dshm", emptyDir = { medium = "Memory", sizeLimit = local.sizing.shm_size } }],
-      var.extra_volumes,
-    ))
-    worker_volume_mounts_json = jsonencode(concat(
-      [{ name = "dshm", mountPath = "/dev/shm" }],
-      var.extra_volume_mounts,
-    ))
-  }
 }

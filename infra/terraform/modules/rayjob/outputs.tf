@@ -73,10 +73,10 @@ output "job_config_replicas" {
 
 output "generate" {
   description = "Generation RayJob; run.sh replaces __RAYJOB_NAME__ and __RUN_DATE__."
-  value       = templatefile("${path.module}/templates/rayjob-generate.yaml", local.template_vars)
+  value       = yamlencode(local.generate)
 }
 
 output "report" {
   description = "Cost-report RayJob on the same dated prefix; run.sh replaces __RAYJOB_NAME__ and __RUN_DATE__."
-  value       = templatefile("${path.module}/templates/rayjob-report.yaml", local.template_vars)
+  value       = yamlencode(local.report)
 }

@@ -84,7 +84,7 @@ resource "kubernetes_service_account_v1" "ray" {
   automount_service_account_token = false
 }
 
-# --- Per workflow: job config and RayJob templates -------------------------------------------
+# --- Per workflow: job config and RayJob manifests -------------------------------------------
 
 resource "kubernetes_config_map_v1" "job_config" {
   for_each = local.workflows
