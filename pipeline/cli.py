@@ -1,4 +1,4 @@
-"""specbatch command line: demo, run, report, calibrate, check-drafter, export, tiny-models."""
+"""specbatch command line: demo, run, status, report, calibrate, check-drafter, check-cluster, export, tiny-models."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ DELEGATED = {
     "check-drafter": ("pipeline.tools.check_drafter", "refuse a drafter that does not belong to its target"),
     "export": ("pipeline.tools.export", "write a job's outputs as OpenAI batch output files (--format openai_batch)"),
     "status": ("pipeline.tools.status", "where a job stands: state, lease, rows and units done, errors by kind, ETA"),
+    "check-cluster": ("pipeline.tools.check_cluster", "does a Ray head take jobs: submit one that does nothing, say why not"),
 }
 
 

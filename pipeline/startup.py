@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from typing import Optional
 
@@ -74,11 +75,37 @@ def ray_init(verbose: bool = False, address: Optional[str] = None) -> tuple[Opti
                 address="local", num_cpus=local_ray_cpus(), logging_level=logging.WARNING,
                 log_to_driver=verbose, _node_ip_address="127.0.0.1", include_dashboard=False,
             )
+    _spend_the_restart_warning()
     node = ray._private.worker._global_node
     logs = node.get_logs_dir_path() if node is not None and not address else None
     nodes = sum(1 for n in ray.nodes() if n["Alive"])
     how = f"joined {address}" if address else "its own local Ray"
     return logs, f"{how} (GCS {ray.get_runtime_context().gcs_address}, {nodes} node{'s' if nodes != 1 else ''})"
+
+
+class _Restartable:
+    def __init__(self, _argument):
+        pass
+
+
+def _spend_the_restart_warning() -> None:
+    """Ray's core worker logs once per process, as an ERROR on the driver's stderr, that a
+    restartable actor has constructor arguments in the object store (ray-project/ray#53727).
+    Every Ray Data actor pool has them (it ray.puts its map function, which the driver holds for
+    the whole job), so for specbatch that line is no error. The driver spends it on an actor
+    that it kills before it starts, with stderr pointed away; Ray's log file keeps the line."""
+    import ray
+
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        actor = ray.remote(num_cpus=0, max_restarts=1)(_Restartable).remote(ray.put(None))
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+    ray.kill(actor, no_restart=True)
 
 
 def _ray_data_console_errors_only() -> None:

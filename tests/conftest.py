@@ -42,17 +42,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def ray_head_command(gcs_port: int, dashboard_port: int, *extra: str) -> list[str]:
+def ray_head_command(gcs_port: int, dashboard_port: int, *extra: str, agent_port: int = 0) -> list[str]:
     """`ray start --head` on 127.0.0.1 (plain `ray start` would turn it into the machine's
     outward address; see tests/ray_cluster.py), with ports of its own: the session's Ray (below)
-    already holds the default ones."""
+    already holds the default ones. `agent_port`: the dashboard agent's (0: a free one)."""
     from tests.ray_cluster import LOOPBACK_START
 
     return [
         sys.executable, "-c", LOOPBACK_START, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs_port}",
         "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", "--include-dashboard=true",
         "--num-cpus=4", "--disable-usage-stats",
-        f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+        f"--dashboard-agent-listen-port={agent_port or free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
         f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
         f"--ray-client-server-port={free_port()}", *extra,
     ]
@@ -66,7 +66,7 @@ def stop_ray_head(temp_dir: str) -> None:
     procs = [p for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or [])]
     for proc in procs:
         proc.terminate()
-    _, alive = psutil.wait_procs(procs, timeout=20)
+    _, alive = psutil.wait_procs(procs, timeout=5)  # some of Ray's daemons outlive SIGTERM by far longer
     for proc in alive:
         proc.kill()
 

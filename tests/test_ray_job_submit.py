@@ -58,3 +58,39 @@ def test_ray_job_submit_runs_the_job(tmp_path, random_kit, ray_head):
     manifest = json.loads((tmp_path / "out" / "_job.json").read_text())
     assert manifest["job_id"] == "submitted-1" and manifest["status"] == "succeeded"
     assert "job submitted-1 succeeded" in logs
+
+
+def test_check_cluster_names_a_head_whose_job_agent_could_not_bind(tmp_path):
+    """`ray start` says "Ray runtime started" while another program holds the head's dashboard
+    agent port; `ray job submit` then fails with "500: No available agent to submit job" and a
+    traceback. `specbatch check-cluster` says which port and what to do, in one message, exit 2."""
+    import secrets
+    import shutil
+    import socket
+    import tempfile
+
+    from tests.conftest import free_port, ray_head_command, stop_ray_head
+
+    holder = socket.socket()
+    holder.bind(("0.0.0.0", 0))  # another program on the agent's port, on every address
+    holder.listen()
+    taken = holder.getsockname()[1]
+    dashboard = free_port()
+    temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+    try:
+        started = subprocess.run(ray_head_command(free_port(), dashboard, f"--temp-dir={temp_dir}", agent_port=taken),
+                                 env=env, capture_output=True, text=True, timeout=180)
+        assert started.returncode == 0 and "Ray runtime started" in started.stdout + started.stderr, started.stderr[-2000:]
+        check = subprocess.run([sys.executable, "-m", "pipeline.cli", "check-cluster", "--address", f"http://127.0.0.1:{dashboard}"],
+                               env=env, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    finally:
+        stop_ray_head(temp_dir)
+        holder.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    assert check.returncode == 2, check.stdout + check.stderr
+    said = check.stderr
+    assert "Traceback" not in said and len(said.strip().splitlines()) == 1, said
+    assert "No available agent to submit job" in said and "--dashboard-agent-listen-port" in said, said
+    assert f"Failed to bind to port {taken}" in said, said  # read from the head's own agent log
