@@ -87,3 +87,16 @@ def prepare_process_env(config: JobConfig) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.engine.cpu_kv_cache_gib))
+
+
+def lora_requests(config: JobConfig) -> dict[str, Any]:
+    """vLLM LoRARequest of each configured adapter, from this node's copy of it."""
+    if not config.lora:
+        return {}
+    from vllm.lora.request import LoRARequest
+
+    storage = Storage.from_config(config.storage)
+    return {
+        name: LoRARequest(name, number, localize(path, storage))
+        for number, (name, path) in enumerate(sorted(config.lora.adapters.items()), start=1)
+    }

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from pipeline.completions import reasoning_parser
 from pipeline.config import JobConfig
-from pipeline.engine import engine_kwargs, prepare_process_env
+from pipeline.engine import engine_kwargs, lora_requests, prepare_process_env
 from pipeline.engine_requests import EngineRequests
 from pipeline.metrics import ReplicaMetrics
 from pipeline.outputs import OutputLocation
@@ -35,21 +35,6 @@ from pipeline.storage import Storage
 from pipeline.unit_results import Identity, UnitResults, collect, tables, unit_stats
 from pipeline.units import unit_of
 from schemas import UnitStats, arrow_schema
-
-
-def lora_requests(config: JobConfig) -> dict[str, Any]:
-    """vLLM LoRARequest of each configured adapter, from this node's copy of it."""
-    if not config.lora:
-        return {}
-    from vllm.lora.request import LoRARequest
-
-    from pipeline.model_cache import localize
-
-    storage = Storage.from_config(config.storage)
-    return {
-        name: LoRARequest(name, number, localize(path, storage))
-        for number, (name, path) in enumerate(sorted(config.lora.adapters.items()), start=1)
-    }
 
 
 class Generator:

@@ -22,17 +22,19 @@ def concurrency_sample(prompts: Sequence[Any], concurrency: Optional[int]) -> li
     return list(prompts[: max(2 * concurrency, 8)])
 
 
-def generate_at_concurrency(llm, token_prompts: list, params: list, concurrency: Optional[int]) -> list:
+def generate_at_concurrency(llm, token_prompts: list, params: list, concurrency: Optional[int], loras: Optional[list] = None) -> list:
     """Outputs in prompt order, with at most `concurrency` requests in the engine: a new one is
-    added as soon as one finishes, as in an offline job's steady state. None: all at once."""
+    added as soon as one finishes, as in an offline job's steady state. None: all at once.
+    `loras`: each prompt's LoRARequest (None: the base model)."""
+    loras = loras or [None] * len(token_prompts)
     if concurrency is None or concurrency >= len(token_prompts):
-        return llm.generate(token_prompts, params, use_tqdm=False)
+        return llm.generate(token_prompts, params, use_tqdm=False, lora_request=loras)
     engine, waiting, outputs = llm.llm_engine, list(range(len(token_prompts))), {}
     running = 0
     while waiting or running:
         while waiting and running < concurrency:
             i = waiting.pop(0)
-            engine.add_request(f"calibrate-{i}", token_prompts[i], params[i])
+            engine.add_request(f"calibrate-{i}", token_prompts[i], params[i], lora_request=loras[i])
             running += 1
         for output in engine.step():
             if output.finished:
@@ -51,7 +53,7 @@ def measure_depth(
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from pipeline.engine import engine_kwargs, prepare_process_env
+    from pipeline.engine import engine_kwargs, lora_requests, prepare_process_env
 
     prepare_process_env(config)
     engine_started = time.perf_counter()
@@ -59,16 +61,17 @@ def measure_depth(
     engine_start_seconds = time.perf_counter() - engine_started
     llm.generate([TokensPrompt(prompt_token_ids=p["prompt_token_ids"]) for p in prompts[:WARMUP_PROMPTS]],
                  SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)
-    results = [_measure_at(llm, prompts, concurrency, repeats) for concurrency in concurrencies]
+    adapters = lora_requests(config)
+    results = [_measure_at(llm, prompts, concurrency, repeats, adapters) for concurrency in concurrencies]
     for result in results:
         result.update(depth=depth, engine_start_seconds=engine_start_seconds)
     llm.llm_engine.engine_core.shutdown()  # the engine's processes and memory go now, not at interpreter exit
     return results
 
 
-def _measure_at(llm, prompts: Sequence[dict[str, Any]], concurrency: Optional[int], repeats: int) -> dict[str, Any]:
-    """The sample at one concurrency, `repeats` times; the fastest run is kept (the others were
-    disturbed by something else)."""
+def _measure_at(llm, prompts: Sequence[dict[str, Any]], concurrency: Optional[int], repeats: int, adapters: dict) -> dict[str, Any]:
+    """The sample at one concurrency, `repeats` times, each row on its own adapter (`adapters`:
+    LoRARequest by name); the fastest run is kept (the others were disturbed by something else)."""
     from vllm.inputs import TokensPrompt
 
     from pipeline.sampling import row_sampling_params
@@ -79,7 +82,7 @@ def _measure_at(llm, prompts: Sequence[dict[str, Any]], concurrency: Optional[in
     best = None
     for _ in range(repeats):
         started = time.perf_counter()
-        outputs = generate_at_concurrency(llm, token_prompts, params, concurrency)
+        outputs = generate_at_concurrency(llm, token_prompts, params, concurrency, [adapters.get(p.get("lora")) for p in sample])
         seconds = time.perf_counter() - started
         if best is None or seconds < best[0]:
             best = (seconds, outputs)

@@ -14,7 +14,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.config import ChatConfig, SamplingConfig, closest, speculation_conflicts
+from pipeline.config import ChatConfig, JobConfig, SamplingConfig, closest, speculation_conflicts
+from pipeline.engine import structured_backend
 from pipeline.sampling import COLUMNS as SAMPLING_COLUMNS
 from pipeline.sampling import RowError, engine_values, resolve
 
@@ -82,9 +83,24 @@ def check_id(row: dict[str, Any]) -> None:
         raise RowError("invalid_id", "id", f"id {row['id']!r} is blank at row {row['row']} of {row['source']}")
 
 
+def preprocessor_args(config: JobConfig, storage=None) -> dict[str, Any]:
+    """The job's Preprocessor arguments, in one place: the preprocess actors, the probe, the dry
+    run and calibrate prepare a row alike (its adapter included)."""
+    return dict(
+        tokenizer_path=config.model.tokenizer or config.model.path, max_model_len=config.engine.max_model_len,
+        sampling=config.sampling.model_dump(), chat=config.chat.model_dump(), speculation=config.speculation,
+        structured_backend=structured_backend(config), storage=storage,
+        lora_adapters=sorted(config.lora.adapters) if config.lora else (),
+    )
+
+
 class Preprocessor:
     """Ray Data stage: validates each row of a work unit, renders chat messages and tokenizes.
     A block is one whole unit (pipeline/units.py), and comes out as one block."""
+
+    @classmethod
+    def for_job(cls, config: JobConfig, storage=None) -> "Preprocessor":
+        return cls(**preprocessor_args(config, storage))
 
     def __init__(
         self, tokenizer_path: str, max_model_len: int, sampling: dict[str, Any], chat: dict[str, Any] | None = None,

@@ -26,7 +26,6 @@ from typing import Any, Optional, Sequence
 
 from pipeline.config import JobConfig
 from pipeline.drafter_check import DrafterMismatch
-from pipeline.engine import structured_backend
 from pipeline.stats import Acceptance
 from pipeline.storage import Storage
 from pipeline.units import WorkUnit, read_unit
@@ -64,11 +63,7 @@ def probe_rows(config: JobConfig, storage: Storage, units: Sequence[WorkUnit], n
         return [], 0
     step = max(1, len(units) // PROBE_UNITS)
     chosen = list(units)[::step][:PROBE_UNITS]
-    preprocessor = Preprocessor(
-        config.model.tokenizer or config.model.path, config.engine.max_model_len, config.sampling.model_dump(),
-        config.chat.model_dump(), config.speculation, structured_backend(config), storage,
-        sorted(config.lora.adapters) if config.lora else (),
-    )
+    preprocessor = Preprocessor.for_job(config, storage)
     per_unit: list[list[dict[str, Any]]] = []
     skipped = 0
     for unit in chosen:

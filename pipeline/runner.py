@@ -34,7 +34,6 @@ from pipeline.cluster import (
 )
 from pipeline.config import ConfigError, JobConfig
 from pipeline.drafter_check import check_drafter
-from pipeline.engine import structured_backend
 from pipeline.probe import DrafterRejected, job_probe_rows, refusal, rejudged
 from pipeline.guard import AcceptanceGuard, AcceptanceTooLow, speculation_verdict
 from pipeline.inputs import InputReport
@@ -147,7 +146,7 @@ def build_dataset(
     from ray.data import ActorPoolStrategy
 
     from pipeline.datasource import UnitDatasource
-    from pipeline.preprocess import Preprocessor
+    from pipeline.preprocess import Preprocessor, preprocessor_args
 
     storage = Storage.from_config(config.storage)
     context = ray.data.DataContext.get_current()
@@ -161,16 +160,7 @@ def build_dataset(
                                  concurrency=read_concurrency(config))
     ds = ds.map_batches(
         Preprocessor,
-        fn_constructor_kwargs=dict(
-            tokenizer_path=config.model.tokenizer or config.model.path,
-            max_model_len=config.engine.max_model_len,
-            sampling=config.sampling.model_dump(),
-            chat=config.chat.model_dump(),
-            speculation=config.speculation,
-            structured_backend=structured_backend(config),
-            storage=storage,  # a tokenizer in object storage is copied on the preprocess actor's node
-            lora_adapters=sorted(config.lora.adapters) if config.lora else (),
-        ),
+        fn_constructor_kwargs=preprocessor_args(config, storage),  # a tokenizer in storage: copied on the actor's node
         batch_format="pyarrow",
         batch_size=None,
         compute=ActorPoolStrategy(size=resources.preprocess_concurrency),

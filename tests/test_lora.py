@@ -44,6 +44,30 @@ def test_a_local_adapter_on_a_cluster_must_be_on_a_shared_mount(kit):
     check_cluster_paths(config.model_copy(update={"storage": config.storage.model_copy(update={"shared_mounts": ["/adapters"]})}), nodes=2)
 
 
+def test_the_probe_and_calibrate_prepare_a_rows_adapter_as_the_job_does(tmp_path, kit):
+    """One Preprocessor for the job, the probe, the dry run and calibrate (preprocess.preprocessor_args):
+    calibrate's copy left the adapters out and its reader the `lora` column, so it skipped every row
+    that names one and measured the others without theirs."""
+    from pipeline.inputs import inspect_inputs
+    from pipeline.probe import probe_rows
+    from pipeline.tools.calibrate import sample_prompts
+    from pipeline.units import plan_units
+
+    n = len(PROMPTS)
+    adapters = [None, "style"] * (n // 2)
+    write_prompts(tmp_path / "in" / "prompts.parquet", {"id": [f"r{i}" for i in range(n)], "prompt": PROMPTS, "lora": adapters})
+    config = parse_config(job_config(str(tmp_path / "in"), str(tmp_path / "out"), kit, lora={"adapters": {"style": "/adapters/style"}},
+                                     speculative={"num_speculative_tokens": 1}))
+    storage = Storage.from_config(config.storage)
+    units = plan_units(inspect_inputs(config.input_uri, storage).files, config.resources.rows_per_unit)
+    probed, _ = probe_rows(config, storage, units, n)
+    sampled, skipped = sample_prompts(config, storage, n)
+    expected = {f"r{i}": a for i, a in enumerate(adapters)}
+    assert skipped == 0
+    for rows in (probed, sampled):
+        assert {row["id"]: row["lora"] for row in rows} == expected
+
+
 @pytest.mark.engine
 def test_rows_name_their_adapter_and_get_its_output(tmp_path, ray_local, kit):
     from pipeline.tinykit.lora import write_lora_adapter

@@ -36,14 +36,14 @@ import pyarrow.parquet as pq
 import yaml
 
 from pipeline.config import ConfigError, JobConfig, load_config, parse_config
-from pipeline.engine import schedule_text, structured_backend
+from pipeline.engine import schedule_text
 from pipeline.inputs import InputError, inspect_inputs
 from pipeline.measure import measure_depth
 from pipeline.tools.prices import load_prices
 from pipeline.tools.report import format_terminal_table, per_million, to_csv
 from pipeline.stats import Acceptance
 from pipeline.storage import Storage
-from schemas import SAMPLING_OVERRIDE_COLUMNS
+from pipeline.units import UNIT_COLUMNS
 from schemas.report import CalibrationReport, CalibrationRow, JobCheckRow
 
 
@@ -74,10 +74,7 @@ def sample_prompts(config: JobConfig, storage: Storage, n: int, seed: int = 0) -
                 wanted.setdefault(uri, {})[g - offset] = order[g]
         offset += rows
 
-    preprocessor = Preprocessor(
-        config.model.tokenizer or config.model.path, config.engine.max_model_len, config.sampling.model_dump(),
-        config.chat.model_dump(), config.speculation, structured_backend(config), storage,
-    )
+    preprocessor = Preprocessor.for_job(config, storage)
     found: list[tuple[int, dict[str, Any]]] = []
     skipped = 0
     for uri, local_rows in wanted.items():
@@ -85,7 +82,7 @@ def sample_prompts(config: JobConfig, storage: Storage, n: int, seed: int = 0) -
         fs, path = storage.fs(uri)
         with fs.open(path, "rb") as f:
             parquet = pq.ParquetFile(f)
-            columns = ["id", text_column] + [c for c in SAMPLING_OVERRIDE_COLUMNS if c in parquet.schema_arrow.names]
+            columns = [c.name for c in UNIT_COLUMNS if c.name in parquet.schema_arrow.names]  # what a unit carries
             start = 0
             for group in range(parquet.metadata.num_row_groups):
                 size = parquet.metadata.row_group(group).num_rows
@@ -455,7 +452,7 @@ def job_check(
     input_uri = storage.join(work_uri, "input")
     for unit in chosen_units:
         table = read_unit(storage, unit)
-        keep = ["id", unit.text_column, *(c for c in SAMPLING_OVERRIDE_COLUMNS if table.column(c).null_count < table.num_rows)]
+        keep = [c.name for c in UNIT_COLUMNS if c.name in ("id", unit.text_column) or table.column(c.name).null_count < table.num_rows]
         if table.column("metadata").null_count < table.num_rows:
             keep.append("metadata")
         buffer = io.BytesIO()

@@ -71,7 +71,7 @@ import pyarrow.parquet as pq
 from pipeline.cluster import check_schedulable
 from pipeline.config import ConfigError, JobConfig, load_config
 from pipeline.drafter_check import DrafterMismatch, check_drafter
-from pipeline.engine import schedule_text, structured_backend
+from pipeline.engine import schedule_text
 from pipeline.guard import depth_at
 from pipeline.inputs import InputError, InputReport
 from pipeline.lease import LeaseHeld, OutputLease
@@ -304,12 +304,7 @@ def estimate_tokens(
     from pipeline.preprocess import Preprocessor, check_id, check_supported_line
     from pipeline.sampling import RowError
 
-    preprocessor = Preprocessor(
-        tokenizer_path=config.model.tokenizer or config.model.path, max_model_len=config.engine.max_model_len,
-        sampling=config.sampling.model_dump(), chat=config.chat.model_dump(), speculation=config.speculation,
-        structured_backend=structured_backend(config), storage=storage,
-        lora_adapters=sorted(config.lora.adapters) if config.lora else (),
-    )
+    preprocessor = Preprocessor.for_job(config, storage)
     rng = random.Random(SAMPLE_SEED)
     by_kind: dict[str, list] = defaultdict(list)
     for f in inputs.files:
