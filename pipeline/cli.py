@@ -150,12 +150,9 @@ def run_from_config(
     checks and the plan only (pipeline/tools/plan.py), 0 when the run would be accepted."""
     from pipeline.breaker import TooManyErrors
     from pipeline.cluster import SchedulingStalled
-    from pipeline.config import ConfigError, load_config
-    from pipeline.drafter_check import DrafterMismatch
+    from pipeline.config import load_config
     from pipeline.guard import AcceptanceTooLow
-    from pipeline.inputs import InputError
-    from pipeline.lease import LeaseHeld
-    from pipeline.runner import LayoutMismatch, ResultsChanged, plain_text, run_job
+    from pipeline.runner import REFUSALS, plain_text, run_job
     from pipeline.startup import StartClock
 
     config = None
@@ -173,7 +170,7 @@ def run_from_config(
     except KeyboardInterrupt:
         print(f"specbatch: {_interrupted(config)}; rerun the same command to resume", file=sys.stderr)
         return EXIT["interrupted"]
-    except (ConfigError, InputError, DrafterMismatch, ResultsChanged, LayoutMismatch, LeaseHeld, FileNotFoundError) as exc:
+    except REFUSALS as exc:
         print(f"specbatch: refused: {exc}", file=sys.stderr)
         return EXIT["refused"]
     except (TooManyErrors, AcceptanceTooLow, SchedulingStalled) as exc:

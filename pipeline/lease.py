@@ -33,6 +33,23 @@ class LeaseHeld(RuntimeError):
     """Another run owns the output location."""
 
 
+def read_lease(location: OutputLocation) -> Optional[Lease]:
+    """The location's lease (one GET); None when no run holds it."""
+    try:
+        return Lease.model_validate(location.storage.read_json(location.path(LEASE)))
+    except FileNotFoundError:
+        return None
+
+
+def heartbeat_age(lease: Lease, now: Optional[float] = None) -> float:
+    return (time.time() if now is None else now) - lease.heartbeat_at
+
+
+def is_stale(lease: Lease, now: Optional[float] = None) -> bool:
+    """No heartbeat for stale_after_seconds: its run is dead, and another may take over."""
+    return heartbeat_age(lease, now) >= lease.stale_after_seconds
+
+
 class OutputLease:
     def __init__(self, location: OutputLocation, config: LeaseConfig, job_id: str, attempt: int):
         self.location, self.config = location, config
@@ -49,17 +66,14 @@ class OutputLease:
         self._thread: Optional[threading.Thread] = None
 
     def current(self) -> Optional[Lease]:
-        try:  # one GET; a lease released meanwhile is no lease
-            return Lease.model_validate(self.location.storage.read_json(self.uri))
-        except FileNotFoundError:
-            return None
+        return read_lease(self.location)  # a lease released meanwhile is no lease
 
     def acquire(self, take_over: bool = False) -> Optional[Lease]:
         """Take the lease; returns the stale lease taken over, if any."""
         held = self.check(take_over)
         if held is not None:
             log.warning("taking over %s, leased to run %s (job %s, attempt %s), last heartbeat %.0fs ago",
-                        self.location.uri, held.owner, held.job_id, held.attempt, time.time() - held.heartbeat_at)
+                        self.location.uri, held.owner, held.job_id, held.attempt, heartbeat_age(held))
         self._write()
         time.sleep(0.05)
         if (self.current() or self.lease).owner != self.lease.owner:
@@ -76,12 +90,13 @@ class OutputLease:
         another run holds it; the stale lease it would take over (with `take_over`), or None."""
         held = self.current()
         if held is not None:
-            age = time.time() - held.heartbeat_at
+            now = time.time()
+            age = heartbeat_age(held, now)
             where = (
                 f"{self.location.uri} is leased to run {held.owner} (job {held.job_id}, attempt {held.attempt}), "
                 f"last heartbeat {age:.0f}s ago"
             )
-            if age < held.stale_after_seconds:
+            if not is_stale(held, now):
                 raise LeaseHeld(
                     f"{where}: that run is alive, and two runs on one output location would duplicate work. "
                     f"Wait for it to end; if it is dead, rerun with --take-over once its heartbeat is older than "

@@ -27,12 +27,14 @@ import posixpath
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable, Optional, TypeVar
+from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
 
 import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import ValidationError
 
 from pipeline.storage import Storage
-from schemas import CommitMarker, UnitStats, arrow_schema
+from schemas import LAYOUT_VERSION, CommitMarker, JobManifest, UnitStats, arrow_schema
 
 ROW_TABLES = ("outputs", "errors")
 COMMITS = "_commits"
@@ -46,6 +48,14 @@ PARALLEL_READS = 32
 T = TypeVar("T")
 
 
+class LayoutMismatch(ValueError):
+    """The output location was written by another version of the output layout."""
+
+
+class ManifestInvalid(ValueError):
+    """`_job.json` does not match the job manifest contract."""
+
+
 class OutputLocation:
     def __init__(self, storage: Storage, uri: str):
         self.storage = storage
@@ -55,7 +65,8 @@ class OutputLocation:
         return self.storage.join(self.uri, *parts)
 
     @staticmethod
-    def _read_all(read: Callable[[str], T], uris: list[str]) -> list[T]:
+    def read_all(read: Callable[[Any], T], uris: list) -> list[T]:
+        """`read` of each, PARALLEL_READS at a time (object stores answer small reads slowly, in parallel well)."""
         if len(uris) < 2:
             return [read(uri) for uri in uris]
         with ThreadPoolExecutor(PARALLEL_READS) as pool:
@@ -95,7 +106,7 @@ class OutputLocation:
 
     def markers(self, unit_ids: Optional[Iterable[str]] = None) -> dict[str, CommitMarker]:
         units = sorted(self.committed_units() if unit_ids is None else unit_ids)
-        docs = self._read_all(self.storage.read_json, [self.path(COMMITS, f"{u}.json") for u in units])
+        docs = self.read_all(self.storage.read_json, [self.path(COMMITS, f"{u}.json") for u in units])
         return {u: CommitMarker.model_validate(doc) for u, doc in zip(units, docs)}
 
     def read_table(self, name: str, columns: Optional[list[str]] = None) -> pa.Table:
@@ -105,23 +116,32 @@ class OutputLocation:
             return self.stats_table()
         markers = self.markers()
         uris = [self.path(m.files[name]) for m in markers.values() if name in m.files]
-        tables = self._read_all(lambda uri: self.storage.read_parquet(uri, columns), uris)
+        tables = self.read_all(lambda uri: self.storage.read_parquet(uri, columns), uris)
         if not tables:
             return pa.table({})
         return pa.concat_tables(tables, promote_options="permissive")
 
-    def _stats_files(self) -> dict[str, str]:
-        """Stats file name (attempt-NNNN) -> URI, oldest attempt first."""
-        return {posixpath.basename(u)[: -len(".parquet")]: u for u in self.storage.list_files(self.path(STATS), ".parquet")}
+    def stats_files(self, columns: Optional[Sequence[str]] = None, skip_file: Optional[str] = None) -> dict[str, pa.Table]:
+        """Each attempt's stats file (attempt-NNNN -> its rows, oldest attempt first), of `columns`
+        only (all: None); a column a file of an older specbatch lacks is nulls."""
+        full = arrow_schema(UnitStats)
+        schema = pa.schema([full.field(name) for name in columns]) if columns else full
+        files = {posixpath.basename(u)[: -len(".parquet")]: u for u in self.storage.list_files(self.path(STATS), ".parquet")}
+        files = {name: uri for name, uri in files.items() if name != skip_file}
+
+        def read(uri: str) -> pa.Table:
+            parquet = pq.ParquetFile(pa.BufferReader(self.storage.read_bytes(uri)))
+            present = set(parquet.schema_arrow.names)
+            table = parquet.read(columns=[f.name for f in schema if f.name in present])
+            return pa.table({f.name: table.column(f.name) if f.name in present else pa.nulls(table.num_rows) for f in schema}).cast(schema)
+
+        return dict(zip(files, self.read_all(read, list(files.values()))))
 
     def _rolled_stats(self, committed: set[str], skip_file: Optional[str] = None) -> pa.Table:
         """Rows of the stats files for committed units; a unit in two files counts once."""
-        schema = arrow_schema(UnitStats)
-        files = [uri for name, uri in self._stats_files().items() if name != skip_file]
-        tables = [t.cast(schema) for t in self._read_all(self.storage.read_parquet, files)]
-        rolled = pa.concat_tables(tables) if tables else schema.empty_table()
-        latest = {unit: i for i, unit in enumerate(rolled.column("unit_id").to_pylist()) if unit in committed}
-        return rolled.take(pa.array(sorted(latest.values()), type=pa.int64()))
+        rolled = latest_per_unit(list(self.stats_files(skip_file=skip_file).values()), arrow_schema(UnitStats))
+        keep = [i for i, unit in enumerate(rolled.column("unit_id").to_pylist()) if unit in committed]
+        return rolled.take(pa.array(keep, type=pa.int64()))
 
     def _marker_stats(self, units: set[str]) -> pa.Table:
         rows = [m.stats.model_dump() for m in self.markers(units).values()]
@@ -213,7 +233,7 @@ class OutputLocation:
     def engine_deaths(self, since: float = 0.0) -> list[dict]:
         """Engine deaths recorded by the actors, oldest first; those after `since` (Unix time)."""
         uris = [u for u in self.storage.list_files(self.path(EVENTS), ".json") if float(u.rsplit("/", 1)[1].split("-")[2]) >= since]
-        return self._read_all(self.storage.read_json, uris)
+        return self.read_all(self.storage.read_json, uris)
 
     # ------------------------------------------------------------------ the location as a whole
 
@@ -231,6 +251,36 @@ class OutputLocation:
 
     def read_manifest(self) -> dict:
         return self.storage.read_json(self.path(MANIFEST))
+
+    def job_manifest(self, same_layout: bool = True) -> Optional[JobManifest]:
+        """`_job.json` as the contract reads it; None when no job has written one here.
+        `same_layout`: refuse a location of another output layout (a run, status); a report
+        reads the manifest's figures whatever the layout."""
+        try:
+            doc = self.read_manifest()
+        except FileNotFoundError:
+            return None
+        layout = doc.get("layout_version", 1) if isinstance(doc, dict) else None
+        if same_layout and layout != LAYOUT_VERSION:
+            raise LayoutMismatch(
+                f"{self.uri} was written by output layout {layout}; this specbatch writes layout {LAYOUT_VERSION} "
+                "and never mixes the two. Use a new output_uri, or rerun with --restart to start over."
+            )
+        try:
+            return JobManifest.model_validate(doc)
+        except ValidationError as exc:
+            fields = ", ".join(".".join(str(p) for p in e["loc"]) + f" ({e['msg']})" for e in exc.errors()[:5])
+            raise ManifestInvalid(f"{self.uri}: _job.json does not match the job manifest contract: {fields}") from None
+
+
+def latest_per_unit(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
+    """Stats files' rows, oldest file first, with each unit once: a unit in two files (a later
+    attempt ran it again) counts from the later one."""
+    rolled = pa.concat_tables(tables) if tables else schema.empty_table()
+    if len(tables) < 2:
+        return rolled
+    latest = {unit: i for i, unit in enumerate(rolled.column("unit_id").to_pylist())}
+    return rolled.take(pa.array(sorted(latest.values()), type=pa.int64()))
 
 
 def error_units(stats: pa.Table, retryable_only: bool) -> set[str]:

@@ -33,15 +33,15 @@ from pipeline.cluster import (
     check_cluster_paths, check_schedulable, cluster_capacity, engine_remote_args, read_concurrency, stall_message,
 )
 from pipeline.config import ConfigError, JobConfig
-from pipeline.drafter_check import check_drafter
+from pipeline.drafter_check import DrafterMismatch, check_drafter
 from pipeline.probe import DrafterRejected, job_probe_rows, refusal, rejudged
 from pipeline.guard import AcceptanceGuard, AcceptanceTooLow, speculation_verdict
-from pipeline.inputs import InputReport
+from pipeline.inputs import InputError, InputReport
 from pipeline.job_board import start_board
 from pipeline.openai_batch import inspect_job_inputs
 from pipeline.preflight import check_before_engines
-from pipeline.lease import OutputLease
-from pipeline.outputs import OutputLocation, error_units
+from pipeline.lease import LeaseHeld, OutputLease
+from pipeline.outputs import LayoutMismatch, ManifestInvalid, OutputLocation, error_units
 from pipeline.stats import Acceptance, busy_seconds
 from pipeline.model_cache import remote_files
 from pipeline.startup import StartClock, ray_init, start_cost
@@ -211,8 +211,8 @@ class ResultsChanged(ValueError):
     """The output location holds results of a different model, drafter, sampling or input."""
 
 
-class LayoutMismatch(ValueError):
-    """The output location was written by another version of the output layout."""
+# What a run refuses before it starts, with exit 2 (`specbatch: refused: ...`; the dry run says the same).
+REFUSALS = (ConfigError, InputError, DrafterMismatch, ResultsChanged, LayoutMismatch, ManifestInvalid, LeaseHeld, FileNotFoundError)
 
 
 def results_decisive(config: JobConfig, target: ModelFingerprint, drafter: Optional[ModelFingerprint]) -> dict:
@@ -339,19 +339,6 @@ def billed_replicas(config: JobConfig, stats: pa.Table) -> int:
     return max(resources.min_replicas, min(resources.max_replicas, ran))
 
 
-def _previous_manifest(location: OutputLocation) -> Optional[JobManifest]:
-    if not location.has_manifest():
-        return None
-    doc = location.read_manifest()
-    layout = doc.get("layout_version", 1)
-    if layout != LAYOUT_VERSION:
-        raise LayoutMismatch(
-            f"{location.uri} was written by output layout {layout}; this specbatch writes layout {LAYOUT_VERSION} "
-            "and never mixes the two. Use a new output_uri, or rerun with --restart to start over."
-        )
-    return JobManifest.model_validate(doc)
-
-
 @dataclasses.dataclass
 class JobPlan:
     """What a run or resume at `config.output_uri` would do, read without writing anything."""
@@ -384,7 +371,7 @@ def plan_job(
     storage = Storage.from_config(config.storage)
     location = OutputLocation(storage, config.output_uri)
     _refuse_a_file(location)
-    previous = None if restart else _previous_manifest(location)
+    previous = None if restart else location.job_manifest()
     target = model_fingerprint(config.model.path, storage, field="model.path")
     _refuse_missing_tokenizer(config)
     drafter = (

@@ -10,8 +10,8 @@ import pytest
 
 from pipeline.config import LeaseConfig, parse_config
 from pipeline.lease import LeaseHeld, OutputLease
-from pipeline.outputs import OutputLocation
-from pipeline.runner import LayoutMismatch, run_job
+from pipeline.outputs import LayoutMismatch, OutputLocation
+from pipeline.runner import run_job
 from pipeline.storage import Storage
 from tests.conftest import job_config
 

@@ -69,26 +69,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.cluster import check_schedulable
-from pipeline.config import ConfigError, JobConfig, load_config
-from pipeline.drafter_check import DrafterMismatch, check_drafter
+from pipeline.config import JobConfig, load_config
+from pipeline.drafter_check import check_drafter
 from pipeline.engine import schedule_text
 from pipeline.guard import depth_at
-from pipeline.inputs import InputError, InputReport
-from pipeline.lease import LeaseHeld, OutputLease
+from pipeline.inputs import InputReport
+from pipeline.lease import OutputLease
 from pipeline.openai_batch import CONVERTED
 from pipeline.outputs import OutputLocation
 from pipeline.preflight import check_before_engines
 from pipeline.probe import refusal, rejudged
-from pipeline.runner import (
-    JobPlan, LayoutMismatch, ResultsChanged, plan_job, read_calibration, results_fingerprint,
-)
+from pipeline.runner import REFUSALS, JobPlan, plan_job, read_calibration, results_fingerprint
 from pipeline.startup import local_ray_cpus
 from pipeline.storage import Storage
 from pipeline.units import UNIT_COLUMNS, WorkUnit
 from schemas.plan import CostEstimate, DryRunPlan, PlanCheck, PlanFile, PlanInputs, PlanUnits, TokenEstimate
 
-# What the real run refuses with exit 2 (pipeline/cli.py prints them as `specbatch: refused: ...`).
-REFUSALS = (ConfigError, InputError, DrafterMismatch, ResultsChanged, LayoutMismatch, LeaseHeld, FileNotFoundError)
 SAMPLE_ROWS = 256
 SAMPLE_ROW_GROUPS = 16
 MIN_SAMPLE_PER_KIND = 32  # a kind with few rows still gets a sample of its own
@@ -350,7 +346,6 @@ def estimate_tokens(
     left_by_kind = Counter()
     for u in todo:
         left_by_kind[u.text_column] += u.rows
-    rows_left = sum(left_by_kind.values())
     return TokenEstimate(
         sample_rows=sampled, sample_row_groups=groups_read, sample_seed=SAMPLE_SEED, sample_error_rows=errors,
         sample_error_kinds=dict(error_kinds), exact=exact, prompt_tokens=sum(tokens_by_kind.values()),

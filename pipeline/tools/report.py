@@ -25,10 +25,9 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any, Optional, Sequence
 
-from pydantic import ValidationError
 
 from pipeline.tools import plots
-from pipeline.outputs import OutputLocation
+from pipeline.outputs import ManifestInvalid, OutputLocation
 from pipeline.config import ACCEPTANCE_FLOOR
 from pipeline.tools.prices import Prices, load_prices
 from pipeline.stats import Acceptance
@@ -51,12 +50,11 @@ class JobData:
 def read_job(storage: Storage, uri: str) -> JobData:
     location = OutputLocation(storage, uri)
     try:
-        manifest = JobManifest.model_validate(location.read_manifest())
-    except FileNotFoundError:
-        raise ReportError(f"{uri}: no _job.json (not a specbatch job output)") from None
-    except ValidationError as exc:
-        fields = ", ".join(".".join(str(p) for p in e["loc"]) + f" ({e['msg']})" for e in exc.errors()[:5])
-        raise ReportError(f"{uri}: _job.json does not match the job manifest contract: {fields}") from None
+        manifest = location.job_manifest(same_layout=False)
+    except ManifestInvalid as exc:
+        raise ReportError(str(exc)) from None
+    if manifest is None:
+        raise ReportError(f"{uri}: no _job.json (not a specbatch job output)")
     stats = sorted(location.read_table("stats").to_pylist(), key=lambda r: r["started_at"])
     calibration_uri = storage.join(location.uri, "calibration", "calibration.json")
     calibration = (CalibrationReport.model_validate_json(storage.read_bytes(calibration_uri))

@@ -44,24 +44,21 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import posixpath
 import sys
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
-from pydantic import ValidationError
 
-from pipeline.outputs import COMMITS, LEASE, MANIFEST, PARALLEL_READS, STATS
+from pipeline.lease import heartbeat_age, is_stale, read_lease
+from pipeline.outputs import LayoutMismatch, ManifestInvalid, OutputLocation, latest_per_unit
 from pipeline.console import STEADY_MIN_SECONDS
 from pipeline.runner import STATS_FLUSH_SECONDS, totals_from_stats
 from pipeline.storage import Storage
-from schemas import LAYOUT_VERSION, JobManifest, Lease, UnitStats, arrow_schema
+from schemas import JobManifest, Lease, UnitStats, arrow_schema
 from schemas.status import AttemptState, LeaseState, StatusReport
 
 DEFAULT_ERROR_FILES = 1000
@@ -94,46 +91,25 @@ def _iso(seconds: float) -> str:
     return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def _read_all(read, uris: list[str]) -> list:
-    if len(uris) < 2:
-        return [read(uri) for uri in uris]
-    with ThreadPoolExecutor(PARALLEL_READS) as pool:
-        return list(pool.map(read, uris))
-
-
-def read_stats(storage: Storage, uri: str, attempt: int, columns: tuple[str, ...] = STATS_COLUMNS) -> RolledStats:
+def read_stats(location: OutputLocation, attempt: int, columns: tuple[str, ...] = STATS_COLUMNS) -> RolledStats:
     """The stats files' rows of every unit (the later attempt's file wins), of `columns`
     only; and with STATS_COLUMNS, the given attempt's committed rows and last commit time,
     from its own file."""
-    schema = pa.schema([arrow_schema(UnitStats).field(name) for name in columns])
-    files = storage.list_files(storage.join(uri, STATS), ".parquet")
-
-    def read(file_uri: str) -> pa.Table:
-        parquet = pq.ParquetFile(pa.BufferReader(storage.read_bytes(file_uri)))
-        present = [c for c in columns if c in parquet.schema_arrow.names]
-        table = parquet.read(columns=present)
-        # a file of an older specbatch may lack a column: nulls (sums skip them)
-        return pa.table({f.name: table.column(f.name) if f.name in present else pa.nulls(table.num_rows) for f in schema}).cast(schema)
-
-    tables = _read_all(read, files)
-    own_name = f"attempt-{attempt:04d}.parquet"
+    files = location.stats_files(columns)
+    own = files.get(f"attempt-{attempt:04d}")
     attempt_rows = as_of = steady = None
-    for file_uri, table in zip(files, tables):
-        if posixpath.basename(file_uri) == own_name and "started_at" in columns:
-            attempt_rows = int(pc.sum(table.column("rows")).as_py() or 0)
-            if table.num_rows:
-                committed = pc.add(table.column("started_at"), table.column("wall_seconds"))
-                as_of = pc.max(committed).as_py()
-                first = pc.index(committed, pc.min(committed)).as_py()
-                steady = (pc.min(committed).as_py(), attempt_rows - table.column("rows")[first].as_py())
-    rolled = pa.concat_tables(tables) if tables else schema.empty_table()
-    if len(tables) > 1:  # a unit is in one file once; in two files when a later attempt ran it again
-        latest = {unit: i for i, unit in enumerate(rolled.column("unit_id").to_pylist())}
-        rolled = rolled.take(pa.array(sorted(latest.values()), type=pa.int64()))
-    return RolledStats(rolled, attempt_rows, as_of, steady)
+    if own is not None and "started_at" in columns:
+        attempt_rows = int(pc.sum(own.column("rows")).as_py() or 0)
+        if own.num_rows:
+            committed = pc.add(own.column("started_at"), own.column("wall_seconds"))
+            as_of = pc.max(committed).as_py()
+            first = pc.index(committed, pc.min(committed)).as_py()
+            steady = (pc.min(committed).as_py(), attempt_rows - own.column("rows")[first].as_py())
+    schema = pa.schema([arrow_schema(UnitStats).field(name) for name in columns])
+    return RolledStats(latest_per_unit(list(files.values()), schema), attempt_rows, as_of, steady)
 
 
-def error_kinds(storage: Storage, uri: str, stats: pa.Table, limit: int) -> tuple[Counter, int, int]:
+def error_kinds(location: OutputLocation, stats: pa.Table, limit: int) -> tuple[Counter, int, int]:
     """error_kind -> rows over the error files of the units with error rows, at most `limit`
     of them (0: all), evenly spread over the units; returns (kinds, units with errors, read)."""
     with_errors = pc.filter(stats.select(["unit_id", "commit_token"]), pc.greater(pc.fill_null(stats.column("error_rows"), 0), 0))
@@ -143,7 +119,7 @@ def error_kinds(storage: Storage, uri: str, stats: pa.Table, limit: int) -> tupl
     units = list(zip(with_errors.column("unit_id").to_pylist(), with_errors.column("commit_token").to_pylist()))
 
     def kinds_of(path: str) -> list[str]:
-        return storage.read_parquet(storage.join(uri, path), columns=["error_kind"]).column("error_kind").to_pylist()
+        return location.storage.read_parquet(location.path(path), columns=["error_kind"]).column("error_kind").to_pylist()
 
     def read(unit: tuple[str, Optional[str]]) -> Optional[list[str]]:
         unit_id, token = unit
@@ -154,13 +130,13 @@ def error_kinds(storage: Storage, uri: str, stats: pa.Table, limit: int) -> tupl
                 except FileNotFoundError:
                     pass
             # the stats row names no commit, or one superseded since: the unit's marker names the visible files
-            path = storage.read_json(storage.join(uri, COMMITS, f"{unit_id}.json"))["files"].get("errors")
+            path = location.markers([unit_id])[unit_id].files.get("errors")
             return kinds_of(path) if path else None
         except FileNotFoundError:
             return None
 
     kinds, read_units = Counter(), 0
-    for found in _read_all(read, units):
+    for found in location.read_all(read, units):
         if found is not None:
             kinds.update(found)
             read_units += 1
@@ -180,19 +156,11 @@ def _duration(seconds: float) -> str:
     return f"{hours} h {minutes:02d} min"
 
 
-def read_manifest(storage: Storage, uri: str) -> Optional[JobManifest]:
+def read_manifest(location: OutputLocation) -> Optional[JobManifest]:
     try:
-        doc = storage.read_json(storage.join(uri, MANIFEST))
-    except FileNotFoundError:
-        return None
-    layout = doc.get("layout_version", 1) if isinstance(doc, dict) else None
-    if layout != LAYOUT_VERSION:
-        raise StatusError(f"{uri}: _job.json was written by output layout {layout}; this specbatch reads layout {LAYOUT_VERSION}")
-    try:
-        return JobManifest.model_validate(doc)
-    except ValidationError as exc:
-        fields = ", ".join(".".join(str(p) for p in e["loc"]) + f" ({e['msg']})" for e in exc.errors()[:5])
-        raise StatusError(f"{uri}: _job.json does not match the job manifest contract: {fields}") from None
+        return location.job_manifest()
+    except (LayoutMismatch, ManifestInvalid) as exc:
+        raise StatusError(str(exc)) from None
 
 
 def job_status(
@@ -200,19 +168,16 @@ def job_status(
 ) -> Optional[StatusReport]:
     """Where the job at `uri` stands; None when no job has run there. `run_command` is how the
     notes name the command that resumes it."""
-    uri = uri.rstrip("/")
-    now = time.time()
-    manifest = read_manifest(storage, uri)
-    try:
-        lease = Lease.model_validate(storage.read_json(storage.join(uri, LEASE)))
-    except FileNotFoundError:
-        lease = None
+    location = OutputLocation(storage, uri)
+    uri, now = location.uri, time.time()
+    manifest = read_manifest(location)
+    lease = read_lease(location)
     if manifest is None:
         return _first_attempt_starting(uri, lease, now, run_command) if lease else None
     last = manifest.attempts[-1] if manifest.attempts else None
     running = manifest.status == "running"
-    age = now - lease.heartbeat_at if lease else None
-    fresh = lease is not None and age < lease.stale_after_seconds
+    age = heartbeat_age(lease, now) if lease else None
+    fresh = lease is not None and not is_stale(lease, now)
     if running:
         driver = ("starting" if last and lease.attempt > last.number else "alive") if fresh else "gone"
     else:
@@ -237,7 +202,7 @@ def job_status(
     rows_per_second = eta = eta_at = as_of = pace_since = None
     stats = None
     if running:
-        stats = read_stats(storage, uri, last.number if last else 0)
+        stats = read_stats(location, last.number if last else 0)
         started = dt.datetime.fromisoformat(last.started_at).timestamp() if last else now
         as_of = stats.as_of
         elapsed = as_of - started if as_of is not None else 0.0
@@ -264,11 +229,11 @@ def job_status(
     else:
         totals = manifest.totals
         if totals.error_rows:
-            stats = read_stats(storage, uri, 0, ERROR_COLUMNS)
+            stats = read_stats(location, 0, ERROR_COLUMNS)
 
     kinds, error_units, error_units_read = Counter(), 0, 0
     if stats is not None and totals.error_rows:
-        kinds, error_units, error_units_read = error_kinds(storage, uri, stats.table, error_files)
+        kinds, error_units, error_units_read = error_kinds(location, stats.table, error_files)
         if error_units_read < error_units:
             sampled = error_files and error_units > error_files
             why = "--error-files 0 reads them all" if sampled else "the others' error files were not found"
@@ -286,7 +251,7 @@ def job_status(
         last_attempt=AttemptState(
             number=last.number, status=last.status, started_at=last.started_at, ended_at=last.ended_at, error=last.error
         ) if last else None,
-        lease=_lease_state(lease, age) if lease else None,
+        lease=_lease_state(lease, now) if lease else None,
         counts_from="stats" if running else "manifest",
         stats_as_of=_iso(as_of) if as_of is not None else None,
         input_rows=input_rows,
@@ -314,18 +279,18 @@ def job_status(
     )
 
 
-def _lease_state(lease: Lease, age: float) -> LeaseState:
+def _lease_state(lease: Lease, now: float) -> LeaseState:
     return LeaseState(
         owner=lease.owner, attempt=lease.attempt, acquired_at=lease.acquired_at, heartbeat_at=lease.heartbeat_at,
-        heartbeat_age_seconds=age, stale_after_seconds=lease.stale_after_seconds, stale=age >= lease.stale_after_seconds,
+        heartbeat_age_seconds=heartbeat_age(lease, now), stale_after_seconds=lease.stale_after_seconds, stale=is_stale(lease, now),
     )
 
 
 def _first_attempt_starting(uri: str, lease: Lease, now: float, run_command: str) -> StatusReport:
     """A run holds the location but has not written `_job.json` yet: it is checking its inputs
     and starting Ray (the manifest comes just before its engines start)."""
-    age = now - lease.heartbeat_at
-    fresh = age < lease.stale_after_seconds
+    age = heartbeat_age(lease, now)
+    fresh = not is_stale(lease, now)
     if fresh:
         note = (f"the first attempt of job {lease.job_id} is starting (input check, plan, Ray): run {lease.owner} holds "
                 f"the lease, heartbeat {_age(age)} ago; no _job.json yet, so no counts yet")
@@ -334,7 +299,7 @@ def _first_attempt_starting(uri: str, lease: Lease, now: float, run_command: str
                 f"died before it wrote one; the next `{run_command}` needs --take-over")
     return StatusReport(
         output_uri=uri, checked_at=_iso(now), job_id=lease.job_id, status="running", driver="starting" if fresh else "gone",
-        attempts=0, lease=_lease_state(lease, age), counts_from="manifest", input_rows=0, rows_done=0, output_rows=0, error_rows=0, retryable_error_rows=0,
+        attempts=0, lease=_lease_state(lease, now), counts_from="manifest", input_rows=0, rows_done=0, output_rows=0, error_rows=0, retryable_error_rows=0,
         units_planned=0, units_committed=0, errors_by_kind={}, error_units=0, error_units_read=0,
         errors_by_kind_complete=True, generated_tokens=0, tokens_per_second=0.0, acceptance_rate=None,
         mean_acceptance_length=None, notes=[note],
