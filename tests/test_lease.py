@@ -59,6 +59,30 @@ def test_a_location_of_another_layout_is_refused_untouched(tmp_path):
     assert location.read_manifest() == old and not location.storage.exists(location.path("_lease.json"))
 
 
+def test_a_manifest_that_breaks_the_contract_is_refused_naming_its_fields(tmp_path, capsys):
+    """A `_job.json` of this layout that is not a manifest (a hand edit, another tool) is a refusal
+    (exit 2) that names its fields, for the run, status and the report; it was a crash."""
+    import yaml
+
+    from pipeline.cli import run_from_config
+    from pipeline.tools.report import ReportError, read_job
+    from pipeline.tools.status import StatusError, job_status
+
+    location = OutputLocation(Storage(), str(tmp_path / "out"))
+    broken = {"layout_version": 2, "job_id": "j", "status": "finished-ish"}
+    location.write_manifest(broken)
+    config_path = tmp_path / "job.yaml"
+    config_path.write_text(yaml.safe_dump(job_config(str(tmp_path / "in"), location.uri, {"target": "/m/t", "drafter": "/m/d"})))
+    assert run_from_config(str(config_path)) == 2
+    said = capsys.readouterr().err
+    assert "_job.json does not match the job manifest contract" in said and "status" in said, said
+    for read, error in ((lambda: job_status(location.storage, location.uri), StatusError),
+                        (lambda: read_job(location.storage, location.uri), ReportError)):
+        with pytest.raises(error, match=r"_job\.json does not match the job manifest contract: .*status"):
+            read()
+    assert location.read_manifest() == broken and not location.storage.exists(location.path("_lease.json"))
+
+
 # ---------------------------------------------------------------- refused before any engine starts
 
 
