@@ -55,11 +55,3 @@ def simulate(target, drafter: Eagle3Drafter, prompt: list[int], max_tokens: int,
         gen += a + 1
     return {"num_drafts": drafts, "accepted_per_pos": per_pos, "per_step_accepted": steps,
             "output": ref[:max_tokens]}
-
-
-def summarize(results: list[dict], k: int) -> dict:
-    drafts = sum(r["num_drafts"] for r in results)
-    per_pos = [sum(r["accepted_per_pos"][i] for r in results) for i in range(k)]
-    return {"num_drafts": drafts, "accepted_per_pos": per_pos,
-            "mean_acceptance_length": 1 + sum(per_pos) / max(drafts, 1),
-            "per_pos_rate": [p / max(drafts, 1) for p in per_pos]}
