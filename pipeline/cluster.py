@@ -50,7 +50,7 @@ class ClusterPathRefused(ConfigError):
 def engine_bundles(config: JobConfig) -> int:
     """Placement bundles of one engine: one per GPU worker. An engine on vLLM's CPU build runs
     its workers in the actor's own process tree, on its node: one bundle."""
-    return config.engine_workers if config.resources.gpus_per_replica else 1
+    return 1 if config.resources.cpu_build else config.engine_workers
 
 
 def engine_bundle(config: JobConfig) -> dict[str, float]:

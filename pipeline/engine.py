@@ -32,7 +32,7 @@ def engine_kwargs(config: JobConfig, *, speculative: bool | None = None, num_spe
         seed=engine.seed,
         disable_log_stats=False,
     )
-    if config.engine_workers > 1 and config.resources.gpus_per_replica:
+    if config.engine_workers > 1 and not config.resources.cpu_build:
         # One process per GPU, started by vLLM's Ray executor inside the engine actor's placement
         # group (pipeline/cluster.py), possibly on other nodes. vLLM's CPU build has no Ray
         # executor: there its own multiprocessing executor runs the workers on the actor's node.
@@ -76,7 +76,7 @@ def prepare_process_env(config: JobConfig) -> None:
     machine's outward interface. A GPU engine of several workers (tensor or pipeline parallel)
     may span nodes through vLLM's Ray executor: its address is the node's address in the Ray
     cluster, never loopback, which the other nodes could not reach."""
-    if config.engine_workers > 1 and config.resources.gpus_per_replica:
+    if config.engine_workers > 1 and not config.resources.cpu_build:
         import ray
 
         os.environ["VLLM_HOST_IP"] = ray.util.get_node_ip_address()

@@ -1,4 +1,4 @@
-"""Structured output: a response_format (pipeline/config.py) as vLLM's structured-output
+"""Structured output: a response_format (pipeline/config/rows.py) as vLLM's structured-output
 parameters, checked before any engine starts, and each output checked against it after.
 
 The engine constrains every token to the format, so an output breaks it only when it is cut

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from pipeline import cli, config as config_module, sampling
+from pipeline.config import messages as config_messages
 from pipeline.config import ConfigError, JobConfig, load_config, output_inside_input, parse_config
 from tests.conftest import job_config
 
@@ -34,7 +35,7 @@ def full_config() -> dict:
 
 
 def _sections() -> dict[str, type]:
-    return config_module._sections()
+    return config_messages._sections()
 
 
 def _put(data: dict, path: str, key: str, value) -> None:
@@ -53,7 +54,7 @@ def test_the_full_config_is_valid_and_has_every_section():
 
 @pytest.mark.parametrize("section", sorted(_sections()))
 def test_a_mistyped_key_suggests_the_closest_in_every_section(section):
-    keys = config_module._keys(_sections()[section])
+    keys = config_messages._keys(_sections()[section])
     # A typo of the section's longest key (doubled last letter), which is no key anywhere.
     key = max(keys, key=len)
     typo = key + key[-1]

@@ -1041,7 +1041,7 @@ def test_the_example_job_config_carries_the_pool_to_the_pipeline():
         pool = config.parse_config(data, source="job-config.yaml").resources.replicas
     except Exception as exc:  # noqa: BLE001 -- the pipeline's side of issue 15 may not have landed
         if "replicas" in str(exc):
-            pytest.skip(f"pipeline/config.py does not read resources.replicas as {{min, max}} yet: {exc}")
+            pytest.skip(f"pipeline/config/ does not read resources.replicas as {{min, max}} yet: {exc}")
         raise
     assert (pool.min, pool.max) == (1, 4)
     assert yaml.safe_load(_example_job_config(replicas=2, max_replicas=2))["resources"]["replicas"] == 2

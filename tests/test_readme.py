@@ -250,4 +250,4 @@ def test_configuration_reference_is_generated_from_the_code():
 
 
 def test_every_config_key_says_what_it_does():
-    assert undescribed() == [], "give these keys a Field(description=...) in pipeline/config.py"
+    assert undescribed() == [], "give these keys a Field(description=...) in pipeline/config/"

@@ -1,5 +1,5 @@
 """Write the configuration reference, docs/configuration.md, from the job config's pydantic
-models (pipeline/config.py): per section a table of key, type, default and description.
+models (pipeline/config/): per section a table of key, type, default and description.
 
     python -m pipeline.tools.config_reference            # rewrites docs/configuration.md
     python -m pipeline.tools.config_reference --out -    # prints it
@@ -29,7 +29,7 @@ COMMAND = "python -m pipeline.tools.config_reference"
 HEADER = f"""\
 # Configuration reference
 
-<!-- Generated from pipeline/config.py by `{COMMAND}`; do not edit by hand. -->
+<!-- Generated from pipeline/config/ by `{COMMAND}`; do not edit by hand. -->
 
 A job config is one YAML file (`specbatch run job.yaml`), validated when it is loaded: an
 unknown key is an error naming it, and so is a value out of range. Relative local paths
