@@ -211,22 +211,23 @@ def write_finished_job(client, config, inputs, stats: list[dict], units: int) ->
     writes them at the end of a job that committed every unit."""
     import pyarrow as pa
 
-    from pipeline import runner
+    from pipeline import job_plan, runner
+    from pipeline.stats import totals_from_stats
     from schemas import LAYOUT_VERSION, Attempt, JobManifest, UnitStats, arrow_schema
 
     table = pa.Table.from_pylist(stats, schema=arrow_schema(UnitStats))
     client.put_object(Bucket=BUCKET, Key="output/stats/attempt-0001.parquet", Body=parquet_bytes(table))
-    target = runner.model_fingerprint(config.model.path)
-    drafter = runner.model_fingerprint(config.speculative.drafter)
+    target = job_plan.model_fingerprint(config.model.path)
+    drafter = job_plan.model_fingerprint(config.speculative.drafter)
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     attempt = Attempt(number=1, started_at=now, ended_at=now, status="succeeded", skipped_rows=0,
                       units_planned=units, units_skipped=0, footers_read=len(inputs.files),
                       processed_rows=inputs.rows, wall_seconds=3600.0)
     manifest = JobManifest(
         layout_version=LAYOUT_VERSION, job_id="resume-planning-bench", status="succeeded", started_at=now, ended_at=now,
-        config=config.redacted(), results_fingerprint=runner.results_fingerprint(config, target, drafter),
+        config=config.redacted(), results_fingerprint=job_plan.results_fingerprint(config, target, drafter),
         versions=runner.versions(), model=target, drafter=drafter, accelerator=config.resources.accelerator,
-        input_files=inputs.files, totals=runner.totals_from_stats(table, inputs.rows, 3600.0), attempts=[attempt],
+        input_files=inputs.files, totals=totals_from_stats(table, inputs.rows, 3600.0), attempts=[attempt],
     )
     body = json.dumps(manifest.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
     client.put_object(Bucket=BUCKET, Key="output/_job.json", Body=body.encode())

@@ -152,7 +152,8 @@ def run_from_config(
     from pipeline.cluster import SchedulingStalled
     from pipeline.config import load_config
     from pipeline.guard import AcceptanceTooLow
-    from pipeline.runner import REFUSALS, plain_text, run_job
+    from pipeline.job_plan import REFUSALS
+    from pipeline.runner import plain_text, run_job
     from pipeline.startup import StartClock
 
     config = None

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pipeline.config import ConfigError, JobConfig
 from pipeline.storage import is_local
 
-# Ray Data's tasks and actors around the engines (runner.build_dataset).
+# Ray Data's tasks and actors around the engines (graph.build_dataset).
 READ_TASK_CPUS = 0.25
 PREPROCESS_CPUS = 0.5
 # Unit reads in flight per engine. A read is a few range requests, far quicker than a unit's

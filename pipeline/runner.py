@@ -1,62 +1,45 @@
-"""The job runner: checks, the plan of work units, the Ray Data graph, the manifest.
+"""The job runner: a job's attempts, from the plan (pipeline/job_plan.py) to the closed manifest.
 
-    footers -> work units (file, row range) -> minus the units in _commits/ (one listing)
-      -> UnitDatasource (one read task per unit) -> Preprocessor (CPU: validate, chat
-      template, tokenize) -> Generator actor pool (one vLLM engine each; commits each unit)
-      -> driver: iterates the per-unit stats rows for totals, progress and the guard
+    plan (footers -> work units -> minus the units in _commits/) -> checks -> lease -> the Ray
+      Data graph (pipeline/graph.py) -> driver: iterates the per-unit stats rows for totals,
+      progress and the guard -> `_job.json`
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import functools
-import hashlib
-import json
 import logging
 import platform
 import re
 import time
-import uuid
-import warnings
 from importlib import metadata as pkg_metadata
-from pathlib import Path
 from typing import Optional
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pipeline.breaker import ErrorBreaker
 from pipeline.console import STEADY_MIN_SECONDS, print_progress, progress_line, say
 from pipeline.cluster import (
-    PREPROCESS_CPUS, READ_TASK_CPUS, WATCH_SECONDS, ClusterWatch, SchedulingStalled, StallInterrupt, StallWatch,
-    check_cluster_paths, check_schedulable, cluster_capacity, engine_remote_args, read_concurrency, stall_message,
+    WATCH_SECONDS, ClusterWatch, SchedulingStalled, StallInterrupt, StallWatch, check_cluster_paths, check_schedulable,
+    cluster_capacity, stall_message,
 )
-from pipeline.config import ConfigError, JobConfig
-from pipeline.drafter_check import DrafterMismatch, check_drafter
+from pipeline.config import JobConfig
 from pipeline.probe import DrafterRejected, job_probe_rows, refusal, rejudged
+from pipeline.graph import build_dataset
 from pipeline.guard import AcceptanceGuard, AcceptanceTooLow, speculation_verdict
-from pipeline.inputs import InputError, InputReport
+from pipeline.job_plan import JobPlan, check_before_any_engine, model_id, plan_job, read_calibration, results_fingerprint
 from pipeline.job_board import start_board
-from pipeline.openai_batch import inspect_job_inputs
-from pipeline.preflight import check_before_engines
-from pipeline.lease import LeaseHeld, OutputLease
-from pipeline.outputs import LayoutMismatch, ManifestInvalid, OutputLocation, error_units
-from pipeline.stats import Acceptance, busy_seconds
-from pipeline.model_cache import remote_files
+from pipeline.lease import OutputLease
+from pipeline.outputs import OutputLocation
+from pipeline.stats import billed_replicas, busy_seconds, totals_from_stats
 from pipeline.startup import StartClock, ray_init, start_cost
-from pipeline.storage import TRANSIENT_ERRORS, Storage, is_local
-from pipeline.units import WorkUnit, plan_units
-from schemas.report import CalibrationReport
+from pipeline.units import WorkUnit
 from schemas import (
-    LAYOUT_VERSION, Attempt, EngineDeath, GuardEvent, JobManifest, JobTotals, Lease, ModelFingerprint, NodeLoss, ProbeResult, Versions,
+    LAYOUT_VERSION, Attempt, EngineDeath, GuardEvent, JobManifest, JobTotals, Lease, NodeLoss, ProbeResult, Versions,
 )
 
 log = logging.getLogger("specbatch")
-# Files of a model directory whose change changes the results: weights, their index, the
-# tokenizer and the configs. Fingerprinted by size and mtime, or size and ETag in object
-# storage (hashing GBs of weights would cost minutes per run).
-MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".json", ".model", ".txt", ".tiktoken", ".jinja")
 # The driver writes its stats file at least this often: a killed driver leaves the next
 # attempt few markers to read.
 STATS_FLUSH_SECONDS = 60.0
@@ -81,326 +64,6 @@ def versions() -> Versions:
         torch=_version("torch"),
         python=platform.python_version(),
     )
-
-
-def model_fingerprint(
-    path: str, storage: Optional[Storage] = None, config_name: str = "config.json", field: Optional[str] = None
-) -> ModelFingerprint:
-    """sha256 of the model's config.json in canonical form, and of each weight, index and
-    tokenizer file its size and version: the mtime for a local folder, the ETag for a folder in
-    object storage (from one listing; nothing is downloaded, and the ETags are what each node's
-    model cache copies and checks). Refuses a path without a config.json (`config_name`: a LoRA
-    adapter's adapter_config.json), naming the config `field` it came from."""
-    where = f"{field}: {path}" if field else path
-    expected = f"a local folder with {config_name}, or an s3:// URI"
-    if not is_local(path):
-        storage = storage or Storage()
-        try:
-            listed = remote_files(path, storage)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{where}: no such folder, nothing is stored under it ({expected})") from None
-        if config_name not in listed:
-            raise FileNotFoundError(f"{where}: no {config_name} in it ({expected}; models are never read from a hub)")
-        config = json.loads(storage.read_bytes(f"{path.rstrip('/')}/{config_name}"))
-        files = {name: f"{info['size']}:{info['etag']}" for name, info in listed.items() if name.endswith(MODEL_FILE_SUFFIXES)}
-    else:
-        root = Path(path[len("file://"):] if path.startswith("file://") else path)
-        config_file = root / config_name
-        if not root.exists():
-            raise FileNotFoundError(f"{where}: no such directory ({expected})")
-        if not root.is_dir():
-            raise FileNotFoundError(f"{where}: not a directory ({expected})")
-        if not config_file.is_file():
-            raise FileNotFoundError(f"{where}: no {config_name} in it ({expected}; models are never read from a hub)")
-        config = json.loads(config_file.read_text())
-        files = {}
-        for file in sorted(root.iterdir()):
-            if file.is_file() and file.name.endswith(MODEL_FILE_SUFFIXES):
-                stat = file.stat()
-                files[file.name] = f"{stat.st_size}:{stat.st_mtime_ns}"
-    canonical = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
-    return ModelFingerprint(
-        path=path,
-        config_sha256=hashlib.sha256(canonical).hexdigest(),
-        architectures=config.get("architectures", []),
-        files=files,
-    )
-
-
-def model_id(fingerprint: ModelFingerprint) -> str:
-    return f"{Path(fingerprint.path.rstrip('/')).name}@{fingerprint.config_sha256[:12]}"
-
-
-def build_dataset(
-    config: JobConfig,
-    units: list[WorkUnit],
-    model: str,
-    drafter: Optional[str],
-    job_id: str = "",
-    disabled_by_guard: bool = False,
-    board=None,
-):
-    """The Ray Data graph over `units`; nothing runs until the caller iterates it. `board`: the
-    job board its engines check in at (pipeline/job_board.py)."""
-    import ray
-    from ray.data import ActorPoolStrategy
-
-    from pipeline.datasource import UnitDatasource
-    from pipeline.preprocess import Preprocessor, preprocessor_args
-
-    storage = Storage.from_config(config.storage)
-    context = ray.data.DataContext.get_current()
-    context.retried_io_errors = [*context.retried_io_errors, *TRANSIENT_ERRORS]
-    # A block is a whole unit from its read to its commit: Ray Data must not split it by size.
-    context.target_max_block_size = None
-    resources = config.resources
-    # One read task (one block) per unit, so no extra split either. Reads are I/O-bound and few
-    # run at once (cluster.READS_PER_ENGINE).
-    ds = ray.data.read_datasource(UnitDatasource(units, storage), override_num_blocks=len(units), num_cpus=READ_TASK_CPUS,
-                                 concurrency=read_concurrency(config))
-    ds = ds.map_batches(
-        Preprocessor,
-        fn_constructor_kwargs=preprocessor_args(config, storage),  # a tokenizer in storage: copied on the actor's node
-        batch_format="pyarrow",
-        batch_size=None,
-        compute=ActorPoolStrategy(size=resources.preprocess_concurrency),
-        num_cpus=PREPROCESS_CPUS,
-    )
-    with warnings.catch_warnings():
-        # Ray 2.60 has no named parameter for actor restarts and task retries, only the
-        # deprecated **ray_remote_args, which warns on every run.
-        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-        return _engine_stage(ds, config, model, drafter, job_id, disabled_by_guard, board)
-
-
-def _engine_stage(ds, config: JobConfig, model: str, drafter: Optional[str], job_id: str, disabled_by_guard: bool, board):
-    from ray.data import ActorPoolStrategy
-
-    from pipeline.generator import Generator
-
-    resources = config.resources
-    # Ray Data grows a pool when the units sent to its actors reach 1.75x the units they run at
-    # once: an autoscaling pool lets each engine hold as many units waiting as running.
-    waiting = resources.units_in_flight if resources.max_replicas > resources.min_replicas else 0
-    return ds.map_batches(
-        Generator,
-        fn_constructor_kwargs=dict(
-            config=config.model_dump(mode="json"),
-            model_id=model,
-            drafter_id=drafter,
-            job_id=job_id,
-            disabled_by_guard=disabled_by_guard,
-            board=board,
-        ),
-        batch_format="pyarrow",
-        batch_size=None,
-        compute=ActorPoolStrategy(
-            min_size=resources.min_replicas,
-            max_size=resources.max_replicas,
-            max_tasks_in_flight_per_actor=resources.units_in_flight + waiting,
-            max_concurrent_calls_per_actor=resources.units_in_flight,  # the actor is async: they overlap in the engine
-        ),
-        **engine_remote_args(config),
-        # A dead actor (engine crash, preempted node) is restarted and its units retried.
-        max_restarts=config.retries.max_actor_restarts,
-        max_task_retries=config.retries.max_unit_retries,
-    )
-
-
-class ResultsChanged(ValueError):
-    """The output location holds results of a different model, drafter, sampling or input."""
-
-
-# What a run refuses before it starts, with exit 2 (`specbatch: refused: ...`; the dry run says the same).
-REFUSALS = (ConfigError, InputError, DrafterMismatch, ResultsChanged, LayoutMismatch, ManifestInvalid, LeaseHeld, FileNotFoundError)
-
-
-def results_decisive(config: JobConfig, target: ModelFingerprint, drafter: Optional[ModelFingerprint]) -> dict:
-    """What decides the generated text, and which rows make a unit: a resume must not mix
-    results of two settings."""
-    return {
-        "model": target.config_sha256,
-        "model files": target.files,
-        "drafter": drafter.config_sha256 if drafter else None,
-        "drafter files": drafter.files if drafter else None,
-        "sampling": config.sampling.model_dump(mode="json"),
-        "chat": config.chat.model_dump(mode="json"),
-        "lora": _adapter_fingerprints(config),
-        "engine.max_model_len": config.engine.max_model_len,
-        "engine.dtype": config.engine.dtype,
-        "engine.seed": config.engine.seed,
-        "resources.rows_per_unit": config.resources.rows_per_unit,
-    }
-
-
-def _adapter_fingerprints(config: JobConfig) -> Optional[dict]:
-    if not config.lora:
-        return None
-    storage = Storage.from_config(config.storage)
-    return {
-        name: model_fingerprint(path, storage, "adapter_config.json", f"lora.adapters.{name}").model_dump(
-            exclude={"path", "architectures"}
-        )
-        for name, path in sorted(config.lora.adapters.items())
-    }
-
-
-def results_fingerprint(config: JobConfig, target: ModelFingerprint, drafter: Optional[ModelFingerprint]) -> str:
-    return hashlib.sha256(json.dumps(results_decisive(config, target, drafter), sort_keys=True).encode()).hexdigest()
-
-
-def _changes(before: dict, after: dict) -> list[str]:
-    """Human-readable differences of two `results_decisive` dicts, naming files and fields."""
-    changed = []
-    for key in after:
-        old, new = before.get(key), after[key]
-        if old == new:
-            continue
-        if isinstance(old, dict) and isinstance(new, dict):
-            names = sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
-            changed.append(f"{key}: " + ", ".join(names))
-        else:
-            changed.append(f"{key}: {old!r} -> {new!r}")
-    return changed
-
-
-def _refuse_changes(
-    config: JobConfig, previous: JobManifest, target: ModelFingerprint, drafter: Optional[ModelFingerprint], location: OutputLocation
-) -> None:
-    """A location holding results of other settings is refused, naming what changed; one
-    where nothing was committed yet is not (the earlier attempt left nothing to mix with)."""
-    now = results_decisive(config, target, drafter)
-    if previous.results_fingerprint == results_fingerprint(config, target, drafter):
-        return
-    if not location.committed_units():
-        log.info("settings changed since attempt %d, which committed nothing: starting with the new ones", len(previous.attempts))
-        return
-    before = results_decisive(JobConfig.model_validate(previous.config), previous.model, previous.drafter)
-    what = "; ".join(_changes(before, now)) or "the settings that decide the results"
-    raise ResultsChanged(
-        f"{config.output_uri} holds results of job {previous.job_id} made with other settings ({what}); resuming "
-        "would mix them. Use a new output_uri, or rerun with --restart to start over (it deletes those results)."
-    )
-
-
-def _refuse_changed_inputs(config: JobConfig, previous: JobManifest, inputs: InputReport) -> None:
-    """An input file rewritten in place would make new units beside the committed old ones."""
-    now = {f.uri: f for f in inputs.files}
-    changed = [
-        f"{f.uri} (size {f.size} -> {now[f.uri].size}, version {f.version} -> {now[f.uri].version})"
-        for f in previous.input_files
-        if f.uri in now and (f.size, f.version) != (now[f.uri].size, now[f.uri].version)
-    ]
-    if changed:
-        raise ResultsChanged(
-            f"input files changed since job {previous.job_id} started at {config.output_uri}: " + "; ".join(changed)
-            + ". Use a new output_uri, or rerun with --restart to start over."
-        )
-
-
-def totals_from_stats(stats: pa.Table, input_rows: int, wall_seconds: float, replicas: int = 1) -> JobTotals:
-    """Totals over every committed unit (one stats row each), summed column by column: a
-    job of 100k units is not turned into 100k Python dicts. `replicas`: the engines billed
-    for `wall_seconds`, for the busy share."""
-    total = {name: int(pc.sum(stats.column(name)).as_py() or 0) if stats.num_rows else 0 for name in (
-        "rows", "output_rows", "error_rows", "samples", "retryable_error_rows", "clipped_rows", "prompt_tokens", "generated_tokens",
-        "num_drafts", "draft_tokens", "accepted_tokens",
-    )}
-    acceptance = Acceptance(total["num_drafts"], total["draft_tokens"], total["accepted_tokens"])
-    generated = total["generated_tokens"]
-    timed = stats.num_rows and {"actor_id", "started_at", "engine_seconds"} <= set(stats.column_names)
-    busy = busy_seconds(zip(*(stats.column(c).to_pylist() for c in ("actor_id", "started_at", "engine_seconds")))) if timed else 0.0
-    return JobTotals(
-        input_rows=input_rows,
-        output_rows=total["output_rows"],
-        error_rows=total["error_rows"],
-        samples=total["samples"],
-        retryable_error_rows=total["retryable_error_rows"],
-        clipped_rows=total["clipped_rows"],
-        units=stats.num_rows,
-        prompt_tokens=total["prompt_tokens"],
-        generated_tokens=generated,
-        **acceptance.summary(),
-        wall_seconds=wall_seconds,
-        tokens_per_second=generated / wall_seconds if wall_seconds else 0.0,
-        engine_busy_seconds=busy,
-        engine_tokens_per_second=generated / busy if busy else 0.0,
-        engine_busy_share=min(1.0, busy / (replicas * wall_seconds)) if busy and wall_seconds else None,
-    )
-
-
-def billed_replicas(config: JobConfig, stats: pa.Table) -> int:
-    """Engines billed for the job's wall time: the pool's size, or for an autoscaling pool the
-    engines that ran, between its minimum and maximum."""
-    resources = config.resources
-    if resources.min_replicas == resources.max_replicas or "actor_id" not in stats.column_names:
-        return resources.max_replicas
-    ran = len(set(stats.column("actor_id").to_pylist()))
-    return max(resources.min_replicas, min(resources.max_replicas, ran))
-
-
-@dataclasses.dataclass
-class JobPlan:
-    """What a run or resume at `config.output_uri` would do, read without writing anything."""
-
-    location: OutputLocation
-    previous: Optional[JobManifest]
-    job_id: str
-    target: ModelFingerprint
-    drafter: Optional[ModelFingerprint]
-    inputs: InputReport
-    units: list[WorkUnit]
-    committed: set[str]
-    done: Optional[pa.Table]  # the committed units' stats rows
-    again: set[str]  # committed units that run again (their error rows)
-    todo: list[WorkUnit]
-
-    @property
-    def attempt_number(self) -> int:
-        return len(self.previous.attempts) + 1 if self.previous else 1
-
-
-def plan_job(
-    config: JobConfig, job_id: Optional[str] = None, restart: bool = False, retry_errors: bool = False,
-    scratch: Optional[str] = None,
-) -> JobPlan:
-    """The plan of a run: the previous run's manifest (a resume is refused if the results
-    would change), the input check, the units and the ones left to run. Reads only; an
-    OpenAI batch input is converted to Parquet under the output location first (into
-    `scratch` instead, for a dry run)."""
-    storage = Storage.from_config(config.storage)
-    location = OutputLocation(storage, config.output_uri)
-    _refuse_a_file(location)
-    previous = None if restart else location.job_manifest()
-    target = model_fingerprint(config.model.path, storage, field="model.path")
-    _refuse_missing_tokenizer(config)
-    drafter = (
-        model_fingerprint(config.speculative.drafter, storage, field="speculative.drafter")
-        if config.speculative.enabled else None
-    )
-    if previous:
-        _refuse_changes(config, previous, target, drafter, location)
-    inputs = inspect_job_inputs(config, storage, previous.input_files if previous else None, scratch)
-    if previous:
-        _refuse_changed_inputs(config, previous, inputs)
-    units = plan_units(inputs.files, config.resources.rows_per_unit)
-    committed = set() if restart else location.committed_units()
-    done = location.stats_table(committed) if committed else None  # read once: units to retry, and a rerun's totals
-    again = error_units(done, retryable_only=not retry_errors) if done is not None else set()
-    todo = [u for u in units if u.unit_id not in committed or u.unit_id in again]
-    job_id = previous.job_id if previous else job_id or _new_job_id(config)
-    return JobPlan(location, previous, job_id, target, drafter, inputs, units, committed, done, again, todo)
-
-
-def check_before_any_engine(config: JobConfig, plan: JobPlan) -> list[str]:
-    """Refuses what one rendering pass and the configs reveal, and a drafter of another
-    target; returns the drafter checks downgraded to warnings."""
-    storage = plan.location.storage
-    check_before_engines(config, plan.inputs, storage)
-    if not config.speculative.enabled:
-        return []
-    spec = config.speculative
-    return check_drafter(config.model.path, spec.drafter, spec.checks_as_warnings, storage=storage).warnings
 
 
 def run_job(
@@ -513,28 +176,6 @@ def _drafter_probe(config: JobConfig, plan: JobPlan, progress: bool) -> tuple[Op
     return None, (rows, near)
 
 
-def _refuse_missing_tokenizer(config: JobConfig) -> None:
-    """A local model.tokenizer that is not there (one in object storage is read, and refused by
-    name, before any engine starts: pipeline/preflight.py)."""
-    path = config.model.tokenizer
-    if not path or not is_local(path):
-        return
-    root = Path(path[len("file://"):] if path.startswith("file://") else path)
-    if not root.is_dir():
-        raise FileNotFoundError(
-            f"model.tokenizer: {path}: {'not a directory' if root.exists() else 'no such directory'} (a local folder "
-            "with the tokenizer's files, or an s3:// URI); leave model.tokenizer out to use model.path's tokenizer"
-        )
-
-
-def _refuse_a_file(location: OutputLocation) -> None:
-    fs, path = location.storage.fs(location.uri)
-    if location.storage.retrying(f"info {location.uri}", lambda: fs.isfile(path)):
-        raise ConfigError(
-            f"output_uri {location.uri!r} is a file; set output_uri to a folder (or prefix) for the job's outputs"
-        )
-
-
 def _close_killed_attempt(previous: JobManifest, dead_owner: Optional[Lease]) -> None:
     """An attempt killed without a chance to write (driver SIGKILL, lost node) is left
     `running`; its lease's last heartbeat bounds when it ended."""
@@ -607,18 +248,6 @@ def _run_attempt(
         if manifest.status == "succeeded":
             attempt.status = manifest.status = _status(manifest.totals, config)
         location.write_manifest(manifest.model_dump(mode="json"))
-
-
-def read_calibration(location: OutputLocation) -> Optional[CalibrationReport]:
-    """`specbatch calibrate`'s report for this job, when it wrote it to the job's output."""
-    uri = location.storage.join(location.uri, "calibration", "calibration.json")
-    try:
-        return CalibrationReport.model_validate_json(location.storage.read_bytes(uri))
-    except FileNotFoundError:
-        return None
-    except ValueError as exc:  # another version's or a damaged report: say so, decide without it
-        log.warning("%s: not read (%s)", uri, str(exc).splitlines()[0])
-        return None
 
 
 def plain_text(message: str) -> str:
@@ -880,5 +509,3 @@ def _without_speculation(config: JobConfig) -> JobConfig:
     return config.model_copy(update={"speculative": config.speculative.model_copy(update={"enabled": False})})
 
 
-def _new_job_id(config: JobConfig) -> str:
-    return f"{config.job_name}-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"

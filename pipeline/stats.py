@@ -11,6 +11,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.config import JobConfig
+from schemas import JobTotals
+
 
 @dataclass
 class Acceptance:
@@ -85,3 +91,44 @@ def busy_seconds(intervals: Iterable[tuple[str, float, float]]) -> float:
                 end = max(end, e)
         total += end - start
     return total
+
+
+def totals_from_stats(stats: pa.Table, input_rows: int, wall_seconds: float, replicas: int = 1) -> JobTotals:
+    """Totals over every committed unit (one stats row each), summed column by column: a
+    job of 100k units is not turned into 100k Python dicts. `replicas`: the engines billed
+    for `wall_seconds`, for the busy share."""
+    total = {name: int(pc.sum(stats.column(name)).as_py() or 0) if stats.num_rows else 0 for name in (
+        "rows", "output_rows", "error_rows", "samples", "retryable_error_rows", "clipped_rows", "prompt_tokens", "generated_tokens",
+        "num_drafts", "draft_tokens", "accepted_tokens",
+    )}
+    acceptance = Acceptance(total["num_drafts"], total["draft_tokens"], total["accepted_tokens"])
+    generated = total["generated_tokens"]
+    timed = stats.num_rows and {"actor_id", "started_at", "engine_seconds"} <= set(stats.column_names)
+    busy = busy_seconds(zip(*(stats.column(c).to_pylist() for c in ("actor_id", "started_at", "engine_seconds")))) if timed else 0.0
+    return JobTotals(
+        input_rows=input_rows,
+        output_rows=total["output_rows"],
+        error_rows=total["error_rows"],
+        samples=total["samples"],
+        retryable_error_rows=total["retryable_error_rows"],
+        clipped_rows=total["clipped_rows"],
+        units=stats.num_rows,
+        prompt_tokens=total["prompt_tokens"],
+        generated_tokens=generated,
+        **acceptance.summary(),
+        wall_seconds=wall_seconds,
+        tokens_per_second=generated / wall_seconds if wall_seconds else 0.0,
+        engine_busy_seconds=busy,
+        engine_tokens_per_second=generated / busy if busy else 0.0,
+        engine_busy_share=min(1.0, busy / (replicas * wall_seconds)) if busy and wall_seconds else None,
+    )
+
+
+def billed_replicas(config: JobConfig, stats: pa.Table) -> int:
+    """Engines billed for the job's wall time: the pool's size, or for an autoscaling pool the
+    engines that ran, between its minimum and maximum."""
+    resources = config.resources
+    if resources.min_replicas == resources.max_replicas or "actor_id" not in stats.column_names:
+        return resources.max_replicas
+    ran = len(set(stats.column("actor_id").to_pylist()))
+    return max(resources.min_replicas, min(resources.max_replicas, ran))

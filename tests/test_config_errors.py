@@ -241,7 +241,7 @@ def test_a_missing_model_names_the_field(tmp_path, capsys):
 
 
 def test_a_missing_model_in_object_storage_names_the_field(s3_endpoint):
-    from pipeline.runner import model_fingerprint
+    from pipeline.job_plan import model_fingerprint
     from pipeline.storage import Storage
 
     with pytest.raises(FileNotFoundError, match=r"^model\.path: s3://specbatch/no-such-model/: no such folder"):

@@ -242,7 +242,7 @@ def test_models_in_object_storage_generate_what_local_models_generate(s3_run, s3
 def test_a_changed_model_in_object_storage_refuses_the_resume(s3_endpoint, s3_models_run):
     """The target's weights rewritten in place (a new ETag): the resume is refused before any
     engine, naming the file, as for a local model; the same bytes put back are accepted."""
-    from pipeline.runner import ResultsChanged
+    from pipeline.job_plan import ResultsChanged
     from tests.test_model_cache import put_object
 
     config, manifest, _, _ = s3_models_run

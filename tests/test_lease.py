@@ -155,7 +155,8 @@ def test_a_changed_setting_blocks_a_resume_only_when_something_was_committed(tmp
     """The earlier attempt committed nothing: the changed config goes ahead (here to the next
     check, which refuses its max_tokens). Once a unit is committed, the change is refused,
     naming the setting and the flag that starts over."""
-    from pipeline.runner import model_fingerprint, versions
+    from pipeline.job_plan import model_fingerprint
+    from pipeline.runner import versions
     from pipeline.tinykit import kit_paths
     from schemas import LAYOUT_VERSION, JobManifest, JobTotals
 

@@ -21,7 +21,7 @@ import s3fs
 from pipeline.cluster import ClusterPathRefused, check_cluster_paths
 from pipeline.config import ConfigError, load_config, parse_config
 from pipeline.model_cache import MANIFEST, localize, remote_files
-from pipeline.runner import model_fingerprint, results_fingerprint
+from pipeline.job_plan import model_fingerprint, results_fingerprint
 from pipeline.storage import Storage
 from pipeline.tinykit import kit_paths
 from tests import conftest

@@ -23,7 +23,8 @@ import yaml
 
 from pipeline.config import parse_config
 from pipeline.outputs import OutputLocation
-from pipeline.runner import ResultsChanged, run_job
+from pipeline.job_plan import ResultsChanged
+from pipeline.runner import run_job
 from pipeline.storage import Storage
 from tests.conftest import job_config, write_prompts
 

@@ -12,7 +12,7 @@ import pytest
 from pipeline import job_board
 from pipeline.console import progress_line, summary
 from pipeline.job_board import NO_PROBE, JobBoard
-from pipeline.runner import totals_from_stats
+from pipeline.stats import totals_from_stats
 from pipeline.startup import StartClock, start_cost
 from pipeline.stats import busy_seconds
 from schemas import Attempt, JobManifest, JobTotals, ModelFingerprint

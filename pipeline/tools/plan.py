@@ -79,7 +79,7 @@ from pipeline.openai_batch import CONVERTED
 from pipeline.outputs import OutputLocation
 from pipeline.preflight import check_before_engines
 from pipeline.probe import refusal, rejudged
-from pipeline.runner import REFUSALS, JobPlan, plan_job, read_calibration, results_fingerprint
+from pipeline.job_plan import REFUSALS, JobPlan, plan_job, read_calibration, results_fingerprint
 from pipeline.startup import local_ray_cpus
 from pipeline.storage import Storage
 from pipeline.units import UNIT_COLUMNS, WorkUnit

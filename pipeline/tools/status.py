@@ -56,7 +56,8 @@ import pyarrow.compute as pc
 from pipeline.lease import heartbeat_age, is_stale, read_lease
 from pipeline.outputs import LayoutMismatch, ManifestInvalid, OutputLocation, latest_per_unit
 from pipeline.console import STEADY_MIN_SECONDS
-from pipeline.runner import STATS_FLUSH_SECONDS, totals_from_stats
+from pipeline.runner import STATS_FLUSH_SECONDS
+from pipeline.stats import totals_from_stats
 from pipeline.storage import Storage
 from schemas import JobManifest, Lease, UnitStats, arrow_schema
 from schemas.status import AttemptState, LeaseState, StatusReport

@@ -1,0 +1,91 @@
+"""The job's Ray Data graph, over the units left to run:
+
+    UnitDatasource (one read task per unit) -> Preprocessor (CPU: validate, chat template,
+    tokenize) -> Generator actor pool (one vLLM engine each; commits each unit)
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Optional
+
+from pipeline.cluster import PREPROCESS_CPUS, READ_TASK_CPUS, engine_remote_args, read_concurrency
+from pipeline.config import JobConfig
+from pipeline.storage import TRANSIENT_ERRORS, Storage
+from pipeline.units import WorkUnit
+
+
+def build_dataset(
+    config: JobConfig,
+    units: list[WorkUnit],
+    model: str,
+    drafter: Optional[str],
+    job_id: str = "",
+    disabled_by_guard: bool = False,
+    board=None,
+):
+    """The Ray Data graph over `units`; nothing runs until the caller iterates it. `board`: the
+    job board its engines check in at (pipeline/job_board.py)."""
+    import ray
+    from ray.data import ActorPoolStrategy
+
+    from pipeline.datasource import UnitDatasource
+    from pipeline.preprocess import Preprocessor, preprocessor_args
+
+    storage = Storage.from_config(config.storage)
+    context = ray.data.DataContext.get_current()
+    context.retried_io_errors = [*context.retried_io_errors, *TRANSIENT_ERRORS]
+    # A block is a whole unit from its read to its commit: Ray Data must not split it by size.
+    context.target_max_block_size = None
+    resources = config.resources
+    # One read task (one block) per unit, so no extra split either. Reads are I/O-bound and few
+    # run at once (cluster.READS_PER_ENGINE).
+    ds = ray.data.read_datasource(UnitDatasource(units, storage), override_num_blocks=len(units), num_cpus=READ_TASK_CPUS,
+                                 concurrency=read_concurrency(config))
+    ds = ds.map_batches(
+        Preprocessor,
+        fn_constructor_kwargs=preprocessor_args(config, storage),  # a tokenizer in storage: copied on the actor's node
+        batch_format="pyarrow",
+        batch_size=None,
+        compute=ActorPoolStrategy(size=resources.preprocess_concurrency),
+        num_cpus=PREPROCESS_CPUS,
+    )
+    with warnings.catch_warnings():
+        # Ray 2.60 has no named parameter for actor restarts and task retries, only the
+        # deprecated **ray_remote_args, which warns on every run.
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        return _engine_stage(ds, config, model, drafter, job_id, disabled_by_guard, board)
+
+
+def _engine_stage(ds, config: JobConfig, model: str, drafter: Optional[str], job_id: str, disabled_by_guard: bool, board):
+    from ray.data import ActorPoolStrategy
+
+    from pipeline.generator import Generator
+
+    resources = config.resources
+    # Ray Data grows a pool when the units sent to its actors reach 1.75x the units they run at
+    # once: an autoscaling pool lets each engine hold as many units waiting as running.
+    waiting = resources.units_in_flight if resources.max_replicas > resources.min_replicas else 0
+    return ds.map_batches(
+        Generator,
+        fn_constructor_kwargs=dict(
+            config=config.model_dump(mode="json"),
+            model_id=model,
+            drafter_id=drafter,
+            job_id=job_id,
+            disabled_by_guard=disabled_by_guard,
+            board=board,
+        ),
+        batch_format="pyarrow",
+        batch_size=None,
+        compute=ActorPoolStrategy(
+            min_size=resources.min_replicas,
+            max_size=resources.max_replicas,
+            max_tasks_in_flight_per_actor=resources.units_in_flight + waiting,
+            max_concurrent_calls_per_actor=resources.units_in_flight,  # the actor is async: they overlap in the engine
+        ),
+        **engine_remote_args(config),
+        # A dead actor (engine crash, preempted node) is restarted and its units retried.
+        max_restarts=config.retries.max_actor_restarts,
+        max_task_retries=config.retries.max_unit_retries,
+    )
