@@ -196,7 +196,20 @@ def _interrupt_then_exit_at_the_next(signum, frame) -> None:
     """Ctrl-C: the job stops its engines and closes its attempt as `interrupted`; a second
     Ctrl-C does not wait for that."""
     signal.signal(signal.SIGINT, lambda *_: os._exit(EXIT["interrupted"]))
+    _drop_rays_error_channel()
     raise KeyboardInterrupt
+
+
+def _drop_rays_error_channel() -> None:
+    """After a Ctrl-C, what Ray's error channel says is the teardown the user asked for: Ray
+    Data kills its actors, and each task queued on one "submit failed ... killed by ray.kill".
+    Ray's driver prints that channel from a thread of its own, at any moment, after the one line
+    the interrupt prints; from now on the driver drops it."""
+    worker = sys.modules.get("ray._private.worker")
+    if worker is None:
+        return
+    show = worker.print_to_stdstream
+    worker.print_to_stdstream = lambda data, ignore_prefix: None if data.get("pid") == "raylet" else show(data, ignore_prefix)
 
 
 def _interrupted(config) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import pyarrow as pa
 import pytest
 
 from pipeline.config import LeaseConfig, parse_config
@@ -81,6 +82,40 @@ def test_a_manifest_that_breaks_the_contract_is_refused_naming_its_fields(tmp_pa
         with pytest.raises(error, match=r"_job\.json does not match the job manifest contract: .*status"):
             read()
     assert location.read_manifest() == broken and not location.storage.exists(location.path("_lease.json"))
+
+
+def test_a_drafter_rewritten_in_place_is_refused_on_resume(tmp_path, random_kit):
+    """Same config, same size, new bytes (a retrained drafter copied over the old one): a resume
+    would mix two drafters' outputs under one output location, so it is refused, naming the
+    file, before any engine starts. The manifest is the one a finished job writes."""
+    import shutil
+    from pathlib import Path
+
+    from pipeline.inputs import inspect_inputs
+    from pipeline.job_plan import ResultsChanged, model_fingerprint, plan_job, results_fingerprint
+    from pipeline.runner import versions
+    from schemas import LAYOUT_VERSION, JobManifest, JobTotals
+    from tests.conftest import write_prompts
+    from tests.test_outputs import stats as outputs_stats
+
+    kit = {name: str(shutil.copytree(path, tmp_path / "kit" / name)) for name, path in random_kit.items()}
+    write_prompts(tmp_path / "in" / "p.parquet", {"id": ["a", "b"], "prompt": ["x", "y"]})
+    config = parse_config(job_config(str(tmp_path / "in"), str(tmp_path / "out"), kit))
+    location = OutputLocation(Storage(), config.output_uri)
+    target, drafter = model_fingerprint(config.model.path), model_fingerprint(config.speculative.drafter)
+    location.write_manifest(JobManifest(
+        layout_version=LAYOUT_VERSION, job_id="j", status="succeeded", started_at="2026-12-03T00:00:00+00:00",
+        config=config.redacted(), results_fingerprint=results_fingerprint(config, target, drafter), versions=versions(),
+        model=target, drafter=drafter, accelerator="cpu", input_files=inspect_inputs(config.input_uri, location.storage).files,
+        totals=JobTotals(input_rows=2), attempts=[],
+    ).model_dump(mode="json"))
+    plan = plan_job(config)
+    assert plan.previous.job_id == "j" and plan.todo  # the same drafter: a resume
+    location.commit(plan.todo[0].unit_id, {"outputs": pa.table({"id": ["a"]})}, outputs_stats(plan.todo[0].unit_id, rows=1, outputs=1))
+    weights = Path(kit["drafter"]) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes())
+    with pytest.raises(ResultsChanged, match=r"drafter files: model\.safetensors"):
+        plan_job(config)
 
 
 # ---------------------------------------------------------------- refused before any engine starts
