@@ -75,7 +75,7 @@ def ray_init(verbose: bool = False, address: Optional[str] = None) -> tuple[Opti
                 address="local", num_cpus=local_ray_cpus(), logging_level=logging.WARNING,
                 log_to_driver=verbose, _node_ip_address="127.0.0.1", include_dashboard=False,
             )
-    _spend_the_restart_warning()
+        _spend_the_restart_warning()  # Ray prints it once per process: a Ray this job started
     node = ray._private.worker._global_node
     logs = node.get_logs_dir_path() if node is not None and not address else None
     nodes = sum(1 for n in ray.nodes() if n["Alive"])
