@@ -20,7 +20,7 @@ if __name__ == "__main__":
     parser.add_argument("--output-uri")
     parser.add_argument("--job-id")
     parser.add_argument("--restart", action="store_true", help="wipe the output location and start over")
-    parser.add_argument("--take-over", action="store_true", help="take the location over from a run whose lease is stale")
+    parser.add_argument("--take-over", action="store_true", help="take the location over at once from a run known to be dead")
     parser.add_argument("--retry-errors", action="store_true", help="run again every unit with error rows")
     args = parser.parse_args()
     sys.exit(run_from_config(args.config, args.output_uri, args.job_id, args.restart, args.take_over, args.retry_errors))

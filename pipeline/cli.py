@@ -34,7 +34,7 @@ EXAMPLES = {
     "run": (
         "specbatch run job.yaml --dry-run      # the checks, the plan, tokens and cost; no engine starts",
         "specbatch run jobs/configs/gpu-cluster.yaml --output-uri s3://bucket/outputs/2026-11-29/",
-        "specbatch run job.yaml --take-over    # a run died holding the output's lease (the refusal says so)",
+        "specbatch run job.yaml --take-over    # a run you know is dead still holds the output's lease",
         "specbatch run job.yaml --restart      # settings changed: wipe the output location and start over",
     ),
     "tiny-models": ("specbatch tiny-models build /tmp/tinykit --threads 2    # trains the kit anew: minutes on 2 cores",),
@@ -122,7 +122,7 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--output-uri", help="override output_uri (e.g. a dated prefix)")
     run.add_argument("--job-id")
     run.add_argument("--restart", action="store_true", help="wipe the output location and start over")
-    run.add_argument("--take-over", action="store_true", help="take the output location over from a run whose lease is stale")
+    run.add_argument("--take-over", action="store_true", help="take the output location over at once from a run you know is dead (a dead run's lease is taken over without it once the lease tells)")
     run.add_argument("--retry-errors", action="store_true", help="run again every unit with error rows, final ones included")
     run.add_argument("--verbose", action="store_true", help="show Ray's and vLLM's logs live")
     run.add_argument("--address", help="the Ray cluster to join (default: RAY_ADDRESS, else a Ray of the job's own)")
@@ -146,13 +146,10 @@ def run_from_config(
     as_json: bool = False,
 ) -> int:
     """Exit 0 succeeded, 3 completed_with_errors (over retries.max_error_fraction), 1 failed
-    (the job stopped; `_job.json` says why), 2 refused before it started, 130 interrupted. `dry_run`: the
+    (the job stopped; `_job.json` says why), 2 refused before it started, 4 fenced (another run
+    took the output location over while this one ran), 130 interrupted. `dry_run`: the
     checks and the plan only (pipeline/tools/plan.py), 0 when the run would be accepted."""
-    from pipeline.breaker import TooManyErrors
-    from pipeline.cluster import SchedulingStalled
     from pipeline.config import load_config
-    from pipeline.guard import AcceptanceTooLow
-    from pipeline.job_plan import REFUSALS
     from pipeline.runner import plain_text, run_job
     from pipeline.startup import StartClock
 
@@ -171,16 +168,32 @@ def run_from_config(
     except KeyboardInterrupt:
         print(f"specbatch: {_interrupted(config)}; rerun the same command to resume", file=sys.stderr)
         return EXIT["interrupted"]
-    except REFUSALS as exc:
-        print(f"specbatch: refused: {exc}", file=sys.stderr)
-        return EXIT["refused"]
-    except (TooManyErrors, AcceptanceTooLow, SchedulingStalled) as exc:
-        print(f"specbatch: job failed: {plain_text(str(exc))}", file=sys.stderr)
-        return EXIT["failed"]
+    except Exception as exc:
+        status, said = next(((status, said) for types, status, said in _endings() if isinstance(exc, types)), (None, ""))
+        if status is None:
+            raise
+        print(f"specbatch: {said}: {plain_text(str(exc))}", file=sys.stderr)
+        return EXIT[status]
     finally:
         signal.signal(signal.SIGINT, previous_handler)
     _print_summary(manifest, config.output_uri)
     return EXIT.get(manifest.status, EXIT["failed"])
+
+
+def _endings() -> list[tuple[tuple[type, ...], str, str]]:
+    """The errors that end a run with one line and an exit code, not a traceback: (types, the
+    status whose exit code it takes, the line's first word)."""
+    from pipeline.breaker import TooManyErrors
+    from pipeline.cluster import SchedulingStalled
+    from pipeline.guard import AcceptanceTooLow
+    from pipeline.job_plan import REFUSALS
+    from pipeline.lease import LeaseLost
+
+    return [
+        (REFUSALS, "refused", "refused"),
+        ((LeaseLost,), "fenced", "fenced"),
+        ((TooManyErrors, AcceptanceTooLow, SchedulingStalled), "failed", "job failed"),
+    ]
 
 
 def _print_summary(manifest, output_uri: str) -> None:

@@ -10,7 +10,9 @@ and marker to the output location, off the event loop. The stats row goes back t
 Once its engine is up the actor checks in at the job board (pipeline/job_board.py) with how its
 start went. The first engine with a unit to run measures the drafter probe's rows before its
 units generate, and no engine commits a unit before the probe's verdict is in: a refused
-drafter leaves nothing in outputs/.
+drafter leaves nothing in outputs/. Before each unit's marker the actor checks that its run
+still holds the output location's lease (pipeline/lease.py): a run that lost it commits
+nothing more.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pipeline.engine_requests import EngineRequests
 from pipeline.metrics import ReplicaMetrics
 from pipeline.outputs import OutputLocation
 from pipeline.job_board import VERDICT_WAIT_SECONDS, DrafterRefused
+from pipeline.lease import check_fence
 from pipeline.probe import probe_concurrency, probe_result, refusal
 from pipeline.startup import process_started_at
 from pipeline.storage import Storage
@@ -40,7 +43,7 @@ from schemas import UnitStats, arrow_schema
 class Generator:
     def __init__(
         self, config: dict[str, Any], model_id: str, drafter_id: str | None, job_id: str = "",
-        disabled_by_guard: bool = False, board=None,
+        disabled_by_guard: bool = False, board=None, fence: Optional[dict] = None,
     ):
         began = time.time()
         import psutil
@@ -73,7 +76,7 @@ class Generator:
             "engine_core_started_at": min((p.create_time() for p in engine_core), default=None),
             "engine_ready_at": ready,
         }
-        self.board = board
+        self.board, self.fence = board, fence
         if board is not None:
             ray.get(board.check_in.remote(self.start, context.current_actor))
         self.probed: Optional[asyncio.Future] = None  # this engine's claim of the probe (and its measuring)
@@ -158,7 +161,11 @@ class Generator:
 
     def _commit(self, unit_id: str, out: UnitResults, metadata: pa.ChunkedArray, stats: UnitStats, received: float) -> pa.Table:
         stats.wall_seconds = time.time() - received
-        marker = self.location.commit(unit_id, tables(out, metadata), stats)
+        stats.lease_owner = self.fence["owner"] if self.fence else ""
+        marker = self.location.write_files(unit_id, tables(out, metadata), stats)
+        if self.fence is not None:  # a run that lost the location commits nothing more
+            check_fence(self.location, **self.fence)
+        self.location.publish(marker)
         self.location.finish_attempt(unit_id)
         self.metrics.record(marker.stats)
         return pa.Table.from_pylist([marker.stats.model_dump()], schema=arrow_schema(UnitStats))

@@ -23,9 +23,11 @@ def build_dataset(
     job_id: str = "",
     disabled_by_guard: bool = False,
     board=None,
+    fence: Optional[dict] = None,
 ):
     """The Ray Data graph over `units`; nothing runs until the caller iterates it. `board`: the
-    job board its engines check in at (pipeline/job_board.py)."""
+    job board its engines check in at (pipeline/job_board.py); `fence`: the run's lease, which
+    its engines check before each commit (pipeline/lease.check_fence)."""
     import ray
     from ray.data import ActorPoolStrategy
 
@@ -54,10 +56,12 @@ def build_dataset(
         # Ray 2.60 has no named parameter for actor restarts and task retries, only the
         # deprecated **ray_remote_args, which warns on every run.
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-        return _engine_stage(ds, config, model, drafter, job_id, disabled_by_guard, board)
+        return _engine_stage(ds, config, dict(
+            model_id=model, drafter_id=drafter, job_id=job_id, disabled_by_guard=disabled_by_guard, board=board, fence=fence,
+        ))
 
 
-def _engine_stage(ds, config: JobConfig, model: str, drafter: Optional[str], job_id: str, disabled_by_guard: bool, board):
+def _engine_stage(ds, config: JobConfig, generator_args: dict):
     from ray.data import ActorPoolStrategy
 
     from pipeline.generator import Generator
@@ -68,14 +72,7 @@ def _engine_stage(ds, config: JobConfig, model: str, drafter: Optional[str], job
     waiting = resources.units_in_flight if resources.max_replicas > resources.min_replicas else 0
     return ds.map_batches(
         Generator,
-        fn_constructor_kwargs=dict(
-            config=config.model_dump(mode="json"),
-            model_id=model,
-            drafter_id=drafter,
-            job_id=job_id,
-            disabled_by_guard=disabled_by_guard,
-            board=board,
-        ),
+        fn_constructor_kwargs=dict(config=config.model_dump(mode="json"), **generator_args),
         batch_format="pyarrow",
         batch_size=None,
         compute=ActorPoolStrategy(

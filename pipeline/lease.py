@@ -1,29 +1,41 @@
-"""The lease on an output location: one run at a time writes there.
+"""The lease on an output location: one run at a time writes there, and a run that lost it
+stops writing.
 
-A run writes `_lease.json` (owner, job, attempt) before it plans, and renews its heartbeat
-every `lease.heartbeat_seconds` from a background thread. A second run while the heartbeat
-is fresh is refused, naming the owner; once the heartbeat is older than
-`lease.stale_after_seconds` (its owner is dead: a killed driver, a lost node) a run may take
-over with `--take-over`. A duplicated scheduled run is then harmless.
+A run writes `_lease.json` (owner, job, attempt, its host and process, a generation) before
+it plans, and renews its heartbeat every `lease.heartbeat_seconds` from a background thread.
+A second run decides from what it finds, with no flag for what the lease can tell:
+- the owner ran on this host and its process is gone (pid and start time, so a reused pid is
+  not taken for it): taken over at once;
+- the owner's process is alive here: refused, naming it;
+- the owner runs elsewhere: the run watches the heartbeat for up to `lease.wait_seconds`. A
+  heartbeat renewed meanwhile is a live run: refused. One older than
+  `lease.stale_after_seconds` is a dead run (a killed driver, a lost node): taken over.
+`--take-over` takes it at once, for a person who knows the owner is dead.
 
-Two runs that start within the same instant could both see no lease: each writes its own and
-reads it back, and the loser (whose write was overwritten) gives up. Object stores are
-strongly consistent for a single key, which this relies on.
+Every write of the lease is a compare-and-swap on the version last read (S3: If-Match and
+If-None-Match on the PUT; local folders: the same under an exclusive lock on the folder), and
+each acquisition raises the generation by one. So of two runs that start in the same instant
+exactly one gets the lease, and a run whose renewal finds another owner's write has lost it:
+it stops (LeaseLost), and its engines, which check the generation before each unit's marker,
+commit nothing more. On a store with neither (the run says so at start) the lease is written,
+then read back, which narrows a race without closing it.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import os
 import socket
 import threading
 import time
 import uuid
-from typing import Optional
+from typing import Callable, Optional
 
 from pipeline.config import LeaseConfig
 from pipeline.outputs import LEASE, OutputLocation
+from pipeline.storage import PreconditionFailed, json_bytes
 from schemas import Lease
 
 log = logging.getLogger("specbatch.lease")
@@ -31,6 +43,14 @@ log = logging.getLogger("specbatch.lease")
 
 class LeaseHeld(RuntimeError):
     """Another run owns the output location."""
+
+
+class LeaseLost(RuntimeError):
+    """Another run took the output location over from this one while it ran."""
+
+    def __init__(self, message: str, owner: Optional[Lease] = None):
+        super().__init__(message)
+        self.owner = owner
 
 
 def read_lease(location: OutputLocation) -> Optional[Lease]:
@@ -50,77 +70,223 @@ def is_stale(lease: Lease, now: Optional[float] = None) -> bool:
     return heartbeat_age(lease, now) >= lease.stale_after_seconds
 
 
+def owner_alive_here(lease: Lease) -> Optional[bool]:
+    """Whether the owner's process is alive, when it ran on this host; None when it ran
+    elsewhere (or wrote a lease of an older specbatch, without its process)."""
+    import psutil
+
+    if lease.host != socket.gethostname() or lease.pid is None:
+        return None
+    try:
+        started = psutil.Process(lease.pid).create_time()
+    except psutil.NoSuchProcess:
+        return False
+    return lease.pid_started_at is None or abs(started - lease.pid_started_at) < 1.0
+
+
+def describe(lease: Lease, location: OutputLocation, now: Optional[float] = None) -> str:
+    return (
+        f"{location.uri} is leased to run {lease.owner} (job {lease.job_id}, attempt {lease.attempt}), "
+        f"last heartbeat {heartbeat_age(lease, now):.0f}s ago"
+    )
+
+
+def is_owned_by(lease: Optional[Lease], owner: str, generation: int) -> bool:
+    return lease is not None and lease.owner == owner and lease.generation == generation
+
+
+def check_fence(location: OutputLocation, owner: str, generation: int) -> None:
+    """LeaseLost unless the location is still leased to `owner` at `generation` (one GET): an
+    engine asks before each unit's marker, so a run that lost the location commits nothing."""
+    held = read_lease(location)
+    if not is_owned_by(held, owner, generation):
+        taken = f"run {held.owner} (attempt {held.attempt})" if held else "nobody (the lease was removed)"
+        raise LeaseLost(f"{location.uri} is now leased to {taken}: this run lost it and commits nothing more", held)
+
+
 class OutputLease:
     def __init__(self, location: OutputLocation, config: LeaseConfig, job_id: str, attempt: int):
+        import psutil
+
         self.location, self.config = location, config
         self.uri = location.path(LEASE)
+        host, pid = socket.gethostname(), os.getpid()
         self.lease = Lease(
-            owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
+            owner=f"{host}:{pid}:{uuid.uuid4().hex[:8]}",
             job_id=job_id,
             attempt=attempt,
             acquired_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             heartbeat_at=time.time(),
             stale_after_seconds=config.stale_after_seconds,
+            host=host,
+            pid=pid,
+            pid_started_at=psutil.Process(pid).create_time(),
         )
+        self.atomic = location.storage.conditional_writes(self.uri)
+        self.lost: Optional[LeaseLost] = None  # set by the heartbeat when another run took over
+        self._version: Optional[str] = None  # of this run's last write
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
-    def current(self) -> Optional[Lease]:
-        return read_lease(self.location)  # a lease released meanwhile is no lease
+    @property
+    def fence(self) -> dict:
+        """What an engine checks before each commit (check_fence)."""
+        return {"owner": self.lease.owner, "generation": self.lease.generation}
 
-    def acquire(self, take_over: bool = False) -> Optional[Lease]:
-        """Take the lease; returns the stale lease taken over, if any."""
-        held = self.check(take_over)
-        if held is not None:
-            log.warning("taking over %s, leased to run %s (job %s, attempt %s), last heartbeat %.0fs ago",
-                        self.location.uri, held.owner, held.job_id, held.attempt, heartbeat_age(held))
-        self._write()
+    def still_ours(self) -> None:
+        """LeaseLost when another run has taken the location over (one GET unless the heartbeat
+        found it already)."""
+        if self.lost is None:
+            try:
+                check_fence(self.location, self.lease.owner, self.lease.generation)
+            except LeaseLost as lost:
+                self.lost = lost
+        if self.lost is not None:
+            raise self.lost
+
+    def current(self) -> Optional[Lease]:
+        return self._read()[0]
+
+    def _read(self) -> tuple[Optional[Lease], Optional[str]]:
+        try:
+            data, version = self.location.storage.read_versioned(self.uri)
+        except FileNotFoundError:
+            return None, None
+        return Lease.model_validate(json.loads(data)), version
+
+    def acquire(self, take_over: bool = False, say: Callable[[str], None] = log.warning) -> Optional[Lease]:
+        """Take the lease, waiting for a silent owner elsewhere as the module says; returns the
+        lease taken over, if any. LeaseHeld when another run holds it."""
+        if not self.atomic:
+            say(f"{self.location.uri}: this store has no conditional writes; the lease is written and read back, "
+                "which narrows, but cannot close, a race between two runs started at the same instant")
+        watch = _Watch(self.config, say)
+        while True:
+            held, version = self._read()
+            if held is not None and not watch.may_take(held, self.location, take_over):
+                continue
+            self.lease.generation = (held.generation if held else 0) + 1
+            self.lease.heartbeat_at = time.time()
+            try:
+                self._version = self.location.storage.write_if(self.uri, self._bytes(), version)
+            except PreconditionFailed:
+                continue  # another run wrote first: judge its lease
+            if not self.atomic:
+                self._read_back()
+            if held is not None:
+                say(f"taking over {describe(held, self.location)}: {watch.why}")
+            break
+        self._thread = threading.Thread(target=self._heartbeat, name="specbatch-lease", daemon=True)
+        self._thread.start()
+        return held
+
+    def check(self, take_over: bool = False) -> Optional[str]:
+        """Whether this run could take the lease now, writing nothing and waiting for nothing (one
+        GET): LeaseHeld when it would be refused or would have to wait; what it would take over
+        and why, or None when no run holds it."""
+        held = self.current()
+        if held is None:
+            return None
+        watch = _Watch(self.config, log.info, waits=False)
+        watch.may_take(held, self.location, take_over)
+        return f"the lease of run {held.owner} (job {held.job_id}) would be taken over: {watch.why}"
+
+    def _bytes(self) -> bytes:
+        return json_bytes(self.lease.model_dump(mode="json"))
+
+    def _read_back(self) -> None:
         time.sleep(0.05)
         if (self.current() or self.lease).owner != self.lease.owner:
             raise LeaseHeld(
                 f"{self.location.uri}: another run took the lease at the same moment; it goes on, this one stops. "
                 "Nothing to do while it runs; rerun once it has ended to finish what it left"
             )
-        self._thread = threading.Thread(target=self._heartbeat, name="specbatch-lease", daemon=True)
-        self._thread.start()
-        return held
-
-    def check(self, take_over: bool = False) -> Optional[Lease]:
-        """Whether this run could take the lease, writing nothing (one GET): LeaseHeld when
-        another run holds it; the stale lease it would take over (with `take_over`), or None."""
-        held = self.current()
-        if held is not None:
-            now = time.time()
-            age = heartbeat_age(held, now)
-            where = (
-                f"{self.location.uri} is leased to run {held.owner} (job {held.job_id}, attempt {held.attempt}), "
-                f"last heartbeat {age:.0f}s ago"
-            )
-            if not is_stale(held, now):
-                raise LeaseHeld(
-                    f"{where}: that run is alive, and two runs on one output location would duplicate work. "
-                    f"Wait for it to end; if it is dead, rerun with --take-over once its heartbeat is older than "
-                    f"{held.stale_after_seconds:.0f}s."
-                )
-            if not take_over:
-                raise LeaseHeld(f"{where}, which is stale: its run is dead. Rerun with --take-over to take the location over.")
-        return held
-
-    def _write(self) -> None:
-        self.lease.heartbeat_at = time.time()
-        self.location.storage.write_json(self.uri, self.lease.model_dump(mode="json"))
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.config.heartbeat_seconds):
             try:
-                self._write()
+                self._renew()
+            except LeaseLost as lost:
+                self.lost = lost
+                log.error("%s", lost)
+                return
             except Exception as exc:  # the storage retries already; a missed beat is not fatal
                 log.warning("lease heartbeat failed: %s", exc)
+
+    def _renew(self) -> None:
+        self.lease.heartbeat_at = time.time()
+        try:
+            self._version = self.location.storage.write_if(self.uri, self._bytes(), self._version)
+        except PreconditionFailed:
+            held, version = self._read()
+            if not is_owned_by(held, self.lease.owner, self.lease.generation):  # a retried write of ours lands as ours
+                check_fence(self.location, self.lease.owner, self.lease.generation)
+            self._version = version
 
     def release(self) -> None:
         self._stop.set()
         if self._thread:
             self._thread.join()
-        held = self.current()
-        if held is not None and held.owner == self.lease.owner:
-            self.location.storage.delete(self.uri)
+        held, version = self._read()
+        if is_owned_by(held, self.lease.owner, self.lease.generation):
+            try:
+                self.location.storage.delete_if(self.uri, version)
+            except PreconditionFailed:  # taken over in between: the new owner's lease stays
+                pass
+
+
+class _Watch:
+    """One run's look at a lease held by another, over the reads of `acquire`'s loop.
+    `waits`: False for a look that must not wait (the dry run)."""
+
+    def __init__(self, config: LeaseConfig, say: Callable[[str], None], waits: bool = True):
+        self.config, self.say, self.waits = config, say, waits
+        self.started = time.time()
+        self.seen: Optional[Lease] = None  # the lease as first read, for a heartbeat that moves
+        self.why = ""
+
+    def may_take(self, held: Lease, location: OutputLocation, take_over: bool) -> bool:
+        """True when `held` may be taken over now (`why` says why); False after a pause, to read
+        it again; LeaseHeld when its run is alive, or when waiting would outlast wait_seconds."""
+        now, where = time.time(), describe(held, location)
+        alive_here = owner_alive_here(held)
+        if alive_here:
+            raise LeaseHeld(f"{where}: that run is alive (process {held.pid} on this host). {_way_out(held)}")
+        if alive_here is False:
+            self.why = f"its process {held.pid} on this host is gone"
+        elif take_over:
+            self.why = "--take-over"
+        elif is_stale(held, now):
+            self.why = f"no heartbeat for {heartbeat_age(held, now):.0f}s: its run is dead"
+        elif self.seen is not None and self.seen.owner == held.owner and self.seen.heartbeat_at != held.heartbeat_at:
+            raise LeaseHeld(f"{where}: that run is alive (its heartbeat was renewed while this run waited). {_way_out(held)}")
+        else:
+            return self._wait(held, now, where)
+        return True
+
+    def _wait(self, held: Lease, now: float, where: str) -> bool:
+        stale_at = held.heartbeat_at + held.stale_after_seconds
+        if not self.waits or stale_at > self.started + self.config.wait_seconds:
+            waits = (
+                f"a run waits up to lease.wait_seconds ({self.config.wait_seconds:g}s) for a silent lease to go stale"
+                if not self.waits else f"that is after lease.wait_seconds ({self.config.wait_seconds:g}s)"
+            )
+            raise LeaseHeld(
+                f"{where}: that run is alive as far as its heartbeat tells; its lease goes stale in {stale_at - now:.0f}s, "
+                f"and {waits}. {_way_out(held)}"
+            )
+        if self.seen is None or self.seen.owner != held.owner:
+            until = dt.datetime.fromtimestamp(stale_at, dt.timezone.utc).strftime("%H:%M:%S UTC")
+            self.say(f"{where}: waiting until {until} ({stale_at - now:.0f}s) for it to go stale; "
+                     "a heartbeat renewed meanwhile means it is alive, and this run stops")
+            self.seen = held
+        time.sleep(min(self.config.heartbeat_seconds / 2, 5.0, max(0.05, stale_at - now)))
+        return False
+
+
+def _way_out(held: Lease) -> str:
+    return (
+        "Two runs on one output location would duplicate work: wait for it to end. If you know it is dead, rerun "
+        f"with --take-over; without it the next run takes over once its heartbeat is older than "
+        f"{held.stale_after_seconds:g}s."
+    )

@@ -23,6 +23,7 @@ those files, so that totals and reports read a few files instead of one marker p
 
 from __future__ import annotations
 
+import json
 import posixpath
 import time
 import uuid
@@ -33,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
-from pipeline.storage import Storage
+from pipeline.storage import PreconditionFailed, Storage, json_bytes
 from schemas import LAYOUT_VERSION, CommitMarker, JobManifest, UnitStats, arrow_schema
 
 ROW_TABLES = ("outputs", "errors")
@@ -60,6 +61,11 @@ class OutputLocation:
     def __init__(self, storage: Storage, uri: str):
         self.storage = storage
         self.uri = uri.rstrip("/")
+        self.holder: Optional[Callable[[], None]] = None  # raises once this run no longer holds the lease
+
+    def write_only_while(self, holder: Callable[[], None]) -> None:
+        """`_job.json` is written only while `holder()` returns (pipeline/lease.OutputLease.still_ours)."""
+        self.holder = holder
 
     def path(self, *parts: str) -> str:
         return self.storage.join(self.uri, *parts)
@@ -247,7 +253,41 @@ class OutputLocation:
         return self.storage.exists(self.path(MANIFEST))
 
     def write_manifest(self, manifest: dict) -> None:
-        self.storage.write_json(self.path(MANIFEST), manifest)
+        """`_job.json`, as written by the run that holds the lease. A run that lost the location
+        to this one may have recorded its own attempt as `fenced` since: that record stays, and
+        goes into `manifest`. Written on the version read, read again if a write came between,
+        and only while the lease is this run's: a run that lost it cannot replace the owner's."""
+        while True:
+            try:
+                data, version = self.storage.read_versioned(self.path(MANIFEST))
+                fenced = {a["number"]: a for a in json.loads(data).get("attempts", []) if a.get("status") == "fenced"}
+            except FileNotFoundError:
+                version, fenced = None, {}
+            if self.holder is not None:
+                self.holder()
+            manifest["attempts"] = [fenced.get(a["number"], a) for a in manifest.get("attempts", [])]
+            try:
+                self.storage.write_if(self.path(MANIFEST), json_bytes(manifest), version)
+                return
+            except PreconditionFailed:
+                continue
+
+    def record_fenced_attempt(self, attempt: dict) -> None:
+        """A run that lost the location: its own attempt's record into `_job.json`, the rest as
+        the owner wrote it, under the same precondition."""
+        while True:
+            try:
+                data, version = self.storage.read_versioned(self.path(MANIFEST))
+            except FileNotFoundError:
+                return  # the new owner started over (--restart): no record of this attempt to keep
+            doc = json.loads(data)
+            others = [a for a in doc.get("attempts", []) if a["number"] != attempt["number"]]
+            doc["attempts"] = sorted([*others, attempt], key=lambda a: a["number"])
+            try:
+                self.storage.write_if(self.path(MANIFEST), json_bytes(doc), version)
+                return
+            except PreconditionFailed:
+                continue
 
     def read_manifest(self) -> dict:
         return self.storage.read_json(self.path(MANIFEST))

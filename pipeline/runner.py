@@ -30,7 +30,7 @@ from pipeline.graph import build_dataset
 from pipeline.guard import AcceptanceGuard, AcceptanceTooLow, speculation_verdict
 from pipeline.job_plan import JobPlan, check_before_any_engine, model_id, plan_job, read_calibration, results_fingerprint
 from pipeline.job_board import start_board
-from pipeline.lease import OutputLease
+from pipeline.lease import LeaseLost, OutputLease
 from pipeline.outputs import OutputLocation
 from pipeline.stats import billed_replicas, busy_seconds, totals_from_stats
 from pipeline.startup import StartClock, ray_init, start_cost
@@ -91,7 +91,8 @@ def run_job(
             log.warning("drafter check downgraded to a warning: %s", warning)
     location, previous = plan.location, plan.previous
     lease = OutputLease(location, config.lease, plan.job_id, plan.attempt_number)
-    dead_owner = lease.acquire(take_over=take_over)
+    dead_owner = lease.acquire(take_over=take_over, say=functools.partial(say, True) if progress else log.warning)
+    location.write_only_while(lease.still_ours)
     try:
         probe, probe_rows = _drafter_probe(config, plan, progress)
         clock.mark("planned")
@@ -103,7 +104,7 @@ def run_job(
         manifest = _new_manifest(config, plan, cluster, probe)
         location.write_manifest(manifest.model_dump(mode="json"))
         say(progress, _plan_summary(plan.units, plan.todo, len(plan.again)))
-        _run_attempt(config, plan, manifest, progress, probe_rows, clock)
+        _run_attempt(config, plan, manifest, progress, probe_rows, clock, lease)
     finally:
         lease.release()
     return manifest
@@ -206,6 +207,7 @@ def _status(totals: JobTotals, config: JobConfig) -> str:
 
 def _run_attempt(
     config: JobConfig, plan: JobPlan, manifest: JobManifest, progress: bool, probe_rows: tuple[list, int], clock: StartClock,
+    lease: OutputLease,
 ) -> None:
     attempt, started = manifest.attempts[-1], time.time()
     location, todo, committed = plan.location, plan.todo, plan.committed
@@ -213,7 +215,7 @@ def _run_attempt(
     try:
         if todo:
             drafter = model_id(plan.drafter) if plan.drafter else None
-            _generate(config, todo, location, manifest, model_id(plan.target), drafter, progress, heard, probe_rows, clock)
+            _generate(config, todo, manifest, (model_id(plan.target), drafter), progress, heard, probe_rows, clock, lease)
             committed = location.committed_units()
         missing = [u.unit_id for u in plan.units if u.unit_id not in committed]
         if missing:
@@ -223,31 +225,62 @@ def _run_attempt(
         attempt.status = manifest.status = "interrupted"
         attempt.error = manifest.error = "interrupted (Ctrl-C, SIGINT); rerun the same command to resume"
         raise
+    except LeaseLost as lost:
+        _close_fenced_attempt(attempt, lost, heard, started, plan, lease.lease.owner)
+        raise
     except BaseException as exc:
         attempt.status = manifest.status = "failed"
         attempt.error = manifest.error = plain_text(f"{type(exc).__name__}: {exc}")
         raise
     finally:
-        if todo:  # what the engines committed, also when this attempt failed
-            committed = location.committed_units()
-            # also units that stopped engines committed after the driver stopped listening
-            attempt.processed_rows = sum(u.rows for u in todo if u.unit_id in committed)
-            attempt.engine_deaths = [EngineDeath.model_validate(e) for e in location.engine_deaths(since=started)]
-        previous = plan.previous
-        clean = previous is not None and previous.status in ("succeeded", "completed_with_errors") and not todo
-        if clean:  # a rerun of a finished job: nothing to tidy, nothing new to count
-            stats = plan.done if plan.done is not None else location.stats_table(committed)
-        else:  # files of commits that never finished or were superseded; this attempt's stats file
-            location.cleanup(committed)
-            stats = location.write_stats(attempt.number, list(heard.values()), committed)
-        attempt.wall_seconds, attempt.ended_at = time.time() - started, _now()
-        manifest.ended_at = attempt.ended_at
-        wall = sum(a.wall_seconds for a in manifest.attempts)
-        manifest.totals = totals_from_stats(stats, plan.inputs.rows, wall, billed_replicas(config, stats))
-        manifest.speculation = speculation_verdict(config, manifest.totals, manifest.guard_events, read_calibration(location))
-        if manifest.status == "succeeded":
-            attempt.status = manifest.status = _status(manifest.totals, config)
-        location.write_manifest(manifest.model_dump(mode="json"))
+        if attempt.status != "fenced":
+            _close_attempt(config, plan, manifest, heard, started)
+
+
+def _close_fenced_attempt(attempt: Attempt, lost: LeaseLost, heard: dict, started: float, plan: JobPlan, owner: str) -> None:
+    """What a run that lost the location did under its own lease, into its own attempt's record
+    and stats file; nothing of the new owner's is touched (no cleanup, no totals, no manifest).
+    Its units are those it heard of and those its engines committed under its lease that it
+    had not heard of yet (their markers name `owner`)."""
+    location = plan.location
+    unheard = location.committed_units() - plan.committed - set(heard)
+    for unit, marker in location.markers(unheard).items():
+        if marker.stats.lease_owner == owner:
+            heard[unit] = marker.stats.model_dump()
+    taken = f"run {lost.owner.owner} (attempt {lost.owner.attempt})" if lost.owner else "nobody (its lease was removed)"
+    attempt.status = "fenced"  # the manifest in memory is not written: the new owner's stays
+    attempt.error = (f"lost the output location to {taken} while it ran: it committed {len(heard)} units under its "
+                     "own lease, then stopped")
+    attempt.processed_rows = sum(r["rows"] for r in heard.values())
+    attempt.wall_seconds, attempt.ended_at = time.time() - started, _now()
+    attempt.engine_deaths = [EngineDeath.model_validate(e) for e in location.engine_deaths(since=started)]
+    location.write_stats(attempt.number, list(heard.values()))
+    location.record_fenced_attempt(attempt.model_dump(mode="json"))
+
+
+def _close_attempt(config: JobConfig, plan: JobPlan, manifest: JobManifest, heard: dict, started: float) -> None:
+    """The attempt's end, also when it failed: its counts, the cleanup, its stats file, the totals."""
+    attempt, location, todo, committed = manifest.attempts[-1], plan.location, plan.todo, plan.committed
+    if todo:  # what the engines committed, also when this attempt failed
+        committed = location.committed_units()
+        # also units that stopped engines committed after the driver stopped listening
+        attempt.processed_rows = sum(u.rows for u in todo if u.unit_id in committed)
+        attempt.engine_deaths = [EngineDeath.model_validate(e) for e in location.engine_deaths(since=started)]
+    previous = plan.previous
+    clean = previous is not None and previous.status in ("succeeded", "completed_with_errors") and not todo
+    if clean:  # a rerun of a finished job: nothing to tidy, nothing new to count
+        stats = plan.done if plan.done is not None else location.stats_table(committed)
+    else:  # files of commits that never finished or were superseded; this attempt's stats file
+        location.cleanup(committed)
+        stats = location.write_stats(attempt.number, list(heard.values()), committed)
+    attempt.wall_seconds, attempt.ended_at = time.time() - started, _now()
+    manifest.ended_at = attempt.ended_at
+    wall = sum(a.wall_seconds for a in manifest.attempts)
+    manifest.totals = totals_from_stats(stats, plan.inputs.rows, wall, billed_replicas(config, stats))
+    manifest.speculation = speculation_verdict(config, manifest.totals, manifest.guard_events, read_calibration(location))
+    if manifest.status == "succeeded":
+        attempt.status = manifest.status = _status(manifest.totals, config)
+    location.write_manifest(manifest.model_dump(mode="json"))
 
 
 def plain_text(message: str) -> str:
@@ -260,9 +293,10 @@ class _AttemptProgress:
     STATS_FLUSH_SECONDS), the error breaker, the acceptance guard and the progress line, whose
     ETA runs from the rate since the first committed unit."""
 
-    def __init__(self, config: JobConfig, manifest: JobManifest, location: OutputLocation, heard: dict, total_rows: int,
+    def __init__(self, config: JobConfig, manifest: JobManifest, lease: OutputLease, heard: dict, total_rows: int,
                  guard: Optional[AcceptanceGuard], progress: bool, clock: StartClock):
-        self.manifest, self.location, self.heard, self.total_rows = manifest, location, heard, total_rows
+        self.manifest, self.lease, self.location, self.heard = manifest, lease, lease.location, heard
+        self.total_rows = total_rows
         self.guard, self.progress, self.clock = guard, progress, clock
         self.breaker = ErrorBreaker(config.retries)
         self.started = self.flushed = time.time()
@@ -272,7 +306,10 @@ class _AttemptProgress:
         self.busy, self.busy_at = 0.0, 0.0
 
     def observe(self, stats: pa.Table) -> bool:
-        """Takes one batch of stats rows; True when the guard turned speculation off."""
+        """Takes one batch of stats rows; True when the guard turned speculation off. LeaseLost
+        once the heartbeat found another run holding the location."""
+        if self.lease.lost is not None:
+            raise self.lease.lost
         attempt, rows = self.manifest.attempts[-1], stats.to_pylist()
         for row in rows:
             before = self.heard.get(row["unit_id"])
@@ -312,34 +349,35 @@ class _AttemptProgress:
 def _generate(
     config: JobConfig,
     todo: list[WorkUnit],
-    location: OutputLocation,
     manifest: JobManifest,
-    model: str,
-    drafter: Optional[str],
+    models: tuple[str, Optional[str]],
     progress: bool,
     heard: dict[str, dict],
     probe_rows: tuple[list, int],
     clock: StartClock,
+    lease: OutputLease,
 ) -> None:
     """Run the Ray Data graph over the units not committed yet, feeding every stats row to the
     acceptance guard. The graph is rebuilt over the units still not committed when the guard
     disables speculation (leaving the loop shuts the graph down, killing its engines), and when
     the dataset fails after a node left the cluster (up to `retries.max_node_losses`). The
-    probe's rows go to the first graph's board; later graphs have the verdict already."""
+    probe's rows go to the first graph's board; later graphs have the verdict already. `models`:
+    the target's and the drafter's ids."""
+    (model, drafter), location = models, lease.location
     attempt, guard_config = manifest.attempts[-1], config.speculative.guard
     # An earlier attempt's guard turned speculation off: a resume keeps it off.
     disabled = any(e.action == "disable-speculation" for e in manifest.guard_events)
     guard = AcceptanceGuard(guard_config, attempt.number) if guard_config and drafter and not disabled else None
     total_rows = sum(u.rows for u in todo) + attempt.skipped_rows
-    heed = _AttemptProgress(config, manifest, location, heard, total_rows, guard, progress, clock)
+    heed = _AttemptProgress(config, manifest, lease, heard, total_rows, guard, progress, clock)
     while True:
         if disabled:
             config, drafter, heed.guard, probe_rows = _without_speculation(config), None, None, ([], 0)
         if not todo:
             return
         board = start_board(*probe_rows)
-        dataset = build_dataset(config, todo, model, drafter, manifest.job_id, disabled, board)
-        outcome = _run_graph(dataset, config, manifest, location, todo, heed, board)
+        dataset = build_dataset(config, todo, model, drafter, manifest.job_id, disabled, board, lease.fence)
+        outcome = _run_graph(dataset, config, manifest, todo, heed, board)
         probe_rows = ([], 0)  # judged by this graph, or refused (and then the job has stopped)
         if outcome == "finished":
             return
@@ -349,15 +387,15 @@ def _generate(
 
 
 def _run_graph(
-    dataset, config: JobConfig, manifest: JobManifest, location: OutputLocation, todo: list[WorkUnit],
-    heed: _AttemptProgress, board,
+    dataset, config: JobConfig, manifest: JobManifest, todo: list[WorkUnit], heed: _AttemptProgress, board,
 ) -> str:
     """Iterates one graph: "finished", "speculation-off" (the guard turned it off) or
     "node-lost" (the dataset failed after a node left). Nodes that leave are noted in
-    `_job.json` when seen; a graph that commits nothing for `retries.stall_minutes` while
-    its actors wait for resources stops with SchedulingStalled; a drafter the probe refused
-    stops it with DrafterRejected. The board's start figures and verdict go to `_job.json`
-    at the graph's first commit and at its end."""
+    `_job.json` when seen; a graph that commits nothing for `retries.stall_minutes` while its
+    actors wait for resources stops with SchedulingStalled, a refused drafter with
+    DrafterRejected, a lost lease with LeaseLost (an engine refused to commit, or the driver
+    heard of it). The board's figures go to `_job.json` at the first commit and the end."""
+    location = heed.location
     watch = ClusterWatch()
     note_losses = functools.partial(_record_node_losses, watch, manifest, location, todo)
     stall = StallWatch(watch, config.retries.stall_minutes * 60)
@@ -383,6 +421,7 @@ def _run_graph(
         note_losses()
         raise SchedulingStalled(stall_message(config, stall.waiting, stall.last)) from None
     except Exception as exc:
+        heed.lease.still_ours()  # an engine refused to commit for the run that holds the lease now
         refused = _probe_refusal(board, manifest)
         if refused is not None:
             raise refused from None
@@ -393,8 +432,10 @@ def _run_graph(
     finally:
         stall.stop()
         batches.close()
-        _record_board(board, manifest, location, heed.clock)
-        _stop_engines(board)
+        try:
+            _record_board(board, manifest, location, heed.clock)
+        finally:  # also when this run lost its lease meanwhile, and may not write
+            _stop_engines(board)
 
 
 def _graph_lost_a_node(exc: Exception, config: JobConfig, watch, manifest: JobManifest, location: OutputLocation,

@@ -6,6 +6,8 @@ Credentials are never passed here: s3fs/botocore find them in the environment
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -19,6 +21,7 @@ from typing import Any, Callable, Optional, TypeVar
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
+from fsspec.asyn import sync
 from fsspec.core import url_to_fs
 
 from pipeline.config import StorageConfig
@@ -49,6 +52,22 @@ def is_transient(exc: BaseException) -> bool:
         return False
     text = f"{type(exc).__name__}: {exc}"
     return any(pattern in text for pattern in TRANSIENT_ERRORS) or isinstance(exc, (ConnectionError, TimeoutError))
+
+
+class PreconditionFailed(RuntimeError):
+    """A conditional write or delete found the object changed since its version was read, or
+    present where it was to be created."""
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    """s3fs turns S3's 412 PreconditionFailed into FileExistsError or OSError(EINVAL), and a
+    conditional write that raced another (409 ConditionalRequestConflict) into OSError(EBUSY)."""
+    while exc is not None:
+        code = getattr(exc, "response", {}).get("Error", {}).get("Code")
+        if code in ("PreconditionFailed", "ConditionalRequestConflict"):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 @dataclass(frozen=True)
@@ -141,6 +160,86 @@ class Storage:
         paths = [self.fs(uri)[1] for uri in uris]
         self.retrying(f"delete {len(uris)} files under {posixpath.dirname(uris[0])}", lambda: fs.rm(paths))
 
+    # -------------------------------------------------- conditional writes (the lease's compare-and-swap)
+
+    def conditional_writes(self, uri: str) -> bool:
+        """Whether `write_if` and `delete_if` are atomic here: S3 (If-Match, If-None-Match) and
+        local folders (an exclusive lock on the folder); elsewhere they check, then write."""
+        fs, _ = self.fs(uri)
+        return _is_s3(fs) or _is_local(fs)
+
+    def read_versioned(self, uri: str) -> tuple[bytes, str]:
+        """The object and its version, read together (one GET on S3: the ETag comes with the
+        body); FileNotFoundError when absent."""
+        fs, path = self.fs(uri)
+        if not _is_s3(fs):
+            data = self.read_bytes(uri)
+            return data, _digest(data)
+        bucket, key, _ = fs.split_path(path)
+
+        async def get() -> tuple[bytes, str]:
+            response = await fs._call_s3("get_object", Bucket=bucket, Key=key)
+            async with response["Body"] as body:
+                return await body.read(), response["ETag"]
+
+        return self.retrying(f"read {uri}", lambda: sync(fs.loop, get))
+
+    def write_if(self, uri: str, data: bytes, version: Optional[str]) -> str:
+        """Writes `data` only if the object is still at `version` (None: only if it does not
+        exist); returns its new version, or raises PreconditionFailed. A write whose reply was
+        lost and that is retried fails its own precondition: the caller reads the object to
+        tell whether its write landed."""
+        fs, path = self.fs(uri)
+        if _is_s3(fs):
+            bucket, key, _ = fs.split_path(path)
+            condition = {"IfMatch": version} if version else {"IfNoneMatch": "*"}
+            try:
+                reply = self.retrying(
+                    f"write {uri}", lambda: fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **condition),
+                )
+            except Exception as exc:
+                if _precondition_failed(exc):
+                    raise PreconditionFailed(f"{uri} changed since version {version}") from None
+                raise
+            return reply["ETag"]
+        with self._folder_lock(uri):
+            self._check_version(uri, version)
+            self.write_bytes(uri, data)
+        return _digest(data)
+
+    def delete_if(self, uri: str, version: str) -> None:
+        """Deletes the object only if it is still at `version`; PreconditionFailed otherwise."""
+        fs, path = self.fs(uri)
+        if _is_s3(fs):
+            self._check_version(uri, version)  # S3 general purpose buckets may ignore If-Match on a delete
+            bucket, key, _ = fs.split_path(path)
+            try:
+                self.retrying(f"delete {uri}", lambda: fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=version))
+            except Exception as exc:
+                if _precondition_failed(exc):
+                    raise PreconditionFailed(f"{uri} changed since version {version}") from None
+                raise
+            return
+        with self._folder_lock(uri):
+            self._check_version(uri, version)
+            self.delete(uri)
+
+    def _check_version(self, uri: str, version: Optional[str]) -> None:
+        try:
+            current = self.read_versioned(uri)[1]
+        except FileNotFoundError:
+            current = None
+        if current != version:
+            raise PreconditionFailed(f"{uri} is at version {current}, not {version}")
+
+    def _folder_lock(self, uri: str):
+        """An exclusive flock on the object's folder, held by every conditional write here."""
+        fs, path = self.fs(uri)
+        folder = posixpath.dirname(path)
+        if _is_local(fs):
+            fs.makedirs(folder, exist_ok=True)
+        return _FolderLock(folder if _is_local(fs) else None)
+
     def open_ranged(self, uri: str, size: Optional[int] = None):
         """A file opened for ranged reads only: no readahead cache (s3fs would otherwise read
         up to 50 MiB past every footer), and, when the listing gave its size, no HEAD request
@@ -164,7 +263,7 @@ class Storage:
         }
 
     def write_json(self, uri: str, doc: Any) -> None:
-        self.write_bytes(uri, (json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n").encode())
+        self.write_bytes(uri, json_bytes(doc))
 
     def read_json(self, uri: str) -> Any:
         return json.loads(self.read_bytes(uri))
@@ -236,6 +335,41 @@ def _version_of(info: dict[str, Any]) -> str:
             return str(info[key]).strip('"')
     mtime = info.get("mtime") or info.get("LastModified") or info.get("created")
     return str(mtime)
+
+
+def json_bytes(doc: Any) -> bytes:
+    """A JSON document as every writer here writes it."""
+    return (json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n").encode()
+
+
+def _is_s3(fs) -> bool:
+    return "s3" in fs.protocol
+
+
+def _is_local(fs) -> bool:
+    return "file" in fs.protocol
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
+class _FolderLock:
+    """flock(LOCK_EX) on a folder for the length of a `with`; no lock where there is no folder
+    to lock (a store that is neither S3 nor local: its conditional writes check, then write)."""
+
+    def __init__(self, folder: Optional[str]):
+        self.folder, self.fd = folder, None
+
+    def __enter__(self):
+        if self.folder is not None:
+            self.fd = os.open(self.folder, os.O_RDONLY)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor releases its lock
 
 
 def is_local(uri: str) -> bool:

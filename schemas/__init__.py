@@ -165,6 +165,9 @@ class UnitStats(Contract):
         False, description="The job config asked for speculation and the acceptance guard turned it off before this unit."
     )
     commit_token: str = Field("", description="Names the commit's files; the unit's marker names the visible one.")
+    lease_owner: str = Field(
+        "", description="The run (`_lease.json`'s owner) that held the lease when the unit was committed; empty: no lease check."
+    )
 
 
 class CommitMarker(Contract):
@@ -222,6 +225,14 @@ class Lease(Contract):
     acquired_at: str
     heartbeat_at: float = Field(description="Unix time of the last renewal.")
     stale_after_seconds: float
+    generation: int = Field(
+        0, description="Grows by one at every acquisition (a take-over included); an engine commits only under its run's."
+    )
+    host: Optional[str] = Field(None, description="Host name of the run's driver.")
+    pid: Optional[int] = Field(None, description="Process id of the run's driver on `host`.")
+    pid_started_at: Optional[float] = Field(
+        None, description="Unix time the driver's process started: a pid reused by another process is not the owner."
+    )
 
 
 class JobTotals(Contract):
@@ -282,7 +293,7 @@ class NodeLoss(Contract):
 # retries.max_error_fraction; completed_with_errors: every row is done, over that fraction;
 # failed: the attempt stopped; interrupted: stopped by Ctrl-C (SIGINT); killed: the attempt
 # ended without a word (closed by the next).
-JobStatus = Literal["running", "succeeded", "completed_with_errors", "failed", "interrupted", "killed"]
+JobStatus = Literal["running", "succeeded", "completed_with_errors", "failed", "interrupted", "killed", "fenced"]
 
 
 class EngineStart(Contract):
@@ -371,7 +382,7 @@ class SpeculationVerdict(Contract):
 
 # The process exit code of each job status (and of a refusal before the job starts): a RayJob or
 # a scheduler reads them.
-EXIT_CODES = {"succeeded": 0, "failed": 1, "refused": 2, "completed_with_errors": 3, "interrupted": 130}
+EXIT_CODES = {"succeeded": 0, "failed": 1, "refused": 2, "completed_with_errors": 3, "fenced": 4, "interrupted": 130}
 
 LAYOUT_VERSION = 2  # 1: per-batch files named by id hashes; 2: work units by input position
 

@@ -1,22 +1,31 @@
-"""The lease on an output location and the layout version, without an engine: a second run
-is refused while the owner's heartbeat is fresh, a stale lease is taken over only when asked,
-and a location of another output layout is refused before anything is written."""
+"""The lease on an output location and the layout version, without an engine: a live owner is
+refused, a dead one taken over without a flag (at once on this host, once stale elsewhere), a
+run whose lease was taken is fenced, two runs at one instant make one owner, and a location of
+another output layout is refused before anything is written."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+import threading
 import time
 
+import psutil
 import pyarrow as pa
 import pytest
 
 from pipeline.config import LeaseConfig, parse_config
-from pipeline.lease import LeaseHeld, OutputLease
+from pipeline.lease import LeaseHeld, LeaseLost, OutputLease, check_fence
 from pipeline.outputs import LayoutMismatch, OutputLocation
 from pipeline.runner import run_job
-from pipeline.storage import Storage
+from pipeline.storage import Storage, json_bytes
+from schemas import Lease
 from tests.conftest import job_config
 
-FAST = LeaseConfig(heartbeat_seconds=0.2, stale_after_seconds=1.0)
+FAST = LeaseConfig(heartbeat_seconds=0.2, stale_after_seconds=1.0, wait_seconds=1.0)
+SLOW = LeaseConfig(heartbeat_seconds=30, stale_after_seconds=600, wait_seconds=0)
 
 
 def test_a_live_lease_refuses_a_second_run_even_with_take_over(location):
@@ -36,18 +45,134 @@ def test_a_live_lease_refuses_a_second_run_even_with_take_over(location):
     third.release()
 
 
-def test_a_stale_lease_is_taken_over_only_when_asked(location):
-    dead = OutputLease(location, FAST, "job-1", 1)
-    dead._write()  # a run that wrote its lease and was killed: no heartbeat follows
-    time.sleep(1.2)
-    successor = OutputLease(location, FAST, "job-1", 2)
-    with pytest.raises(LeaseHeld, match="which is stale.*--take-over"):
-        successor.acquire()
-    successor.acquire(take_over=True)
+def held_by(location, host: str, *, pid: int | None = None, started: float | None = None, age: float = 0.0,
+            stale_after: float = 1.0, generation: int = 3) -> Lease:
+    """A lease another run wrote (through the store's own compare-and-swap), as it reads."""
+    lease = Lease(owner=f"{host}:{pid or 1}:abcd1234", job_id="job-1", attempt=1, acquired_at="2026-12-03T00:00:00+00:00",
+                  heartbeat_at=time.time() - age, stale_after_seconds=stale_after, host=host, pid=pid,
+                  pid_started_at=started, generation=generation)
+    location.storage.write_if(location.path("_lease.json"), json_bytes(lease.model_dump(mode="json")), None)
+    return lease
+
+
+def test_a_dead_process_on_this_host_is_taken_over_at_once_without_a_flag(location):
+    """The owner ran here and its process is gone (a SIGKILLed driver): no wait, no --take-over.
+    A pid reused by another process (another start time) is not the owner either."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = int(dead.stdout)
+    assert not psutil.pid_exists(gone)
+    held_by(location, socket.gethostname(), pid=gone, started=time.time() - 5, stale_after=600)
+    said, began = [], time.time()
+    successor = OutputLease(location, SLOW, "job-1", 2)
+    taken = successor.acquire(say=said.append)
     try:
-        assert successor.current().owner == successor.lease.owner and successor.current().attempt == 2
+        assert time.time() - began < 5 and taken.pid == gone
+        assert successor.current().owner == successor.lease.owner and successor.current().generation == 4
+        assert any(f"its process {gone} on this host is gone" in line for line in said), said
     finally:
         successor.release()
+
+    held_by(location, socket.gethostname(), pid=os.getpid(), started=psutil.Process().create_time() - 100, stale_after=600)
+    reused = OutputLease(location, SLOW, "job-1", 3)
+    reused.acquire(say=said.append)  # our pid, another process's start time: that process is gone
+    reused.release()
+
+
+def test_a_silent_owner_elsewhere_is_waited_for_until_stale_then_taken_over(location):
+    held_by(location, "elsewhere", pid=1, stale_after=1.5)
+    said, began = [], time.time()
+    successor = OutputLease(location, FAST.model_copy(update={"wait_seconds": 10}), "job-1", 2)
+    successor.acquire(say=said.append)
+    try:
+        assert 1.4 <= time.time() - began < 10
+        assert "waiting until" in said[0] and "for it to go stale" in said[0], said
+        assert "no heartbeat for" in said[-1] and "its run is dead" in said[-1]
+        assert successor.current().owner == successor.lease.owner
+    finally:
+        successor.release()
+
+
+def test_an_owner_elsewhere_that_keeps_beating_is_refused_and_the_wait_is_bounded(location):
+    owner = OutputLease(location, FAST, "job-1", 1)
+    owner.lease.host = "elsewhere"  # its process is not this host's to look at: only its heartbeat tells
+    owner.acquire()
+    try:
+        began = time.time()
+        with pytest.raises(LeaseHeld, match="renewed while this run waited"):
+            OutputLease(location, FAST, "job-1", 2).acquire()
+        assert time.time() - began < 3 * FAST.heartbeat_seconds + 1
+    finally:
+        owner.release()
+    held_by(location, "elsewhere", pid=1, stale_after=600)
+    with pytest.raises(LeaseHeld, match=r"goes stale in \d+s, and that is after lease.wait_seconds \(1s\)"):
+        OutputLease(location, FAST, "job-1", 2).acquire()
+    taker = OutputLease(location, FAST, "job-1", 2)
+    taker.acquire(take_over=True)  # a person who knows it is dead
+    taker.release()
+
+
+def test_a_run_whose_lease_another_run_took_is_fenced(location):
+    """The new owner's compare-and-swap wins: the old run's next renewal finds it, its engines'
+    check refuses to commit, its release leaves the new owner's lease."""
+    old = OutputLease(location, FAST, "job-1", 1)
+    old.lease.host = "elsewhere"
+    old.acquire()
+    new = OutputLease(location, FAST, "job-1", 2)
+    new.acquire(take_over=True)
+    try:
+        assert new.lease.generation == old.lease.generation + 1
+        deadline = time.time() + 5
+        while old.lost is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert old.lost is not None and old.lost.owner.owner == new.lease.owner
+        with pytest.raises(LeaseLost, match=f"now leased to run {new.lease.owner} \\(attempt 2\\)"):
+            check_fence(location, **old.fence)
+        with pytest.raises(LeaseLost):
+            old.still_ours()
+        check_fence(location, **new.fence)
+        old.release()
+        assert new.current().owner == new.lease.owner
+    finally:
+        new.release()
+    assert new.current() is None
+
+
+@pytest.mark.parametrize("round_", range(10))
+def test_two_runs_started_at_the_same_instant_one_proceeds(location, round_):
+    """Two runs at one instant, as threads released by a barrier: the store's conditional write
+    decides, not timing (threads make the race tighter than processes would; moto 5.2 honours
+    If-None-Match and If-Match on PutObject as S3 does, and local folders lock)."""
+    barrier, outcomes = threading.Barrier(2), []
+
+    def run(attempt: int) -> None:
+        lease = OutputLease(location, SLOW, "job-1", attempt)
+        barrier.wait()
+        try:
+            lease.acquire()
+            outcomes.append(("proceeds", lease))
+        except LeaseHeld as refused:
+            outcomes.append(("refused", refused))
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in (1, 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert sorted(kind for kind, _ in outcomes) == ["proceeds", "refused"], outcomes
+    (winner,) = [lease for kind, lease in outcomes if kind == "proceeds"]
+    assert winner.current().owner == winner.lease.owner and winner.lease.generation == 1
+    winner.release()
+
+
+def test_fenced_attempts_record_survives_the_owners_manifest(location):
+    """_job.json: the fenced run records its own attempt; the owner's later writes keep it."""
+    owner_view = {"job_id": "j", "attempts": [{"number": 1, "status": "killed"}, {"number": 2, "status": "running"}]}
+    location.write_manifest(dict(owner_view))
+    location.record_fenced_attempt({"number": 1, "status": "fenced", "processed_rows": 24})
+    location.write_manifest(dict(owner_view, status="succeeded"))
+    doc = location.read_manifest()
+    assert doc["status"] == "succeeded"
+    assert doc["attempts"] == [{"number": 1, "status": "fenced", "processed_rows": 24}, {"number": 2, "status": "running"}]
 
 
 def test_a_location_of_another_layout_is_refused_untouched(tmp_path):

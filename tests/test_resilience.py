@@ -3,8 +3,8 @@ own local Ray), and the tests kill its engine actor, kill the driver, stop the S
 and feed it a row that crashes the engine. After each: every input id exactly once across
 outputs/ and errors/, and stats agree with outputs. Engine faults are real ones: EngineCore
 killed by its process title, and a test-only vLLM plugin (tests/vllm_faults) that kills it on
-a poisoned prompt. The killed driver's lease refuses a second run until it is stale and taken
-over."""
+a poisoned prompt. The killed driver's lease is taken over by the same command, and a run that
+loses its lease stops committing."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ from pipeline.config import parse_config
 from pipeline.outputs import OutputLocation
 from pipeline.job_plan import ResultsChanged
 from pipeline.runner import run_job
-from pipeline.storage import Storage
+from pipeline.storage import Storage, json_bytes
+from schemas import Lease
 from tests.conftest import job_config, write_prompts
 
 SPECBATCH = str(Path(sys.executable).with_name("specbatch"))
@@ -60,6 +61,18 @@ def wait_for_commits(location: OutputLocation, n: int, proc: subprocess.Popen, t
         assert proc.poll() is None, proc.stdout.read()[-3000:]
         time.sleep(0.5)
     raise TimeoutError("no unit committed in time")
+
+
+def units_skipped_by_attempt(location: OutputLocation, number: int, proc: subprocess.Popen, timeout: float = 120) -> int:
+    """The units committed before attempt `number` planned, from its record in `_job.json`."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        attempts = location.read_manifest()["attempts"] if location.has_manifest() else []
+        if len(attempts) >= number:
+            return attempts[number - 1]["units_skipped"]
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        time.sleep(0.2)
+    raise TimeoutError(f"attempt {number} did not start in time")
 
 
 def finish(proc: subprocess.Popen, timeout: float = 600) -> str:
@@ -106,16 +119,30 @@ def assert_engine_death_recovered(location: OutputLocation, ids: list[str]) -> N
     assert "EngineDeadError" in death["error"] and death["units"] and death["actor_id"]
 
 
+def take_the_lease_elsewhere(location: OutputLocation) -> Lease:
+    """Another run, on another host, takes the location over as a run does: a compare-and-swap
+    on the lease's version that raises its generation."""
+    data, version = location.storage.read_versioned(location.path("_lease.json"))
+    held = Lease.model_validate_json(data)
+    taker = held.model_copy(update={"owner": "elsewhere:1:0badf00d", "host": "elsewhere", "pid": 1, "attempt": held.attempt + 1,
+                                    "generation": held.generation + 1, "heartbeat_at": time.time()})
+    location.storage.write_if(location.path("_lease.json"), json_bytes(taker.model_dump(mode="json")), version)
+    return taker
+
+
 @pytest.mark.engine
-def test_ctrl_c_then_a_killed_driver_then_a_take_over_land_each_ids_samples_exactly_once(tmp_path, random_kit):
-    """One job, the two ways a driver stops. Ctrl-C between commits (SIGINT to the run's process
+def test_ctrl_c_a_killed_driver_and_a_lost_lease_land_each_ids_samples_exactly_once(tmp_path, random_kit):
+    """One job, the ways a driver stops. Ctrl-C between commits (SIGINT to the run's process
     group, as a terminal sends it) closes the attempt as interrupted in one line, exit 130, and
     releases the lease. The resume's whole session is then SIGKILLed (a preempted or OOM-killed
-    driver): its lease refuses a rerun while fresh, is named stale after, and --take-over
-    resumes. n=4 at temperature 0.8 (without the drafter: vLLM's CPU build samples wrongly with
-    it, and the job refuses that): each id's four samples land exactly once, in one unit."""
+    driver): the same command at once takes over (its owner's process on this host is gone).
+    That run then loses the lease to a run elsewhere (its compare-and-swap wins): it commits
+    nothing more, exits 4 naming the new owner, and records what it did as `fenced`. The same
+    command waits for the silent lease elsewhere to go stale and finishes. n=4 at temperature
+    0.8 (without the drafter: vLLM's CPU build samples wrongly with it, and the job refuses
+    that): each id's four samples land exactly once, in one unit."""
     sampling = {"max_tokens": 12, "n": 4, "temperature": 0.8, "seed": 7}
-    lease = {"heartbeat_seconds": 1, "stale_after_seconds": 6}
+    lease = {"heartbeat_seconds": 1, "stale_after_seconds": 6, "wait_seconds": 30}
     config_path, ids, config = make_job(tmp_path, random_kit, sampling=sampling, speculative={"enabled": False}, lease=lease)
     location = OutputLocation(Storage(), str(tmp_path / "out"))
 
@@ -136,21 +163,31 @@ def test_ctrl_c_then_a_killed_driver_then_a_take_over_land_each_ids_samples_exac
     second_started = time.time()
     proc = start_job(config_path)
     wait_for_commits(location, len(interrupted_units) + 2, proc)
+    driver = proc.pid
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray it started
     proc.wait()
     killed_at = time.time()
-    # The dead run's lease is still fresh: a second run is refused, naming the owner and the way out.
-    refused = start_job(config_path)
-    out, _ = refused.communicate(timeout=120)
-    assert refused.returncode == 2 and "is leased to run" in out and "--take-over" in out, out[-2000:]
-    if time.time() - killed_at < 6:
-        assert "that run is alive" in out
-    time.sleep(max(0.0, killed_at + 7 - time.time()))
-    stale = start_job(config_path)
-    out, _ = stale.communicate(timeout=120)
-    assert stale.returncode == 2 and "which is stale" in out, out[-2000:]
     killed_units = location.committed_units()
-    finish(start_job(config_path, None, "--take-over"))
+
+    # The same command at once, no flag: the dead driver ran here, and its process is gone.
+    third = start_job(config_path)
+    skipped = units_skipped_by_attempt(location, 3, third)  # the killed run's workers may commit while they die
+    wait_for_commits(location, skipped + 2, third)
+    assert time.time() - killed_at < 5 * 60
+    taker = take_the_lease_elsewhere(location)
+    taken_at, at_takeover = time.time(), location.committed_units()
+    out, _ = third.communicate(timeout=180)
+    assert third.returncode == 4, out[-4000:]
+    assert f"its process {driver} on this host is gone" in out and "taking over" in out
+    assert f"specbatch: fenced: {location.uri} is now leased to run {taker.owner}" in out and "succeeded" not in out
+    fenced_units = location.committed_units()
+    assert len(fenced_units - at_takeover) <= 1  # one engine: at most the unit between its check and its marker
+    assert Lease.model_validate(location.storage.read_json(location.path("_lease.json"))).owner == taker.owner
+
+    # Elsewhere's lease falls silent: the same command waits for it to go stale, then finishes.
+    waited = start_job(config_path)
+    out = finish(waited)
+    assert "waiting until" in out and "no heartbeat for" in out and time.time() - taken_at >= 6
 
     outputs = location.read_table("outputs").select(["id", "sample_index", "unit_id"]).to_pylist()
     assert Counter((o["id"], o["sample_index"]) for o in outputs) == Counter((i, s) for i in ids for s in range(4))
@@ -163,10 +200,14 @@ def test_ctrl_c_then_a_killed_driver_then_a_take_over_land_each_ids_samples_exac
     assert sorted(stats.column("unit_id").to_pylist()) == sorted(location.committed_units())
     assert not location.storage.exists(location.path("_lease.json"))  # released at the end
     manifest = location.read_manifest()
-    assert [a["status"] for a in manifest["attempts"]] == ["interrupted", "killed", "succeeded"]  # closed by the next attempt
-    killed, resumed = manifest["attempts"][1:]
+    assert [a["status"] for a in manifest["attempts"]] == ["interrupted", "killed", "fenced", "succeeded"]
+    killed, fenced, resumed = manifest["attempts"][1:]
     assert killed["ended_at"] and 0 < killed["wall_seconds"] <= killed_at - second_started + 2  # its last heartbeat
-    assert resumed["units_skipped"] >= len(killed_units) >= len(interrupted_units) + 2  # a worker may commit while it dies
+    # what the fenced run heard of committing under its own lease: its stats file and its record
+    heard = set(location.stats_files()["attempt-0003"].column("unit_id").to_pylist())
+    assert len(heard) >= 2 and heard <= fenced_units - killed_units and fenced["units_skipped"] == skipped
+    assert taker.owner in fenced["error"] and fenced["processed_rows"] == 8 * len(heard)
+    assert resumed["units_skipped"] >= len(fenced_units) >= len(killed_units) + 2  # a worker may commit while it dies
     assert resumed["skipped_rows"] == 8 * resumed["units_skipped"]
     assert resumed["skipped_rows"] + resumed["processed_rows"] == len(ids)
     assert resumed["footers_read"] == 0  # the attempts before recorded both files
@@ -177,7 +218,7 @@ def test_ctrl_c_then_a_killed_driver_then_a_take_over_land_each_ids_samples_exac
     rerun = run_job(parse_config(config), progress=False)
     assert rerun.attempts[-1].skipped_rows == len(ids) and rerun.attempts[-1].processed_rows == 0
     assert location.committed_units() == units
-    assert rerun.totals.output_rows == len(ids) and rerun.totals.units == len(units) and len(rerun.attempts) == 4
+    assert rerun.totals.output_rows == len(ids) and rerun.totals.units == len(units) and len(rerun.attempts) == 5
 
     # A change of results under the same output is refused, naming what changed...
     changed = parse_config({**config, "sampling": {**config["sampling"], "repetition_penalty": 1.1}})

@@ -176,7 +176,7 @@ def test_a_running_job_whose_driver_is_gone(job, tmp_path, capsys):
     r = status_json(capsys, location.uri)
     assert (r.status, r.driver, r.counts_from) == ("running", "gone", "stats")
     assert r.lease.stale and r.lease.heartbeat_age_seconds == pytest.approx(15 * 60, abs=30)
-    assert r.notes[0] == "no heartbeat for 15 min: the driver is probably gone; resume with `specbatch run CONFIG --take-over`"
+    assert r.notes[0] == "no heartbeat for 15 min: the driver is probably gone; `specbatch run CONFIG` takes over and resumes"
     assert (r.units_committed, r.units_planned, r.input_rows) == (2, 4, ROWS)
     errors = location.read_table("errors")  # the errors of the units still committed
     assert r.rows_done == 16 and r.error_rows == errors.num_rows
@@ -188,13 +188,13 @@ def test_a_running_job_whose_driver_is_gone(job, tmp_path, capsys):
 
     text = status_text(capsys, location.uri)
     assert_text_agrees(text, r)
-    assert "WARNING: no heartbeat for 15 min: the driver is probably gone; resume with `specbatch run CONFIG --take-over`" in text
+    assert "WARNING: no heartbeat for 15 min: the driver is probably gone; `specbatch run CONFIG` takes over and resumes" in text
     assert "ETA:" in text and "once resumed" in text and "STALE" in text
 
     # with the job's config, the resume command names it (the output location is not the config's: it says so)
     config = str(root / "job.yaml")
     r = status_json(capsys, location.uri, "--config", config)
-    assert r.notes[0].endswith(f"resume with `specbatch run {config} --output-uri {location.uri} --take-over`")
+    assert r.notes[0].endswith(f"`specbatch run {config} --output-uri {location.uri}` takes over and resumes")
 
 
 @pytest.mark.engine
@@ -235,7 +235,7 @@ def test_a_first_attempt_before_its_manifest_is_seen_by_its_lease(tmp_path, caps
     location.storage.write_json(lease.uri, old.model_dump(mode="json"))
     r = status_json(capsys, location.uri)
     assert (r.driver, r.lease.stale) == ("gone", True)
-    assert r.notes[0].endswith("died before it wrote one; the next `specbatch run CONFIG` needs --take-over")
+    assert r.notes[0].endswith("died before it wrote one; the next `specbatch run CONFIG` takes it over")
     lease.release()
 
 

@@ -112,7 +112,15 @@ class RetriesConfig(Section):
 class LeaseConfig(Section):
     heartbeat_seconds: float = Field(30.0, gt=0, description="How often a run renews its lease on the output location.")
     stale_after_seconds: float = Field(
-        180.0, gt=0, description="A lease not renewed for this long belongs to a dead run; --take-over may take it."
+        180.0, gt=0, description="A lease not renewed for this long belongs to a dead run, and the next run takes it over."
+    )
+    wait_seconds: float = Field(
+        300.0, ge=0,
+        description=(
+            "How long a run waits for a silent lease of a run on another host to go stale before it gives up (0: "
+            "refuse at once). A lease whose owner ran on this host and whose process is gone is taken at once; one "
+            "whose heartbeat is renewed while the run waits is refused."
+        ),
     )
 
     @model_validator(mode="after")

@@ -180,9 +180,8 @@ def make_plan(
         _probe_check(plan, config, job)
     # 5. the lease: read, not taken
     with _Step(plan, "lease") as step:
-        held = OutputLease(location, config.lease, job.job_id, job.attempt_number).check(take_over)
-        step.done("pass", f"stale lease of run {held.owner} (job {held.job_id}) would be taken over (--take-over)"
-                  if held else "no other run holds the output location")
+        taken = OutputLease(location, config.lease, job.job_id, job.attempt_number).check(take_over)
+        step.done("pass", taken or "no other run holds the output location")
     # 6. the cluster
     with _Step(plan, "cluster") as step:
         _cluster_check(step, config, todo, address)

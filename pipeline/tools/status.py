@@ -186,7 +186,7 @@ def job_status(
     notes = []
     if running and driver == "gone":
         if lease is not None:
-            notes.append(f"no heartbeat for {_age(age)}: the driver is probably gone; resume with `{run_command} --take-over`")
+            notes.append(f"no heartbeat for {_age(age)}: the driver is probably gone; `{run_command}` takes over and resumes")
         else:
             notes.append(f"_job.json says running but no run holds the lease: the driver is gone; resume with `{run_command}`")
     elif driver == "starting":
@@ -194,7 +194,7 @@ def job_status(
     elif lease is not None and not fresh:
         notes.append(
             f"a stale lease of attempt {lease.attempt} is left (no heartbeat for {_age(age)}): its run died without "
-            f"releasing it; the next `{run_command}` needs --take-over"
+            f"releasing it; the next `{run_command}` takes it over"
         )
     if manifest.status in ("failed", "interrupted") and last is not None and last.error:
         notes.append(f"attempt {last.number} {manifest.status}: {last.error.splitlines()[0][:300]}; `{run_command}` resumes it")
@@ -297,7 +297,7 @@ def _first_attempt_starting(uri: str, lease: Lease, now: float, run_command: str
                 f"the lease, heartbeat {_age(age)} ago; no _job.json yet, so no counts yet")
     else:
         note = (f"a stale lease of job {lease.job_id} is left (no heartbeat for {_age(age)}) and no _job.json: its run "
-                f"died before it wrote one; the next `{run_command}` needs --take-over")
+                f"died before it wrote one; the next `{run_command}` takes it over")
     return StatusReport(
         output_uri=uri, checked_at=_iso(now), job_id=lease.job_id, status="running", driver="starting" if fresh else "gone",
         attempts=0, lease=_lease_state(lease, now), counts_from="manifest", input_rows=0, rows_done=0, output_rows=0, error_rows=0, retryable_error_rows=0,
