@@ -130,6 +130,14 @@ def take_the_lease_elsewhere(location: OutputLocation) -> Lease:
     return taker
 
 
+def beat_elsewhere(location: OutputLocation) -> float:
+    """The run elsewhere renews its lease once more (then falls silent); returns when."""
+    data, version = location.storage.read_versioned(location.path("_lease.json"))
+    beat = Lease.model_validate_json(data).model_copy(update={"heartbeat_at": time.time()})
+    location.storage.write_if(location.path("_lease.json"), json_bytes(beat.model_dump(mode="json")), version)
+    return beat.heartbeat_at
+
+
 @pytest.mark.engine
 def test_ctrl_c_a_killed_driver_and_a_lost_lease_land_each_ids_samples_exactly_once(tmp_path, random_kit):
     """One job, the ways a driver stops. Ctrl-C between commits (SIGINT to the run's process
@@ -142,7 +150,7 @@ def test_ctrl_c_a_killed_driver_and_a_lost_lease_land_each_ids_samples_exactly_o
     0.8 (without the drafter: vLLM's CPU build samples wrongly with it, and the job refuses
     that): each id's four samples land exactly once, in one unit."""
     sampling = {"max_tokens": 12, "n": 4, "temperature": 0.8, "seed": 7}
-    lease = {"heartbeat_seconds": 1, "stale_after_seconds": 6, "wait_seconds": 30}
+    lease = {"heartbeat_seconds": 1, "stale_after_seconds": 15, "wait_seconds": 60}  # 15 s: a slow machine's start-up reads a fresh lease
     config_path, ids, config = make_job(tmp_path, random_kit, sampling=sampling, speculative={"enabled": False}, lease=lease)
     location = OutputLocation(Storage(), str(tmp_path / "out"))
 
@@ -175,7 +183,7 @@ def test_ctrl_c_a_killed_driver_and_a_lost_lease_land_each_ids_samples_exactly_o
     wait_for_commits(location, skipped + 2, third)
     assert time.time() - killed_at < 5 * 60
     taker = take_the_lease_elsewhere(location)
-    taken_at, at_takeover = time.time(), location.committed_units()
+    at_takeover = location.committed_units()
     out, _ = third.communicate(timeout=180)
     assert third.returncode == 4, out[-4000:]
     assert f"its process {driver} on this host is gone" in out and "taking over" in out
@@ -184,10 +192,13 @@ def test_ctrl_c_a_killed_driver_and_a_lost_lease_land_each_ids_samples_exactly_o
     assert len(fenced_units - at_takeover) <= 1  # one engine: at most the unit between its check and its marker
     assert Lease.model_validate(location.storage.read_json(location.path("_lease.json"))).owner == taker.owner
 
-    # Elsewhere's lease falls silent: the same command waits for it to go stale, then finishes.
+    # Elsewhere's lease falls silent after one more heartbeat (the fenced run may take longer to
+    # stop than stale_after_seconds on a slow machine): the same command waits for it to go
+    # stale, then finishes.
+    last_beat = beat_elsewhere(location)
     waited = start_job(config_path)
     out = finish(waited)
-    assert "waiting until" in out and "no heartbeat for" in out and time.time() - taken_at >= 6
+    assert "waiting until" in out and "no heartbeat for" in out and time.time() - last_beat >= 15
 
     outputs = location.read_table("outputs").select(["id", "sample_index", "unit_id"]).to_pylist()
     assert Counter((o["id"], o["sample_index"]) for o in outputs) == Counter((i, s) for i in ids for s in range(4))
