@@ -162,7 +162,7 @@ class Generator:
     def _commit(self, unit_id: str, out: UnitResults, metadata: pa.ChunkedArray, stats: UnitStats, received: float) -> pa.Table:
         stats.wall_seconds = time.time() - received
         stats.lease_owner = self.fence["owner"] if self.fence else ""
-        marker = self.location.write_files(unit_id, tables(out, metadata), stats)
+        marker = self.location.write_files(unit_id, tables(out, metadata), stats, self.fence["generation"] if self.fence else 0)
         if self.fence is not None:  # a run that lost the location commits nothing more
             check_fence(self.location, **self.fence)
         self.location.publish(marker)

@@ -46,6 +46,8 @@ MANIFEST = "_job.json"
 LEASE = "_lease.json"
 # Reads of many small objects (markers) go out this many at a time.
 PARALLEL_READS = 32
+# An object store stamps a file with its own clock; cleanup allows the driver's clock this much error.
+CLOCK_SKEW_SECONDS = 10.0
 T = TypeVar("T")
 
 
@@ -80,9 +82,10 @@ class OutputLocation:
 
     # ------------------------------------------------------------------ commit
 
-    def write_files(self, unit_id: str, tables: dict[str, pa.Table], stats: UnitStats) -> CommitMarker:
-        """First half of a commit: the unit's files under a fresh token. Nothing is visible yet."""
-        token = uuid.uuid4().hex[:12]
+    def write_files(self, unit_id: str, tables: dict[str, pa.Table], stats: UnitStats, generation: int = 0) -> CommitMarker:
+        """First half of a commit: the unit's files under a fresh token that begins with the
+        writer's lease generation (what cleanup tells its own dead commits by). Nothing is visible yet."""
+        token = f"g{generation}-{uuid.uuid4().hex[:12]}"
         files, rows = {}, {}
         for name in ROW_TABLES:
             table = tables.get(name)
@@ -182,27 +185,36 @@ class OutputLocation:
 
     # ------------------------------------------------------------------ cleanup
 
-    def cleanup(self, committed: Optional[set[str]] = None) -> int:
+    def cleanup(self, committed: Optional[set[str]] = None, since: Optional[float] = None, generation: Optional[int] = None) -> int:
         """Delete files no marker names: a commit that died before its marker, or the files of
         an earlier commit of a unit committed again. Listings tell almost all of it: a unit
         with a marker and files of one token is clean (a commit writes its files before its
         marker, and every unit has at least one row), so only units with files of several
-        tokens need their marker read. Run only while the lease is held and no engine
-        commits (the end of an attempt). Returns how many files were deleted, in bulk."""
+        tokens need their marker read. Run only while the lease is held and no engine of this
+        run commits (the end of an attempt). With `since` (the attempt's start) a file no
+        marker names is deleted only if it was written before then, or under this run's lease
+        `generation` (its engines have stopped): a run that lost the lease may still be about
+        to publish a marker naming a newer file, and a later attempt deletes it. Returns how
+        many files were deleted, in bulk."""
         committed = self.committed_units() if committed is None else committed
-        tokens: dict[str, dict[str, list[str]]] = {}
+        tokens: dict[str, dict[str, list[tuple[str, float]]]] = {}
         for name in ROW_TABLES:
-            for uri in self.storage.list_files(self.path(name), ".parquet"):
+            for uri, modified in self.storage.list_modified(self.path(name), ".parquet").items():
                 unit, _, rest = posixpath.basename(uri).partition(".")
-                tokens.setdefault(unit, {}).setdefault(rest[: -len(".parquet")], []).append(uri)
+                tokens.setdefault(unit, {}).setdefault(rest[: -len(".parquet")], []).append((uri, modified))
         ambiguous = [u for u, by_token in tokens.items() if u in committed and len(by_token) > 1]
         visible = {u: m.token for u, m in self.markers(ambiguous).items()}
+
+        def dead(token: str, modified: float) -> bool:
+            return since is None or modified < since - CLOCK_SKEW_SECONDS or token.startswith(f"g{generation}-")
+
         doomed = [
             uri
             for unit, by_token in tokens.items()
-            for token, uris in by_token.items()
+            for token, files in by_token.items()
             if unit not in committed or (unit in visible and token != visible[unit])
-            for uri in uris
+            for uri, modified in files
+            if dead(token, modified)
         ]
         attempts = [
             uri for uri in self.storage.list_files(self.path(ATTEMPTS))

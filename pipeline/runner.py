@@ -234,7 +234,7 @@ def _run_attempt(
         raise
     finally:
         if attempt.status != "fenced":
-            _close_attempt(config, plan, manifest, heard, started)
+            _close_attempt(config, plan, manifest, heard, (started, lease.lease.generation))
 
 
 def _close_fenced_attempt(attempt: Attempt, lost: LeaseLost, heard: dict, started: float, plan: JobPlan, owner: str) -> None:
@@ -258,8 +258,10 @@ def _close_fenced_attempt(attempt: Attempt, lost: LeaseLost, heard: dict, starte
     location.record_fenced_attempt(attempt.model_dump(mode="json"))
 
 
-def _close_attempt(config: JobConfig, plan: JobPlan, manifest: JobManifest, heard: dict, started: float) -> None:
-    """The attempt's end, also when it failed: its counts, the cleanup, its stats file, the totals."""
+def _close_attempt(config: JobConfig, plan: JobPlan, manifest: JobManifest, heard: dict, began: tuple[float, int]) -> None:
+    """The attempt's end, also when it failed: its counts, the cleanup, its stats file, the
+    totals. `began`: when the attempt started and its lease generation."""
+    started, generation = began
     attempt, location, todo, committed = manifest.attempts[-1], plan.location, plan.todo, plan.committed
     if todo:  # what the engines committed, also when this attempt failed
         committed = location.committed_units()
@@ -271,7 +273,7 @@ def _close_attempt(config: JobConfig, plan: JobPlan, manifest: JobManifest, hear
     if clean:  # a rerun of a finished job: nothing to tidy, nothing new to count
         stats = plan.done if plan.done is not None else location.stats_table(committed)
     else:  # files of commits that never finished or were superseded; this attempt's stats file
-        location.cleanup(committed)
+        location.cleanup(committed, since=started, generation=generation)
         stats = location.write_stats(attempt.number, list(heard.values()), committed)
     attempt.wall_seconds, attempt.ended_at = time.time() - started, _now()
     manifest.ended_at = attempt.ended_at

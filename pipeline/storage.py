@@ -290,13 +290,28 @@ class Storage:
             found = self.retrying(f"list {uri}", lambda: fs.find(path) if fs.exists(path) else [])
         return sorted(self._unstrip(uri, p) for p in found if p.endswith(suffix))
 
+    def list_modified(self, uri: str, suffix: str = "") -> dict[str, float]:
+        """As list_files, each file with when it was last written (epoch seconds; on an object
+        store the store's clock), from the same listing requests."""
+        fs, path = self.fs(uri)
+        if "s3" in fs.protocol:
+            found = self.retrying(f"list {uri}", lambda: dict(self._s3_keys(fs, path.rstrip("/") + "/", modified=True)))
+        else:
+            found = self.retrying(
+                f"list {uri}", lambda: {p: i["mtime"] for p, i in fs.find(path, detail=True).items()} if fs.exists(path) else {}
+            )
+        return {self._unstrip(uri, p): float(m) for p, m in sorted(found.items()) if p.endswith(suffix)}
+
     @staticmethod
-    def _s3_keys(fs, prefix: str) -> list[str]:
+    def _s3_keys(fs, prefix: str, modified: bool = False) -> list:
+        """Keys under prefix, or (key, LastModified) pairs with `modified`."""
         bucket, _, key_prefix = prefix.partition("/")
         keys, token = [], {}
         while True:
             page = fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=key_prefix, **token)
-            keys += [f"{bucket}/{item['Key']}" for item in page.get("Contents", [])]
+            for item in page.get("Contents", []):
+                key = f"{bucket}/{item['Key']}"
+                keys.append((key, item["LastModified"].timestamp()) if modified else key)
             if not page.get("IsTruncated"):
                 return keys
             token = {"ContinuationToken": page["NextContinuationToken"]}

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import time
 from collections import Counter
 
 import pyarrow as pa
 import pytest
 
-from pipeline.outputs import OutputLocation, error_units
+from pipeline.outputs import CLOCK_SKEW_SECONDS, OutputLocation, error_units
 from pipeline.storage import Storage
 from schemas import UnitStats
 from tests.conftest import record_s3_requests
@@ -56,6 +57,25 @@ def test_a_unit_without_its_marker_is_invisible_and_cleaned_up(location):
     assert location.committed_units() == {"u1"}
     assert location.cleanup() == 1
     assert len(files(location)) == 1 and visible_ids(location) == Counter(["a", "b"])
+
+
+def test_cleanup_keeps_what_a_fenced_writer_wrote_during_the_attempt(location):
+    """At the end of the attempt of lease generation 3: a file no marker names written before
+    the attempt started is a dead commit, and one of generation 3 is this run's own (its
+    engines have stopped), so both go; one of generation 2 written after the start may be a
+    fenced run's, about to publish its marker, so it stays until a later attempt's cleanup.
+    The store's own clock stamps the files (moto: whole seconds), hence the 2 s between."""
+    commit_unit(location, "u1", ["a"])
+    location.write_files("u2", tables(["b"]), stats("u2", 1, 1), generation=1)  # died before this attempt
+    time.sleep(2.1)
+    started = time.time() - 1 + CLOCK_SKEW_SECONDS  # cleanup allows the store's clock that much error
+    location.write_files("u3", tables(["c"]), stats("u3", 1, 1), generation=3)  # this run's, died
+    fenced = location.write_files("u4", tables(["d"]), stats("u4", 1, 1), generation=2).files["outputs"]
+    committed = [location.path(location.markers()["u1"].files["outputs"])]
+    assert location.cleanup(since=started, generation=3) == 2
+    assert files(location) == sorted(committed + [location.path(fenced)])
+    assert location.cleanup(since=time.time() + CLOCK_SKEW_SECONDS + 2, generation=4) == 1  # a later attempt's
+    assert files(location) == committed
 
 
 def test_a_retry_with_fewer_tables_leaves_no_id_visible_twice(location):

@@ -112,7 +112,7 @@ def generalized_tree(root: Path) -> set[str]:
     out = set()
     for entry in entries:
         entry = UNIT_ID.sub("<unit_id>", entry)
-        entry = re.sub(r"\.[0-9a-f]{12}\.parquet$", ".<token>.parquet", entry)
+        entry = re.sub(r"\.g\d+-[0-9a-f]{12}\.parquet$", ".<token>.parquet", entry)
         out.add(re.sub(r"/attempt-\d{4}\.parquet$", "/attempt-<NNNN>.parquet", entry))
     return out
 
