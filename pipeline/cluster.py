@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from pipeline.config import ConfigError, JobConfig
 from pipeline.storage import is_local
@@ -306,13 +307,15 @@ class StallWatch(threading.Thread):
     """Looks at the cluster while the driver waits for the next unit. When none has committed
     for `limit_seconds` while the job's actors or placement groups wait for resources, it
     raises StallInterrupt in the driver's wait (Ray Data's consumer sleeps in a loop, so it
-    lands at once) and leaves what waits in `waiting` for the driver to name."""
+    lands at once) and leaves what waits in `waiting` for the driver to name. It raises it
+    too within a second of `lost()` turning true (the run lost its lease), `waiting` None."""
 
-    def __init__(self, watch: ClusterWatch, limit_seconds: float):
+    def __init__(self, watch: ClusterWatch, limit_seconds: float, lost: Callable[[], bool] = lambda: False):
         super().__init__(name="specbatch-stall-watch", daemon=True)
-        self.watch, self.limit = watch, limit_seconds
+        self.watch, self.limit, self.lost = watch, limit_seconds, lost
         self.last = time.time()
         self.waiting: list[str] | None = None
+        self._raised = False
         self._stopped = threading.Event()
         self._lock = threading.Lock()  # no interrupt once the driver stopped the watch
 
@@ -322,21 +325,30 @@ class StallWatch(threading.Thread):
     def stop(self) -> None:
         with self._lock:
             self._stopped.set()
-            if self.waiting is not None:  # one raised and not delivered yet is dropped
+            if self._raised:  # one raised and not delivered yet is dropped
                 _raise_in_main_thread(None)
 
     def run(self) -> None:
-        while not self._stopped.wait(WATCH_SECONDS):
-            if time.time() - self.last <= self.limit:
+        looked = 0.0
+        while not self._stopped.wait(1.0):
+            if self.lost():
+                self._interrupt(None)
                 continue
+            if time.time() - self.last <= self.limit or time.time() - looked < WATCH_SECONDS:
+                continue
+            looked = time.time()
             try:
                 waiting = self.watch.waiting()
             except Exception as exc:  # a GCS call that failed (a loaded or shrinking cluster): look again next round
                 logging.getLogger("specbatch").warning("stall watch: cannot read the cluster's state (%s)", exc)
                 continue
-            with self._lock:
-                if waiting and not self._stopped.is_set():
-                    self.waiting = waiting
-                    # Again each round until the driver stops the watch, in case one lands
-                    # where it is caught and dropped.
-                    _raise_in_main_thread(StallInterrupt)
+            if waiting:
+                self._interrupt(waiting)
+
+    def _interrupt(self, waiting: list[str] | None) -> None:
+        # Again each round until the driver stops the watch, in case one lands where it is
+        # caught and dropped.
+        with self._lock:
+            if not self._stopped.is_set():
+                self.waiting, self._raised = waiting, True
+                _raise_in_main_thread(StallInterrupt)

@@ -3,7 +3,9 @@ benchmarks and calibration, so that every measurement runs the job's own engine 
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from typing import Any
 
 from pipeline.config import JobConfig
@@ -100,3 +102,81 @@ def lora_requests(config: JobConfig) -> dict[str, Any]:
         name: LoRARequest(name, number, localize(path, storage))
         for number, (name, path) in enumerate(sorted(config.lora.adapters.items()), start=1)
     }
+
+
+class EngineProcesses:
+    """This process's engine processes (vLLM's EngineCore and its workers), noted while they
+    are its descendants, so that they are ended with the engine, before a replacement starts.
+    A vLLM worker learns that its EngineCore died only from its death pipe, whose watcher
+    merely flags the worker's message queues; a worker blocked where the flag is not read (the
+    queues' start-up handshake, a zmq recv without timeout; a write into a full ring buffer)
+    lives on, re-parented to init, holding the model's memory (on a GPU, the device's) until
+    killed. The watch looks every 0.2 s while the engine starts (an EngineCore that dies then
+    leaves workers it started) and once more when asked to end them."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._me = psutil.Process()
+        self.seen: dict[int, Any] = {}  # pid -> psutil.Process, which knows its start time (no reused pid is killed)
+        self._started = threading.Event()
+
+    def watch_start(self) -> None:
+        def watch() -> None:
+            while not self._started.wait(0.2):
+                self.look()
+
+        threading.Thread(target=watch, name="specbatch-engine-processes", daemon=True).start()
+
+    def started(self) -> None:
+        self._started.set()
+        self.look()
+
+    def look(self) -> None:
+        import psutil
+
+        try:
+            for child in self._me.children(recursive=True):
+                self.seen.setdefault(child.pid, child)
+        except psutil.Error:  # a child that ended while listed
+            pass
+
+    def end(self, grace_seconds: float = 5.0) -> list[int]:
+        """SIGKILL each engine process still running, and wait up to `grace_seconds` for them
+        to be gone; returns the pids that had to be killed."""
+        import psutil
+
+        self.look()
+        running = [p for p in self.seen.values() if p.is_running() and not _is_resource_tracker(p)]
+        for proc in running:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(running, timeout=grace_seconds)
+        if running:
+            logging.getLogger("specbatch").warning(
+                "ended %d process(es) of this actor's engine that outlived it: %s", len(running),
+                ", ".join(f"{p.pid} ({process_title(p)})" for p in running),
+            )
+        return [p.pid for p in running]
+
+
+def _is_resource_tracker(proc) -> bool:
+    """multiprocessing's resource tracker, which unlinks the shared memory a killed engine
+    leaves behind once its users are gone: not ended with the engine."""
+    import psutil
+
+    try:
+        return "multiprocessing.resource_tracker" in " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
+
+
+
+def process_title(process) -> str:
+    """A process's title as `ps` shows it (vLLM names its engine process VLLM::EngineCore)."""
+    try:
+        return " ".join(process.cmdline()) or process.name()
+    except Exception:  # gone, or not ours to read
+        return ""

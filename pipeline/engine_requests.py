@@ -5,7 +5,7 @@ narrowed down.
 When the engine dies (vLLM's EngineCore process killed by a GPU fault, CUDA OOM or the OOM
 killer; every call then raises EngineDeadError), nothing of the units in flight is committed:
 the stage records the death and, for each unit in flight, its suspects (rows submitted and not
-finished), then ends the process, so that Ray restarts the actor with a fresh engine and
+finished), then ends the engine's remaining processes and its own, so that Ray restarts the actor with a fresh engine and
 retries its units. A unit that was in flight at `retries.isolate_after_attempts` deaths is
 isolated: its other rows run as usual, its suspects run alone in the engine, half of them at a
 time, and a row that kills the engine when it is the only one in it is an `EngineCrash`.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from pipeline.outputs import OutputLocation
 from pipeline.sampling import row_sampling_params
@@ -30,8 +30,10 @@ class EngineCrash(RuntimeError):
 
 
 class EngineRequests:
-    def __init__(self, engine, location: OutputLocation, lora_requests: dict[str, Any], actor_id: str, node_id: str):
+    def __init__(self, engine, location: OutputLocation, lora_requests: dict[str, Any], end_engine: Callable[[], Any],
+                 actor_id: str, node_id: str):
         self.engine, self.location, self.lora_requests = engine, location, lora_requests
+        self.end_engine = end_engine  # ends the dead engine's processes (pipeline/engine.EngineProcesses)
         self.actor_id, self.node_id = actor_id, node_id
         # An isolated unit's suspects run alone in the engine: they wait for the units in
         # flight and hold off new ones.
@@ -117,7 +119,10 @@ class EngineRequests:
         try:
             await asyncio.to_thread(record)
         finally:
-            os._exit(1)
+            try:
+                self.end_engine()  # none of them alive when the replacement starts
+            finally:
+                os._exit(1)
 
     async def _generate_isolated(self, unit_id: str, rows: list[dict], todo: list[int], suspects: dict) -> dict[int, Any]:
         """Rows that were not in flight at the unit's last engine death run as usual; its

@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from pipeline.completions import reasoning_parser
 from pipeline.config import JobConfig
-from pipeline.engine import engine_kwargs, lora_requests, prepare_process_env
+from pipeline.engine import EngineProcesses, engine_kwargs, process_title, lora_requests, prepare_process_env
 from pipeline.engine_requests import EngineRequests
 from pipeline.metrics import ReplicaMetrics
 from pipeline.outputs import OutputLocation
@@ -46,7 +46,6 @@ class Generator:
         disabled_by_guard: bool = False, board=None, fence: Optional[dict] = None,
     ):
         began = time.time()
-        import psutil
         import ray
 
         self.config = JobConfig.model_validate(config)
@@ -54,20 +53,27 @@ class Generator:
         AsyncEngineArgs, AsyncLLM = _import_vllm_apart()
 
         imported = time.time()
-        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(self.config)))
+        self.processes = EngineProcesses()
+        self.processes.watch_start()
+        try:
+            self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(self.config)))
+        except BaseException:  # an engine that failed to start leaves none of its processes
+            self.processes.end()
+            raise
+        self.processes.started()
         ready = time.time()
         self.location = OutputLocation(Storage.from_config(self.config.storage), self.config.output_uri)
         self.disabled_by_guard = disabled_by_guard
         context = ray.get_runtime_context()
         self.where = {"actor_id": context.get_actor_id() or "driver", "node_id": context.get_node_id()}
-        self.requests = EngineRequests(self.engine, self.location, lora_requests(self.config), **self.where)
+        self.requests = EngineRequests(self.engine, self.location, lora_requests(self.config), self.processes.end, **self.where)
         self.metrics = ReplicaMetrics(job_id, self.where["actor_id"])
         tokenizer = self.engine.get_tokenizer()
         self.identity = Identity(
             model_id, drafter_id, lambda token_id: tokenizer.decode([token_id]),
             reasoning_parser(self.config.chat.reasoning_parser, tokenizer),
         )
-        engine_core = [p for p in psutil.Process().children(recursive=True) if "EngineCore" in _title(p)]
+        engine_core = [p for p in self.processes.seen.values() if "EngineCore" in process_title(p)]
         self.start = {
             **self.where,
             "process_started_at": process_started_at(),
@@ -90,6 +96,7 @@ class Generator:
         if requests is not None and not requests.dying:
             _stop_output_handler(self.engine)
             self.engine.shutdown()
+            self.processes.end()  # a worker that shutdown left behind
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
         received = time.time()
@@ -211,11 +218,3 @@ def _import_vllm_apart() -> tuple[type, type]:
     thread.start()
     thread.join()
     return imported["classes"]
-
-
-def _title(process) -> str:
-    """A process's title as `ps` shows it (vLLM names its engine process VLLM::EngineCore)."""
-    try:
-        return " ".join(process.cmdline()) or process.name()
-    except Exception:  # gone, or not ours to read
-        return ""

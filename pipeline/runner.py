@@ -393,14 +393,13 @@ def _run_graph(
 ) -> str:
     """Iterates one graph: "finished", "speculation-off" (the guard turned it off) or
     "node-lost" (the dataset failed after a node left). Nodes that leave are noted in
-    `_job.json` when seen; a graph that commits nothing for `retries.stall_minutes` while its
-    actors wait for resources stops with SchedulingStalled, a refused drafter with
-    DrafterRejected, a lost lease with LeaseLost (an engine refused to commit, or the driver
-    heard of it). The board's figures go to `_job.json` at the first commit and the end."""
+    `_job.json` when seen. Stops with SchedulingStalled (nothing committed for
+    `retries.stall_minutes` while actors wait for resources), DrafterRejected, or LeaseLost (an
+    engine refused to commit, or the heartbeat found another owner)."""
     location = heed.location
     watch = ClusterWatch()
     note_losses = functools.partial(_record_node_losses, watch, manifest, location, todo)
-    stall = StallWatch(watch, config.retries.stall_minutes * 60)
+    stall = StallWatch(watch, config.retries.stall_minutes * 60, lost=lambda: heed.lease.lost is not None)
     looked = time.time()
     heed.clock.mark("graph_started")
     stall.start()
@@ -420,6 +419,7 @@ def _run_graph(
         return "finished"
     except StallInterrupt:
         stall.stop()
+        heed.lease.still_ours()  # the heartbeat found another owner: stop now, not at the next unit
         note_losses()
         raise SchedulingStalled(stall_message(config, stall.waiting, stall.last)) from None
     except Exception as exc:
@@ -454,6 +454,7 @@ def _graph_lost_a_node(exc: Exception, config: JobConfig, watch, manifest: JobMa
 
 
 def _note_first_commit(board, manifest: JobManifest, location: OutputLocation, clock: StartClock) -> None:
+    """The board's figures go to `_job.json` at the first commit (and at the graph's end)."""
     if "first_commit" not in clock.marks:
         clock.mark("first_commit")
         _record_board(board, manifest, location, clock)

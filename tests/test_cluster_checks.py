@@ -119,11 +119,13 @@ signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a job a shell or scheduler
 import pipeline.cluster as cluster
 cluster.WATCH_SECONDS = 0.1
 
-class Waiting:  # what ClusterWatch.waiting reads from the GCS, here always an engine that waits
+class Waiting:  # what ClusterWatch.waiting reads from the GCS, here an engine that waits, or nothing
     def waiting(self):
-        return ["actor MapWorker(MapBatches(Generator)) (PENDING_CREATION)"]
+        return ["actor MapWorker(MapBatches(Generator)) (PENDING_CREATION)"] if WAITS else []
 
-watch = cluster.StallWatch(Waiting(), limit_seconds=0.2)
+WAITS = sys.argv[1] == "stalled"
+started = time.time()
+watch = cluster.StallWatch(Waiting(), limit_seconds=0.2, lost=lambda: not WAITS and time.time() - started > 0.5)
 watch.start()
 try:
     deadline = time.time() + 20
@@ -131,20 +133,23 @@ try:
         time.sleep(0.01)
 except cluster.StallInterrupt:
     watch.stop()
-    time.sleep(0.5)  # nothing raised once the watch is stopped
-    print("stopped:", watch.waiting[0])
+    time.sleep(1.5)  # nothing raised once the watch is stopped
+    print("stopped:", watch.waiting[0] if watch.waiting else "lease lost")
     sys.exit(0)
 sys.exit(1)
 """
 
 
-def test_the_stall_watch_stops_a_driver_that_ignores_sigint():
+@pytest.mark.parametrize("why, says", [("stalled", "actor MapWorker(MapBatches(Generator))"), ("lease-lost", "lease lost")])
+def test_the_stall_watch_stops_a_driver_that_ignores_sigint(why, says):
     """A stalled job stops with a named error also when it runs with SIGINT ignored, as a
-    background job does (a signal-based interrupt did nothing there: the job waited forever).
-    The GCS reading is replaced; tests/test_multinode.py runs the whole stall on a cluster."""
+    background job does (a signal-based interrupt did nothing there: the job waited forever);
+    so does a job whose heartbeat found another owner of its lease, at once rather than at its
+    next unit. The GCS reading is replaced; tests/test_multinode.py runs the whole stall on a
+    cluster, tests/test_resilience.py the lost lease."""
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", STALLED_DRIVER], capture_output=True, text=True, timeout=30)
+    done = subprocess.run([sys.executable, "-c", STALLED_DRIVER, why], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "stopped: actor MapWorker(MapBatches(Generator))" in done.stdout
+    assert f"stopped: {says}" in done.stdout

@@ -107,6 +107,26 @@ def kill_engine_cores() -> int:
     return len(cores)
 
 
+def vllm_processes() -> dict[int, psutil.Process]:
+    """Every live process vLLM titled (VLLM::EngineCore, VLLM::Worker), by pid."""
+    found = {}
+    for p in psutil.process_iter(["name", "cmdline", "status"]):
+        if "VLLM::" in (p.info["name"] or "") + " ".join(p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE:
+            found[p.pid] = p
+    return found
+
+
+def alive(procs) -> list[int]:
+    return [p.pid for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def wait_for_new_engine_core(known: set[int], proc, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while not any("EngineCore" in p.name() for pid, p in vllm_processes().items() if pid not in known):
+        assert proc.poll() is None and time.time() < deadline, "no replacement engine started"
+        time.sleep(0.1)
+
+
 def assert_engine_death_recovered(location: OutputLocation, ids: list[str]) -> None:
     """Every id exactly once in outputs/, none failed by the dead engine, and the death and
     restart recorded in _job.json."""
@@ -249,7 +269,9 @@ def test_ctrl_c_a_killed_driver_and_a_lost_lease_land_each_ids_samples_exactly_o
 def test_storage_down_then_engine_core_then_engine_actor_killed_one_job(tmp_path, s3_endpoint, random_kit):
     """One job on S3 meets three faults in turn and ends exactly once in its one attempt: the
     endpoint stops for seconds, then vLLM's EngineCore is killed (the death and restart are
-    recorded), then the restarted engine's actor process is killed."""
+    recorded; none of the dead engine's processes is alive when its replacement starts), then
+    the restarted engine's actor process is killed. 10 s after the job, none of its engines'
+    processes is alive."""
     import boto3
     import s3fs
     from moto.server import ThreadedMotoServer
@@ -266,6 +288,7 @@ def test_storage_down_then_engine_core_then_engine_actor_killed_one_job(tmp_path
     config_path.write_text(yaml.safe_dump(config))
     location = OutputLocation(Storage(endpoint_url=s3_endpoint), config["output_uri"])
 
+    before = vllm_processes()  # other tests' engines
     proc = start_job(config_path)
     wait_for_commits(location, 2, proc)
     from tests import conftest
@@ -278,7 +301,10 @@ def test_storage_down_then_engine_core_then_engine_actor_killed_one_job(tmp_path
     boto3.client("s3", endpoint_url=s3_endpoint).head_bucket(Bucket="specbatch")
     committed = len(location.committed_units())
     wait_for_commits(location, committed + 1, proc)
+    dying = {pid: p for pid, p in vllm_processes().items() if pid not in before}  # its EngineCore and workers
     assert kill_engine_cores() >= 1  # then vLLM's EngineCore dies (a GPU fault, the OOM killer)...
+    wait_for_new_engine_core(set(before) | set(dying), proc)
+    assert not alive(dying.values())  # ...and none of its processes outlives it into the replacement's start
     committed = len(location.committed_units())
     wait_for_commits(location, committed + 1, proc)  # ...the restarted engine commits...
     pids = engine_actor_pids()
@@ -286,6 +312,10 @@ def test_storage_down_then_engine_core_then_engine_actor_killed_one_job(tmp_path
     for pid in pids:  # ...and then the whole actor process dies (a lost node, an OOM kill of the actor)
         os.kill(pid, signal.SIGKILL)
     finish(proc)
+    deadline = time.time() + 10
+    while alive(p for pid, p in vllm_processes().items() if pid not in before) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not alive(p for pid, p in vllm_processes().items() if pid not in before)  # the job left no engine process
     assert len(location.committed_units()) == N_ROWS // 8
     assert_engine_death_recovered(location, ids)
     assert len(location.read_manifest()["attempts"]) == 1  # all of it recovered inside the one attempt
