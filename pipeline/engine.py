@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from pipeline.config import JobConfig
 from pipeline.model_cache import localize
@@ -119,18 +119,22 @@ class EngineProcesses:
 
         self._me = psutil.Process()
         self.seen: dict[int, Any] = {}  # pid -> psutil.Process, which knows its start time (no reused pid is killed)
-        self._started = threading.Event()
 
-    def watch_start(self) -> None:
+    def watch(self) -> Callable[[], None]:
+        """Looks every 0.2 s until the function returned is called (then once more)."""
+        stop = threading.Event()
+
         def watch() -> None:
-            while not self._started.wait(0.2):
+            while not stop.wait(0.2):
                 self.look()
 
         threading.Thread(target=watch, name="specbatch-engine-processes", daemon=True).start()
 
-    def started(self) -> None:
-        self._started.set()
-        self.look()
+        def done() -> None:
+            stop.set()
+            self.look()
+
+        return done
 
     def look(self) -> None:
         import psutil
@@ -160,6 +164,31 @@ class EngineProcesses:
                 ", ".join(f"{p.pid} ({process_title(p)})" for p in running),
             )
         return [p.pid for p in running]
+
+
+# An engine whose start fails is started once more: an EngineCore killed while it loads (a GPU
+# fault, the OOM killer) fails the actor's creation, which Ray does not retry. A second failure
+# is the job's error, named (a start that fails every time, e.g. out of memory, costs one start).
+ENGINE_START_ATTEMPTS = 2
+
+
+def start_engine(config: JobConfig, processes: EngineProcesses, vllm_classes: tuple[type, type]):
+    """vLLM's AsyncLLM (`vllm_classes`: AsyncEngineArgs and AsyncLLM) for the job's engine
+    settings, with its processes noted in `processes`; a failed start leaves none of them."""
+    AsyncEngineArgs, AsyncLLM = vllm_classes
+    for attempt in range(1, ENGINE_START_ATTEMPTS + 1):
+        started = processes.watch()
+        try:
+            engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(config)))
+        except Exception as exc:
+            started()
+            processes.end()
+            if attempt == ENGINE_START_ATTEMPTS:
+                raise
+            logging.getLogger("specbatch").warning("the engine failed to start (%s); starting it once more", exc)
+            continue
+        started()
+        return engine
 
 
 def _is_resource_tracker(proc) -> bool:

@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from pipeline.completions import reasoning_parser
 from pipeline.config import JobConfig
-from pipeline.engine import EngineProcesses, engine_kwargs, process_title, lora_requests, prepare_process_env
+from pipeline.engine import EngineProcesses, lora_requests, prepare_process_env, process_title, start_engine
 from pipeline.engine_requests import EngineRequests
 from pipeline.metrics import ReplicaMetrics
 from pipeline.outputs import OutputLocation
@@ -50,17 +50,11 @@ class Generator:
 
         self.config = JobConfig.model_validate(config)
         prepare_process_env(self.config)
-        AsyncEngineArgs, AsyncLLM = _import_vllm_apart()
+        vllm_classes = _import_vllm_apart()
 
         imported = time.time()
         self.processes = EngineProcesses()
-        self.processes.watch_start()
-        try:
-            self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(self.config)))
-        except BaseException:  # an engine that failed to start leaves none of its processes
-            self.processes.end()
-            raise
-        self.processes.started()
+        self.engine = start_engine(self.config, self.processes, vllm_classes)
         ready = time.time()
         self.location = OutputLocation(Storage.from_config(self.config.storage), self.config.output_uri)
         self.disabled_by_guard = disabled_by_guard
