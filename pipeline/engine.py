@@ -152,6 +152,7 @@ class EngineProcesses:
 
         self.look()
         running = [p for p in self.seen.values() if p.is_running() and not _is_resource_tracker(p)]
+        titles = [f"{p.pid} ({process_title(p)[:60]})" for p in running]
         for proc in running:
             try:
                 proc.kill()
@@ -160,8 +161,7 @@ class EngineProcesses:
         psutil.wait_procs(running, timeout=grace_seconds)
         if running:
             logging.getLogger("specbatch").warning(
-                "ended %d process(es) of this actor's engine that outlived it: %s", len(running),
-                ", ".join(f"{p.pid} ({process_title(p)})" for p in running),
+                "ended %d process(es) of this actor's engine that outlived it: %s", len(running), ", ".join(titles)
             )
         return [p.pid for p in running]
 

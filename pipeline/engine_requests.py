@@ -42,6 +42,11 @@ class EngineRequests:
         self.isolated: Optional[str] = None
         self.in_flight: dict[str, set[int]] = {}  # unit -> rows submitted and not finished
         self.dying = False
+        # What the other requests of a dying actor wait on until the process ends. Held here:
+        # an Event only their own frames referenced would be garbage with its waiters, and the
+        # collector would close their coroutines (a GeneratorExit that fails Ray Data's task
+        # instead of the actor's death ending it).
+        self.never = asyncio.Event()
 
     async def run(self, unit_id: str, rows: list[dict], todo: list[int], suspects: Optional[dict]) -> dict[int, Any]:
         """Each row of `todo`: its final RequestOutput, or the exception that ended it."""
@@ -99,7 +104,7 @@ class EngineRequests:
         """Record the death and each unit's suspects, then end the process: nothing of the
         units in flight is committed, and Ray restarts the actor and retries them."""
         if self.dying:  # another request of this actor is already recording it
-            await asyncio.Event().wait()
+            await self.never.wait()
         self.dying = True
         suspects = {unit: sorted(rows) for unit, rows in self.in_flight.items() if rows and unit != PROBE}
         event = {
