@@ -202,7 +202,6 @@ def _is_resource_tracker(proc) -> bool:
         return False
 
 
-
 def process_title(process) -> str:
     """A process's title as `ps` shows it (vLLM names its engine process VLLM::EngineCore)."""
     try:

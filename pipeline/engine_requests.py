@@ -5,8 +5,8 @@ narrowed down.
 When the engine dies (vLLM's EngineCore process killed by a GPU fault, CUDA OOM or the OOM
 killer; every call then raises EngineDeadError), nothing of the units in flight is committed:
 the stage records the death and, for each unit in flight, its suspects (rows submitted and not
-finished), then ends the engine's remaining processes and its own, so that Ray restarts the actor with a fresh engine and
-retries its units. A unit that was in flight at `retries.isolate_after_attempts` deaths is
+finished), then ends the engine's remaining processes and its own, so that Ray restarts the
+actor with a fresh engine and retries its units. A unit that was in flight at `retries.isolate_after_attempts` deaths is
 isolated: its other rows run as usual, its suspects run alone in the engine, half of them at a
 time, and a row that kills the engine when it is the only one in it is an `EngineCrash`.
 """

@@ -6,6 +6,7 @@ Credentials are never passed here: s3fs/botocore find them in the environment
 
 from __future__ import annotations
 
+import datetime as dt
 import fcntl
 import hashlib
 import json
@@ -298,9 +299,9 @@ class Storage:
             found = self.retrying(f"list {uri}", lambda: dict(self._s3_keys(fs, path.rstrip("/") + "/", modified=True)))
         else:
             found = self.retrying(
-                f"list {uri}", lambda: {p: i["mtime"] for p, i in fs.find(path, detail=True).items()} if fs.exists(path) else {}
+                f"list {uri}", lambda: {p: _modified_of(i) for p, i in fs.find(path, detail=True).items()} if fs.exists(path) else {}
             )
-        return {self._unstrip(uri, p): float(m) for p, m in sorted(found.items()) if p.endswith(suffix)}
+        return {self._unstrip(uri, p): m for p, m in sorted(found.items()) if p.endswith(suffix)}
 
     @staticmethod
     def _s3_keys(fs, prefix: str, modified: bool = False) -> list:
@@ -350,6 +351,17 @@ def _version_of(info: dict[str, Any]) -> str:
             return str(info[key]).strip('"')
     mtime = info.get("mtime") or info.get("LastModified") or info.get("created")
     return str(mtime)
+
+
+def _modified_of(info: dict[str, Any]) -> float:
+    """When a listed file was last written, in epoch seconds (local `mtime`; other stores'
+    fields, datetimes or ISO strings); 0.0 where the store says nothing."""
+    stamp = info.get("mtime") or info.get("LastModified") or info.get("updated") or info.get("created")
+    if isinstance(stamp, str):
+        stamp = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    if isinstance(stamp, dt.datetime):
+        return stamp.timestamp()
+    return float(stamp or 0.0)
 
 
 def json_bytes(doc: Any) -> bytes:
