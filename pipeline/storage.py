@@ -292,16 +292,13 @@ class Storage:
         return sorted(self._unstrip(uri, p) for p in found if p.endswith(suffix))
 
     def list_modified(self, uri: str, suffix: str = "") -> dict[str, float]:
-        """As list_files, each file with when it was last written (epoch seconds; on an object
-        store the store's clock), from the same listing requests."""
+        """As list_files, with each file's last write (epoch seconds; an object store's clock)."""
         fs, path = self.fs(uri)
         if "s3" in fs.protocol:
-            found = self.retrying(f"list {uri}", lambda: dict(self._s3_keys(fs, path.rstrip("/") + "/", modified=True)))
+            listing = lambda: self._s3_keys(fs, path.rstrip("/") + "/", modified=True)  # noqa: E731
         else:
-            found = self.retrying(
-                f"list {uri}", lambda: {p: _modified_of(i) for p, i in fs.find(path, detail=True).items()} if fs.exists(path) else {}
-            )
-        return {self._unstrip(uri, p): m for p, m in sorted(found.items()) if p.endswith(suffix)}
+            listing = lambda: [(p, _modified_of(i)) for p, i in fs.find(path, detail=True).items()] if fs.exists(path) else []  # noqa: E731
+        return {self._unstrip(uri, p): m for p, m in sorted(self.retrying(f"list {uri}", listing)) if p.endswith(suffix)}
 
     @staticmethod
     def _s3_keys(fs, prefix: str, modified: bool = False) -> list:
@@ -354,14 +351,11 @@ def _version_of(info: dict[str, Any]) -> str:
 
 
 def _modified_of(info: dict[str, Any]) -> float:
-    """When a listed file was last written, in epoch seconds (local `mtime`; other stores'
-    fields, datetimes or ISO strings); 0.0 where the store says nothing."""
-    stamp = info.get("mtime") or info.get("LastModified") or info.get("updated") or info.get("created")
-    if isinstance(stamp, str):
-        stamp = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    if isinstance(stamp, dt.datetime):
-        return stamp.timestamp()
-    return float(stamp or 0.0)
+    """A listed file's last write in epoch seconds (local `mtime`, other stores' datetimes or
+    ISO strings); 0.0 where the store gives none."""
+    stamp = info.get("mtime") or info.get("LastModified") or info.get("updated") or info.get("created") or 0.0
+    stamp = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")) if isinstance(stamp, str) else stamp
+    return stamp.timestamp() if isinstance(stamp, dt.datetime) else float(stamp)
 
 
 def json_bytes(doc: Any) -> bytes:
