@@ -20,24 +20,7 @@ Where the figures come from:
   falls back to the unit's marker. Exact up to `--error-files` units (default 1,000); past
   that, an even sample of that many, said to be partial (`--error-files 0` reads them all).
 
-Counted at 10M prompts in 100k units of 100 rows, on S3 (each object read whole is one GET,
-pipeline/storage.Storage.read_bytes; a missing one is a GET answered "no such key"):
-
-| state | requests | bytes | memory (beyond imports) |
-|---|---|---|---|
-| finished, no error rows | `_job.json` GET, `_lease.json` GET: 2 | `_job.json`: 31 KB with 200 input files | the manifest |
-| finished with error rows | + 1 LIST of `stats/`, a GET per attempt's stats file (3 of its columns) | the stats file: 2.3 MB for 100k units | about 7 MB of Arrow |
-| running | the same, 15 of the stats' 33 columns | the same | about 16 MB of Arrow |
-| error kinds | + a GET per unit with error rows, at most `--error-files` (1,000) | about 3 KB each: 3 MB | a counter per kind |
-
-Never read: `_commits/` (no listing; a marker only in the fallback above), `outputs/`, the
-inputs. Measured with `python benchmarks/status_scale.py` (moto on this 2-core machine, every
-unit with an error row: the worst case), 2026-12-01: a finished job without error rows 0.14 s,
-2 requests, peak RSS 147 MB (128 MB of it imports); with error rows in all 100k units 3.6 s,
-1,004 requests (1,000 error files), 5.2 MB read, peak RSS 235 MB; running, 3.8 s, 250 MB. The
-error files are most of it: a full count of error kinds when all 100k units have some is 100k
-requests (300 MB), 32 at a time, so the default reads an even 1,000 and says so; the error row
-totals (and retryable ones) are always exact, from the stats.
+What status costs at 10M prompts in 100k units, counted and measured: docs/scale.md.
 """
 
 from __future__ import annotations
