@@ -191,7 +191,7 @@ def test_a_manifest_that_breaks_the_contract_is_refused_naming_its_fields(tmp_pa
     import yaml
 
     from pipeline.cli import run_from_config
-    from pipeline.tools.report import ReportError, read_job
+    from pipeline.tools.cost import ReportError, read_job
     from pipeline.tools.status import StatusError, job_status
 
     location = OutputLocation(Storage(), str(tmp_path / "out"))

@@ -18,9 +18,8 @@ import pytest
 
 from pipeline.outputs import OutputLocation
 from pipeline.tools.prices import Prices
-from pipeline.tools.report import (
-    JobData, ReportError, build_report, busy_seconds, default_report_uri, main as report_main, terminal_summary,
-)
+from pipeline.tools.cost import JobData, ReportError, build_report, busy_seconds
+from pipeline.tools.report import default_report_uri, main as report_main, terminal_summary
 from pipeline.storage import Storage
 from schemas import JobManifest, UnitStats
 from schemas.report import CostReport
@@ -204,7 +203,7 @@ def test_a_report_of_cpu_jobs_bills_node_hours(tmp_path, capsys):
 def test_the_throughput_plot_draws_each_attempt_apart():
     """A job resumed after a gap: one line per attempt, named by it (one line was drawn
     through the gap, with nothing marking it)."""
-    from pipeline.tools.report import JobData, throughput_series
+    from pipeline.tools.report import throughput_series
 
     doc = manifest("job-r", accelerator="cpu", replicas=1, gpus=0, wall=100, speculative=False)
     doc["attempts"] = [

@@ -40,7 +40,8 @@ from pipeline.engine import schedule_text
 from pipeline.inputs import InputError, inspect_inputs
 from pipeline.measure import measure_depth
 from pipeline.tools.prices import load_prices
-from pipeline.tools.report import format_terminal_table, per_million, to_csv
+from pipeline.tools.cost import per_million
+from pipeline.tools.report import format_terminal_table, to_csv
 from pipeline.stats import Acceptance
 from pipeline.storage import Storage
 from pipeline.units import UNIT_COLUMNS

@@ -1,0 +1,226 @@
+"""What jobs cost, from what they wrote (each output's `_job.json` and committed `stats/` rows):
+per job and overall, GPU-hours (billed: replicas x GPUs x wall time; busy: engine time),
+tokens, cost per million generated / total tokens, tokens/s per GPU, acceptance; and, for jobs
+on the same target model and accelerator kind with speculation on and off, the saving or loss.
+`specbatch report` (pipeline/tools/report.py) renders them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from pipeline.config import ACCEPTANCE_FLOOR
+from pipeline.outputs import ManifestInvalid, OutputLocation
+from pipeline.stats import Acceptance
+from pipeline.stats import busy_seconds as engine_busy_seconds
+from pipeline.storage import Storage
+from pipeline.tools.prices import Prices
+from schemas import JobManifest
+from schemas.report import CalibrationReport, CostReport, JobFigures, ReportTotals, SpeculationComparison
+
+MILLION = 1_000_000
+
+
+@dataclass
+class JobData:
+    uri: str
+    manifest: JobManifest
+    stats: list[dict[str, Any]]
+    calibration: Optional[CalibrationReport] = None  # `specbatch calibrate` of this job, when it wrote to the job's output
+
+
+def read_job(storage: Storage, uri: str) -> JobData:
+    location = OutputLocation(storage, uri)
+    try:
+        manifest = location.job_manifest(same_layout=False)
+    except ManifestInvalid as exc:
+        raise ReportError(str(exc)) from None
+    if manifest is None:
+        raise ReportError(f"{uri}: no _job.json (not a specbatch job output)")
+    stats = sorted(location.read_table("stats").to_pylist(), key=lambda r: r["started_at"])
+    calibration_uri = storage.join(location.uri, "calibration", "calibration.json")
+    calibration = (CalibrationReport.model_validate_json(storage.read_bytes(calibration_uri))
+                   if storage.exists(calibration_uri) else None)
+    return JobData(uri=location.uri, manifest=manifest, stats=stats, calibration=calibration)
+
+
+class ReportError(ValueError):
+    pass
+
+
+def busy_seconds(stats: Sequence[dict[str, Any]]) -> float:
+    """Engine-busy seconds summed over actors (pipeline/stats.busy_seconds)."""
+    return engine_busy_seconds((row["actor_id"], row["started_at"], row["engine_seconds"]) for row in stats)
+
+
+def per_million(cost: Optional[float], tokens: int) -> Optional[float]:
+    return cost / tokens * MILLION if cost is not None and tokens else None
+
+
+def _ratio(a: float, b: float) -> Optional[float]:
+    return a / b if b else None
+
+
+def job_figures(job: JobData, prices: Prices) -> JobFigures:
+    m, stats = job.manifest, job.stats
+    resources, spec = m.config.get("resources", {}), m.config.get("speculative", {})
+    replicas = resources.get("replicas", 1)
+    if isinstance(replicas, dict):  # an autoscaling pool is billed for the engines that ran, at most its max
+        replicas = max(1, min(replicas["max"], len({r["actor_id"] for r in stats})))
+    units, price = prices.billing(m.accelerator, float(resources.get("gpus_per_replica", 0)))
+    acceptance = Acceptance()
+    for row in stats:
+        acceptance = acceptance + Acceptance(row["num_drafts"], row["draft_tokens"], row["accepted_tokens"], list(row["accepted_per_position"]))
+    prompt_tokens = sum(r["prompt_tokens"] for r in stats)
+    generated_tokens = sum(r["generated_tokens"] for r in stats)
+    busy = busy_seconds(stats) if stats else 0.0
+    start = m.attempts[-1].start if m.attempts else None
+    gpu_hours = replicas * units * m.totals.wall_seconds / 3600
+    busy_gpu_hours = units * busy / 3600
+    cost = gpu_hours * price if price is not None else None
+    speculative = bool(spec.get("enabled", any(r["speculative"] for r in stats)))
+    flags = list(m.speculation.flags) if m.speculation else []
+    mal = acceptance.mean_acceptance_length
+    if not m.speculation and mal is not None and mal < ACCEPTANCE_FLOOR:  # a job written before verdicts were
+        flags.append(f"mean acceptance length {mal:.2f} is below the floor {ACCEPTANCE_FLOOR}: speculation cost more than it saved")
+    return JobFigures(
+        job_id=m.job_id,
+        output_uri=job.uri,
+        status=m.status,
+        started_at=m.started_at,
+        model=m.model.path,
+        model_sha256=m.model.config_sha256,
+        drafter=m.drafter.path if m.drafter else None,
+        accelerator=m.accelerator,
+        replicas=replicas,
+        gpus_per_replica=units,
+        cpu_only=not float(resources.get("gpus_per_replica", 0)),
+        speculative=speculative,
+        num_speculative_tokens=int(spec.get("num_speculative_tokens", 0)) if speculative else 0,
+        units=len(stats),
+        speculative_units=sum(1 for r in stats if r["speculative"]),
+        input_rows=m.totals.input_rows,
+        output_rows=sum(r["output_rows"] for r in stats),
+        failed_rows=sum(r["error_rows"] for r in stats),
+        prompt_tokens=prompt_tokens,
+        generated_tokens=generated_tokens,
+        wall_seconds=m.totals.wall_seconds,
+        busy_seconds=busy,
+        gpu_hours=gpu_hours,
+        busy_gpu_hours=busy_gpu_hours,
+        utilization=_ratio(busy_gpu_hours, gpu_hours),
+        price_per_gpu_hour=price,
+        cost=cost,
+        cost_per_million_generated_tokens=per_million(cost, generated_tokens),
+        cost_per_million_total_tokens=per_million(cost, generated_tokens + prompt_tokens),
+        tokens_per_second_per_gpu=_ratio(generated_tokens, gpu_hours * 3600),
+        busy_tokens_per_second_per_gpu=_ratio(generated_tokens, busy_gpu_hours * 3600),
+        engine_tokens_per_second=_ratio(generated_tokens, busy),
+        wall_tokens_per_second=_ratio(generated_tokens, m.totals.wall_seconds),
+        to_first_commit_seconds=start.to_first_commit_seconds if start else None,
+        engine_starts=len(start.engine_starts) if start else 0,
+        start_phases=start.phases if start else [],
+        **acceptance.summary(),
+        accepted_per_position=acceptance.rate_per_position,
+        speculation_flags=flags,
+    )
+
+
+def totals(jobs: Sequence[JobFigures]) -> ReportTotals:
+    cost = None if any(j.cost is None for j in jobs) else sum(j.cost for j in jobs)
+    generated = sum(j.generated_tokens for j in jobs)
+    prompt = sum(j.prompt_tokens for j in jobs)
+    gpu_hours = sum(j.gpu_hours for j in jobs)
+    acceptance = Acceptance(
+        sum(j.num_drafts for j in jobs), sum(j.draft_tokens for j in jobs), sum(j.accepted_tokens for j in jobs)
+    )
+    return ReportTotals(
+        jobs=len(jobs),
+        input_rows=sum(j.input_rows for j in jobs),
+        output_rows=sum(j.output_rows for j in jobs),
+        failed_rows=sum(j.failed_rows for j in jobs),
+        prompt_tokens=prompt,
+        generated_tokens=generated,
+        gpu_hours=gpu_hours,
+        busy_gpu_hours=sum(j.busy_gpu_hours for j in jobs),
+        cost=cost,
+        cost_per_million_generated_tokens=per_million(cost, generated),
+        cost_per_million_total_tokens=per_million(cost, generated + prompt),
+        tokens_per_second_per_gpu=_ratio(generated, gpu_hours * 3600),
+        **acceptance.summary(),
+    )
+
+
+def speculation_comparisons(jobs: Sequence[JobFigures]) -> list[SpeculationComparison]:
+    """Per (target model, accelerator kind): each depth's pooled cost per million generated
+    tokens against the pooled cost of the jobs with speculation off."""
+    groups: dict[tuple[str, str], list[JobFigures]] = defaultdict(list)
+    for job in jobs:
+        ran_as_configured = job.speculative_units == (job.units if job.speculative else 0)
+        if job.cost is not None and job.generated_tokens and ran_as_configured:
+            groups[(job.model_sha256, job.accelerator)].append(job)
+    comparisons = []
+    for (sha, accelerator), members in groups.items():
+        off = [j for j in members if not j.speculative]
+        if not off:
+            continue
+        off_total = totals(off)
+        for depth in sorted({j.num_speculative_tokens for j in members if j.speculative}):
+            on_total = totals([j for j in members if j.speculative and j.num_speculative_tokens == depth])
+            on_cost, off_cost = on_total.cost_per_million_generated_tokens, off_total.cost_per_million_generated_tokens
+            comparisons.append(
+                SpeculationComparison(
+                    model=members[0].model,
+                    model_sha256=sha,
+                    accelerator=accelerator,
+                    num_speculative_tokens=depth,
+                    jobs_on=[j.job_id for j in members if j.speculative and j.num_speculative_tokens == depth],
+                    jobs_off=[j.job_id for j in off],
+                    cost_per_million_generated_tokens_on=on_cost,
+                    cost_per_million_generated_tokens_off=off_cost,
+                    saving_per_million_generated_tokens=off_cost - on_cost,
+                    saving_fraction=(off_cost - on_cost) / off_cost,
+                    tokens_per_second_per_gpu_on=on_total.tokens_per_second_per_gpu,
+                    tokens_per_second_per_gpu_off=off_total.tokens_per_second_per_gpu,
+                )
+            )
+    return comparisons
+
+
+def build_report(jobs: Sequence[JobData], prices: Prices) -> CostReport:
+    figures = [job_figures(job, prices) for job in jobs]
+    warnings = []
+    for job, f in zip(jobs, figures):
+        if f.price_per_gpu_hour is None:
+            warnings.append(f"{f.job_id}: " + prices.missing_price_message(f.accelerator, job.manifest.config.get("resources", {}).get("gpus_per_replica", 0)))
+        if f.status != "succeeded":
+            warnings.append(f"{f.job_id}: status {f.status!r}; figures cover the units committed so far")
+        if not job.stats:
+            warnings.append(f"{f.job_id}: no committed stats rows")
+        if f.speculative and f.speculative_units < f.units:
+            warnings.append(
+                f"{f.job_id}: the drafter ran for {f.speculative_units} of {f.units} units (turned off by the "
+                "acceptance guard); left out of the speculation on/off comparison"
+            )
+    comparisons = speculation_comparisons(figures)
+    for c in comparisons:
+        if c.saving_fraction < 0:
+            for f in figures:
+                if f.job_id in c.jobs_on:
+                    f.speculation_flags.append(
+                        f"speculation k={c.num_speculative_tokens} cost {-c.saving_fraction:.1%} more per million generated "
+                        f"tokens than the jobs with it off on the same model and accelerator"
+                    )
+    return CostReport(
+        generated_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        currency=prices.currency,
+        prices=prices.model_dump(),
+        output_uris=[j.uri for j in jobs],
+        jobs=figures,
+        overall=totals(figures),
+        speculation=comparisons,
+        warnings=warnings,
+    )
