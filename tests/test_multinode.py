@@ -164,7 +164,9 @@ def test_a_pool_grows_onto_a_node_that_joins_mid_job(tmp_path, cluster, random_k
     mid-job gets the second engine, which commits units."""
     engine_nodes(cluster, 1)
     (first,) = (cluster.nodes[name] for name in cluster.engine_nodes())
-    config, ids = write_job(tmp_path, random_kit, str(tmp_path / "out"), units=64,
+    # 128 units: the first engine alone takes about twice as long as the joined node needs to
+    # start its engine (with 64, a quiet machine's first engine finished them all before)
+    config, ids = write_job(tmp_path, random_kit, str(tmp_path / "out"), units=128,
                             resources={"replicas": {"min": 1, "max": 2}})
     location = OutputLocation(Storage(), str(tmp_path / "out"))
     proc = start(cluster, config)
