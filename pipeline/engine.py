@@ -39,6 +39,8 @@ def engine_kwargs(config: JobConfig, *, speculative: bool | None = None, num_spe
         # group (pipeline/cluster.py), possibly on other nodes. vLLM's CPU build has no Ray
         # executor: there its own multiprocessing executor runs the workers on the actor's node.
         kwargs["distributed_executor_backend"] = "ray"
+    if config.resources.cpu_build:
+        kwargs["kv_cache_memory_bytes"] = int(engine.cpu_kv_cache_gib * 2**30)
     if config.lora:
         kwargs.update(enable_lora=True, max_lora_rank=config.lora.max_rank, max_loras=config.lora.max_loras)
     kwargs["structured_outputs_config"] = {"backend": structured_backend(config)}
@@ -73,7 +75,7 @@ def schedule_text(schedule) -> str:
 
 
 def prepare_process_env(config: JobConfig) -> None:
-    """Environment a vLLM process needs before its engine starts (no hub, CPU KV cache size).
+    """Environment a vLLM process needs before its engine starts (no hub, the CPU threads).
     A one-process engine talks to its EngineCore over loopback; left unset, vLLM would pick the
     machine's outward interface. A GPU engine of several workers (tensor or pipeline parallel)
     may span nodes through vLLM's Ray executor: its address is the node's address in the Ray
@@ -88,7 +90,6 @@ def prepare_process_env(config: JobConfig) -> None:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = config.engine.cpu_omp_threads_bind
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.engine.cpu_kv_cache_gib))
 
 
 def lora_requests(config: JobConfig) -> dict[str, Any]:

@@ -69,6 +69,9 @@ def test_parallel_engines_are_validated():
     cpu_tp = config(engine={"tensor_parallel_size": 2}, resources={"cpus_per_replica": 2})
     assert "distributed_executor_backend" not in engine_kwargs(cpu_tp)
     assert engine_remote_args(cpu_tp) == dict(num_cpus=2, num_gpus=0, resources=None)
+    # the CPU build's KV cache is sized by the config; a GPU's by gpu_memory_utilization
+    assert engine_kwargs(config(engine={"cpu_kv_cache_gib": 0.5}))["kv_cache_memory_bytes"] == 2**29
+    assert "kv_cache_memory_bytes" not in kwargs
 
 
 @pytest.mark.parametrize("engine, strategy", [

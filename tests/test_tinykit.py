@@ -12,7 +12,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pipeline.tinykit import KIT_DIR, kit_paths  # noqa: E402
@@ -218,7 +217,7 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def engine31():
     from vllm import LLM
-    llm = LLM(model=PATHS["target"], enforce_eager=True, dtype="float32", max_model_len=512, seed=0,
+    llm = LLM(model=PATHS["target"], enforce_eager=True, dtype="float32", max_model_len=512, seed=0, kv_cache_memory_bytes=2**28,
               speculative_config={"method": "eagle3", "model": PATHS["drafter_eagle31"], "num_speculative_tokens": 3},
               per_request_spec_decode_metrics="detailed", disable_log_stats=False)
     yield llm

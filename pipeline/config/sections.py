@@ -216,7 +216,13 @@ class EngineConfig(Section):
         False, description="No CUDA graphs or torch.compile; true on CPU: the engine starts in ~20 s instead of ~50 s."
     )
     seed: int = Field(0, description="The engine's random seed.")
-    cpu_kv_cache_gib: int = Field(1, ge=1, description="KV cache on vLLM's CPU build (VLLM_CPU_KVCACHE_SPACE).")
+    cpu_kv_cache_gib: float = Field(
+        1.0, gt=0,
+        description=(
+            "KV cache on vLLM's CPU build, GiB (vLLM's kv_cache_memory_bytes; VLLM_CPU_KVCACHE_SPACE, when set in the "
+            "environment, wins). vLLM fills it at every engine start: 1 GiB costs a few seconds there."
+        ),
+    )
     json_whitespace: bool = Field(
         True,
         description=(
