@@ -21,7 +21,7 @@ steps 1..j. Training unrolls all chains in parallel (training-time test).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -201,6 +201,9 @@ class Eagle3Drafter(nn.Module):
         h, residual = self.midlayer(positions, embeds, hidden, attn)
         h, prenorm = self.norm(h, residual)
         return h, (h if self.c.norm_output else prenorm)
+
+    def draft_logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(h)
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Logits over the target vocab, -inf outside the draft vocab (vLLM's compute_logits)."""
