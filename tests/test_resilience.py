@@ -109,13 +109,19 @@ def kill_engine_cores() -> int:
     return len(cores)
 
 
-def vllm_processes() -> dict[int, psutil.Process]:
-    """Every live process vLLM titled (VLLM::EngineCore, VLLM::Worker), by pid."""
+def titled_processes(*marks: str) -> dict[int, psutil.Process]:
+    """Every live process whose title holds one of `marks`, by pid."""
     found = {}
     for p in psutil.process_iter(["name", "cmdline", "status"]):
-        if "VLLM::" in (p.info["name"] or "") + " ".join(p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE:
+        title = (p.info["name"] or "") + " ".join(p.info["cmdline"] or [])
+        if any(mark in title for mark in marks) and p.info["status"] != psutil.STATUS_ZOMBIE:
             found[p.pid] = p
     return found
+
+
+def vllm_processes() -> dict[int, psutil.Process]:
+    """Every live process vLLM titled (VLLM::EngineCore, VLLM::Worker), by pid."""
+    return titled_processes("VLLM::")
 
 
 def alive(procs) -> list[int]:
@@ -124,12 +130,7 @@ def alive(procs) -> list[int]:
 
 def job_processes() -> dict[int, psutil.Process]:
     """Every live engine process (VLLM::) and Ray worker (ray::), by pid."""
-    found = {}
-    for p in psutil.process_iter(["name", "cmdline", "status"]):
-        title = (p.info["name"] or "") + " ".join(p.info["cmdline"] or [])
-        if ("VLLM::" in title or "ray::" in title) and p.info["status"] != psutil.STATUS_ZOMBIE:
-            found[p.pid] = p
-    return found
+    return titled_processes("VLLM::", "ray::")
 
 
 def assert_none_left(before: dict, within: float = 10) -> None:
