@@ -241,6 +241,7 @@ def _local_path(path: str) -> str:
 # -- While the job runs -------------------------------------------------------------------------
 
 WAITING_ACTOR_STATES = ("PENDING_CREATION", "DEPENDENCIES_UNREADY", "RESTARTING")
+ENGINE_ACTOR = "MapBatches(Generator)"  # the class name Ray Data gives the engine actor pool's actors
 # How often the driver looks at the cluster.
 WATCH_SECONDS = 10.0
 
@@ -266,18 +267,20 @@ class ClusterWatch:
         return {node: address for node, address in self.alive.items() if node not in now}
 
     def waiting(self) -> list[str]:
-        """This job's actors and placement groups that wait for resources."""
+        """This job's actors and placement groups that wait for resources, the engine actors
+        first (the GCS lists actors in no set order, and the message names the first six)."""
         import ray
         import ray._private.state
 
-        waiting = []
+        actors = []
         for actor in ray._private.state.actors().values():
             if actor.get("JobID") == self.job_id and actor.get("State") in WAITING_ACTOR_STATES:
-                waiting.append(f"actor {actor.get('ActorClassName') or actor['ActorID'][:8]} ({actor['State']})")
-        for group_id, group in ray.util.placement_group_table().items():
-            if group.get("state") == "PENDING":
-                waiting.append(f"placement group {group_id[:8]} {group.get('bundles')} ({group.get('strategy')})")
-        return waiting
+                actors.append(f"actor {actor.get('ActorClassName') or actor['ActorID'][:8]} ({actor['State']})")
+        groups = [
+            f"placement group {group_id[:8]} {group.get('bundles')} ({group.get('strategy')})"
+            for group_id, group in ray.util.placement_group_table().items() if group.get("state") == "PENDING"
+        ]
+        return sorted(actors, key=lambda actor: ENGINE_ACTOR not in actor) + groups
 
 
 def stall_message(config: JobConfig, waiting: list[str], since: float) -> str:

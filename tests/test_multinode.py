@@ -238,7 +238,8 @@ def test_a_job_whose_engines_never_get_resources_stops_with_a_named_error(tmp_pa
     finally:
         subprocess.run([sys.executable, "-c", RELEASE_SLOTS, "1"], env=cluster.env, check=True, timeout=120)
     assert done.returncode == 1, done.stderr[-3000:]
-    assert "job failed" in done.stderr and "waits for resources: actor MapWorker(MapBatches(Generator))" in done.stderr
+    assert "specbatch: job failed: no unit committed for" in done.stderr, done.stderr[-3000:]
+    assert "waits for resources: actor MapWorker(MapBatches(Generator))" in done.stderr, done.stderr[-3000:]
     manifest = json.loads((tmp_path / "out" / "_job.json").read_text())
     assert manifest["status"] == "failed" and manifest["error"].startswith("SchedulingStalled: no unit committed for")
     assert manifest["totals"]["output_rows"] == 0
