@@ -142,7 +142,7 @@ def write_input(endpoint: str, files: int, megabytes: float) -> tuple[int, int]:
 
 def old_check() -> Callable:
     """`inspect_inputs(input_uri, storage)` of commit OLD_COMMIT, imported from a temp file."""
-    source = subprocess.run(["git", "show", f"{OLD_COMMIT}:pipeline/inputs.py"], cwd=ROOT,
+    source = subprocess.run(["git", "show", f"{OLD_COMMIT}:pipeline/inputs/__init__.py"], cwd=ROOT,
                             capture_output=True, text=True, check=True).stdout
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / f"inputs_{OLD_COMMIT}.py"

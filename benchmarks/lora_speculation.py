@@ -91,8 +91,8 @@ def main() -> None:
 
     from pipeline.config import load_config
     from pipeline.tools.demo import sample_prompts
-    from pipeline.engine import engine_kwargs
-    from pipeline.stats import Acceptance
+    from pipeline.stages.engine import engine_kwargs
+    from pipeline.stages.stats import Acceptance
     from pipeline.tinykit.lora import write_lora_adapter
 
     config = load_config(args.config)

@@ -71,7 +71,7 @@ def run_vllm(config_path: str) -> dict:
     from vllm import LLM, SamplingParams
 
     from pipeline.config import load_config
-    from pipeline.engine import engine_kwargs
+    from pipeline.stages.engine import engine_kwargs
 
     config = load_config(config_path)
     fs, files = _parquet_paths(config)
@@ -105,7 +105,7 @@ def run_ray_data_llm(config_path: str) -> dict:
     from ray.data.llm import build_processor, vLLMEngineProcessorConfig
 
     from pipeline.config import load_config
-    from pipeline.engine import engine_kwargs
+    from pipeline.stages.engine import engine_kwargs
 
     config = load_config(config_path)
     if os.environ.get("RAY_ADDRESS"):
@@ -143,7 +143,7 @@ def run_ray_data_llm(config_path: str) -> dict:
 def run_specbatch(config_path: str) -> dict:
     """Only reads what `specbatch run` (run by the parent) left."""
     from pipeline.config import load_config
-    from pipeline.outputs import OutputLocation
+    from pipeline.commit.outputs import OutputLocation
     from pipeline.storage import Storage
 
     config = load_config(config_path)

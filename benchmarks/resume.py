@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 SPECBATCH = str(Path(sys.executable).with_name("specbatch"))
 LEASE_STALE_SECONDS = 4
 
-from pipeline.outputs import OutputLocation  # noqa: E402
+from pipeline.commit.outputs import OutputLocation  # noqa: E402
 from pipeline.storage import Storage  # noqa: E402
 
 

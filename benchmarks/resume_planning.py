@@ -18,7 +18,7 @@ request counted where s3fs sends it (`S3FileSystem._call_s3`):
   (b) the same without the footer cache: every footer read, 16 at a time;
   (c) a whole no-op rerun, `run_job` on the finished location (no Ray, no engine).
 Targets (the issue): <= 60 s, <= 300 MB peak RSS, 0 output files read.
-Peak RSS includes the driver's imports (`pipeline.runner`, imported before the clock starts;
+Peak RSS includes the driver's imports (`pipeline.job.runner`, imported before the clock starts;
 its RSS then is printed too). moto answers from this machine's cores, and scans every key of
 a prefix for each listing page: pages are slower than a real object store's. So the driver's
 own CPU time is printed next to the wall time, and the time spent waiting per operation.
@@ -211,8 +211,8 @@ def write_finished_job(client, config, inputs, stats: list[dict], units: int) ->
     writes them at the end of a job that committed every unit."""
     import pyarrow as pa
 
-    from pipeline import job_plan, runner
-    from pipeline.stats import totals_from_stats
+    from pipeline.job import plan as job_plan, runner
+    from pipeline.stages.stats import totals_from_stats
     from schemas import LAYOUT_VERSION, Attempt, JobManifest, UnitStats, arrow_schema
 
     table = pa.Table.from_pylist(stats, schema=arrow_schema(UnitStats))
@@ -236,7 +236,7 @@ def write_finished_job(client, config, inputs, stats: list[dict], units: int) ->
 def setup(endpoint: str, args) -> None:
     from pipeline.inputs import inspect_inputs
     from pipeline.storage import Storage
-    from pipeline.units import plan_units
+    from pipeline.commit.units import plan_units
 
     client = s3_client(endpoint, args.threads)
     config = job_config(endpoint, args.rows_per_unit)
@@ -288,9 +288,9 @@ def area(key: str) -> str:
 def plan(endpoint: str, rows_per_unit: int, footer_cache: bool) -> dict:
     """What run_job does before its lease: returns the steps' seconds and what was planned."""
     from pipeline.inputs import inspect_inputs
-    from pipeline.outputs import OutputLocation
+    from pipeline.commit.outputs import OutputLocation
     from pipeline.storage import Storage
-    from pipeline.units import plan_units
+    from pipeline.commit.units import plan_units
     from schemas import JobManifest
 
     storage = Storage(endpoint_url=endpoint)
@@ -310,7 +310,7 @@ def plan(endpoint: str, rows_per_unit: int, footer_cache: bool) -> dict:
 
 
 def rerun(endpoint: str, rows_per_unit: int) -> dict:
-    from pipeline.runner import run_job
+    from pipeline.job.runner import run_job
 
     manifest = run_job(job_config(endpoint, rows_per_unit), progress=False)
     attempt = manifest.attempts[-1]
@@ -320,7 +320,7 @@ def rerun(endpoint: str, rows_per_unit: int) -> dict:
 
 def child(scenario: str, endpoint: str, rows_per_unit: int) -> None:
     """One measurement; prints its figures as one JSON line."""
-    import pipeline.runner  # noqa: F401  (imports every module the scenarios use, before the clock starts)
+    import pipeline.job.runner  # noqa: F401  (imports every module the scenarios use, before the clock starts)
 
     calls = count_requests()
     rss_before, cpu, started = peak_rss_mb(), cpu_seconds(), time.perf_counter()

@@ -161,8 +161,8 @@ def best_positive_depth(report) -> int | None:
 
 def run_once(config: dict) -> dict:
     from pipeline.config import parse_config
-    from pipeline.outputs import OutputLocation
-    from pipeline.runner import run_job
+    from pipeline.commit.outputs import OutputLocation
+    from pipeline.job.runner import run_job
     from pipeline.storage import Storage
 
     parsed = parse_config(config)
@@ -268,7 +268,7 @@ def main() -> None:
 
     runs: dict[str, tuple[str, dict]] = {"a": ("(a) speculation off", {"enabled": False})}
     from pipeline.tools.calibrate import best_depths
-    from pipeline.engine import schedule_text
+    from pipeline.stages.engine import schedule_text
 
     depth = best_depths(report.rows)[max(report.concurrencies)]  # the sweep's best static depth (vLLM alone)
     if depth == 0:

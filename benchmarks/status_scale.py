@@ -40,7 +40,7 @@ SCENARIOS = {"clean": "finished, no error rows", "errors": "finished, every unit
 
 
 def manifest_doc(args, status: str, error_rows: int, units: int) -> dict:
-    from pipeline.runner import versions
+    from pipeline.job.runner import versions
     from schemas import LAYOUT_VERSION, Attempt, InputFile, JobManifest, JobTotals, ModelFingerprint
 
     per_file = -(-args.rows // args.files)
@@ -65,7 +65,7 @@ def manifest_doc(args, status: str, error_rows: int, units: int) -> dict:
 def setup(endpoint: str, args) -> None:
     import pyarrow as pa
 
-    from pipeline.units import plan_units
+    from pipeline.commit.units import plan_units
     from schemas import ErrorRow, InputFile, UnitStats, arrow_schema
 
     client = s3_client(endpoint, 32)
@@ -111,7 +111,7 @@ def measure(endpoint: str, scenario: str, args) -> None:
     import s3fs
     from fsspec.asyn import sync_wrapper
 
-    from pipeline.lease import Lease
+    from pipeline.commit.lease import Lease
     from pipeline.storage import Storage
     from pipeline.tools.status import job_status
 

@@ -14,7 +14,7 @@ on the tiny kit (target + EAGLE-3.1 drafter, k=3), greedy, the same prompts, the
    kit writes anyway). Each is run once on both engines to warm up (grammar compilation is
    cached per grammar), then in rounds, conditions alternating (A B C D E A B C D E ...) and
    the engine order flipping every round, so machine noise is shared.
-3. Figures per condition: acceptance from the per-request metrics (pipeline/stats.py
+3. Figures per condition: acceptance from the per-request metrics (pipeline/stages/stats.py
    Acceptance, summed over rounds): mean acceptance length 1 + accepted / drafts, acceptance
    rate accepted / draft tokens, per position; "drafted/step": draft tokens verified per
    drafting step (vLLM cuts a draft at its first grammar-invalid token before verification and
@@ -104,8 +104,8 @@ def main() -> None:
 
     from pipeline.config import load_config
     from pipeline.tools.demo import sample_prompts
-    from pipeline.engine import engine_kwargs
-    from pipeline.stats import Acceptance
+    from pipeline.stages.engine import engine_kwargs
+    from pipeline.stages.stats import Acceptance
 
     config = load_config(args.config)
     so_engine = {"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}}

@@ -150,8 +150,8 @@ def run_from_config(
     took the output location over while this one ran), 130 interrupted. `dry_run`: the
     checks and the plan only (pipeline/tools/plan.py), 0 when the run would be accepted."""
     from pipeline.config import load_config
-    from pipeline.runner import plain_text, run_job
-    from pipeline.startup import StartClock
+    from pipeline.job.runner import plain_text, run_job
+    from pipeline.cluster.startup import StartClock
 
     config = None
     previous_handler = signal.signal(signal.SIGINT, _interrupt_then_exit_at_the_next)
@@ -183,11 +183,11 @@ def run_from_config(
 def _endings() -> list[tuple[tuple[type, ...], str, str]]:
     """The errors that end a run with one line and an exit code, not a traceback: (types, the
     status whose exit code it takes, the line's first word)."""
-    from pipeline.breaker import TooManyErrors
+    from pipeline.job.breaker import TooManyErrors
     from pipeline.cluster import SchedulingStalled
-    from pipeline.guard import AcceptanceTooLow
-    from pipeline.job_plan import REFUSALS
-    from pipeline.lease import LeaseLost
+    from pipeline.speculation.guard import AcceptanceTooLow
+    from pipeline.job.plan import REFUSALS
+    from pipeline.commit.lease import LeaseLost
 
     return [
         (REFUSALS, "refused", "refused"),
@@ -197,7 +197,7 @@ def _endings() -> list[tuple[tuple[type, ...], str, str]]:
 
 
 def _print_summary(manifest, output_uri: str) -> None:
-    from pipeline.console import summary
+    from pipeline.job.console import summary
 
     print("\n".join(f"specbatch: {line}" if i == 0 else line for i, line in enumerate(summary(manifest))))
     print(f"  manifest  {output_uri.rstrip('/')}/_job.json (every figure, as JSON)")
@@ -227,7 +227,7 @@ def _drop_rays_error_channel() -> None:
 
 def _interrupted(config) -> str:
     """How far the interrupted attempt got, from the manifest it wrote."""
-    from pipeline.outputs import OutputLocation
+    from pipeline.commit.outputs import OutputLocation
     from pipeline.storage import Storage
     from schemas import JobManifest
 

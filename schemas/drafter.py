@@ -1,4 +1,4 @@
-"""The drafter compatibility report (pipeline/drafter_check.py, `specbatch check-drafter`).
+"""The drafter compatibility report (pipeline/speculation/drafter_check.py, `specbatch check-drafter`).
 
 What was read from an EAGLE-3 / EAGLE-3.1 drafter and its target before any engine
 starts, and the result of every named check. A check that failed refuses the drafter
@@ -119,7 +119,7 @@ class DrafterReport(Contract):
 
 
 class ProbeResult(Contract):
-    """The drafter probe (pipeline/probe.py): the job's own rows through one engine with the
+    """The drafter probe (pipeline/speculation/probe.py): the job's own rows through one engine with the
     drafter at the job's lengths, before the full run. Refused below `floor`."""
 
     measured_at: str = Field(description="UTC, ISO 8601.")

@@ -215,7 +215,7 @@ def job_config(input_uri: str, output_uri: str, kit: dict, **overrides) -> dict:
 @pytest.fixture(params=["local", "s3"])
 def location(request, tmp_path, s3_endpoint):
     """An empty output location, on local files and on moto S3."""
-    from pipeline.outputs import OutputLocation
+    from pipeline.commit.outputs import OutputLocation
     from pipeline.storage import Storage
 
     if request.param == "local":

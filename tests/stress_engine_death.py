@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from pipeline.outputs import OutputLocation
+from pipeline.commit.outputs import OutputLocation
 from pipeline.storage import Storage
 from pipeline.tinykit.random_kit import build_random_kit
 from tests.test_resilience import (

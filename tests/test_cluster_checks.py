@@ -11,7 +11,7 @@ import yaml
 
 from pipeline.cluster import Unschedulable, check_schedulable, engine_remote_args, engine_task_options
 from pipeline.config import ConfigError, load_config, parse_config
-from pipeline.engine import engine_kwargs
+from pipeline.stages.engine import engine_kwargs
 from tests.conftest import job_config
 
 KIT = {"target": "/models/target", "drafter": "/models/drafter"}

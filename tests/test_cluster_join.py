@@ -4,7 +4,7 @@ Ray remembers the last cluster started on a machine in `ray_current_cluster` und
 dir, and a plain `ray.init()` joins it, or fails once it is dead. A local run must start a Ray
 of its own next to a live `ray start` head (a whole `specbatch run`, whose `_job.json` says which
 cluster ran the job) and next to the stale file that head leaves when it is killed (the run's own
-Ray start, `pipeline.startup.ray_init`, in a process of its own). Each has its own RAY_TMPDIR, so
+Ray start, `pipeline.cluster.startup.ray_init`, in a process of its own). Each has its own RAY_TMPDIR, so
 the session's Ray and other tests are not touched."""
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def test_a_local_run_starts_its_own_ray_next_to_a_live_head_and_its_stale_file(t
 
 STALE_START = """
 import ray
-from pipeline.startup import ray_init
+from pipeline.cluster.startup import ray_init
 print(ray_init()[1])
 ray.shutdown()
 """

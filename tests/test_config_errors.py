@@ -9,7 +9,8 @@ import re
 import pytest
 import yaml
 
-from pipeline import cli, config as config_module, sampling
+from pipeline import cli, config as config_module
+from pipeline.stages import sampling
 from pipeline.config import messages as config_messages
 from pipeline.config import ConfigError, JobConfig, load_config, output_inside_input, parse_config
 from tests.conftest import job_config
@@ -93,7 +94,7 @@ def test_a_union_section_reports_its_own_keys_only():
 
 
 def test_one_did_you_mean_for_config_keys_row_overrides_and_lora_names():
-    from pipeline import preprocess
+    from pipeline.stages import preprocess
 
     assert sampling.closest is config_module.closest and preprocess.closest is config_module.closest
     assert "difflib" not in open(sampling.__file__).read() and "difflib" not in open(preprocess.__file__).read()
@@ -241,7 +242,7 @@ def test_a_missing_model_names_the_field(tmp_path, capsys):
 
 
 def test_a_missing_model_in_object_storage_names_the_field(s3_endpoint):
-    from pipeline.job_plan import model_fingerprint
+    from pipeline.job.plan import model_fingerprint
     from pipeline.storage import Storage
 
     with pytest.raises(FileNotFoundError, match=r"^model\.path: s3://specbatch/no-such-model/: no such folder"):

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.config import ConfigError, load_config, parse_config
 from pipeline.inputs import InputError, inspect_inputs
-from pipeline.stats import Acceptance
+from pipeline.stages.stats import Acceptance
 from pipeline.storage import Storage
 from schemas import UnitStats, OutputRow, arrow_schema
 from schemas.export import JSON_DIR, json_schemas
@@ -123,7 +123,7 @@ def test_null_and_empty_ids_pass_the_input_check(tmp_path):
 def test_rows_a_footer_cannot_check_become_row_errors():
     """Null, empty and blank ids and ids repeated within a unit: row errors naming the row, its
     file and the field."""
-    from pipeline.preprocess import Preprocessor
+    from pipeline.stages.preprocess import Preprocessor
     from pipeline.tinykit import kit_paths
 
     pre = Preprocessor(kit_paths()["target"], 256, {})
@@ -147,7 +147,7 @@ def test_rows_a_footer_cannot_check_become_row_errors():
 
 LOADS_WITHOUT_TORCH = """
 import json, shutil, sys
-from pipeline.preprocess import load_tokenizer
+from pipeline.stages.preprocess import load_tokenizer
 from pipeline.tinykit import kit_paths
 tokenizer = load_tokenizer(kit_paths()["target"])
 print(json.dumps({"torch": "torch" in sys.modules, "auto": "transformers.models.auto.tokenization_auto" in sys.modules}))
@@ -168,7 +168,7 @@ def test_a_plain_fast_tokenizer_loads_as_autotokenizer_does_without_torch(tmp_pa
 
     from transformers import AutoTokenizer
 
-    from pipeline.preprocess import load_tokenizer
+    from pipeline.stages.preprocess import load_tokenizer
     from pipeline.tinykit import kit_paths
 
     out = subprocess.run([sys.executable, "-c", LOADS_WITHOUT_TORCH, str(tmp_path / "custom")], capture_output=True,
@@ -209,7 +209,7 @@ def test_acceptance_from_per_request_histogram():
 
 
 def test_max_tokens_beyond_the_room_left_is_clipped_visibly_or_refused():
-    from pipeline.preprocess import Preprocessor, RowError
+    from pipeline.stages.preprocess import Preprocessor, RowError
     from pipeline.tinykit import kit_paths
 
     row = {"prompt": "x = 1\n" * 4, "max_tokens": 500}
@@ -230,7 +230,7 @@ def _unit(unit_id, rows=10, errors=0, retryable=0):
 
 
 def test_circuit_breaker_trips_on_an_error_share_over_its_window_and_on_repeated_infrastructure_errors():
-    from pipeline.breaker import ErrorBreaker, TooManyErrors
+    from pipeline.job.breaker import ErrorBreaker, TooManyErrors
     from pipeline.config import RetriesConfig
 
     breaker = ErrorBreaker(RetriesConfig(max_error_fraction=0.1, breaker_window_units=3, breaker_consecutive_units=2))

@@ -335,7 +335,7 @@ def test_openai_batch_input_is_checked_without_writing_its_conversion(tmp_path, 
     assert not out.exists()
 
     # converted as the run converts them: taken where they are, the same files and units
-    from pipeline.openai_batch import convert_batch_files
+    from pipeline.inputs.openai_batch import convert_batch_files
     from pipeline.storage import Storage
 
     converted = convert_batch_files(str(tmp_path / "in"), Storage(), str(out / "_inputs"))

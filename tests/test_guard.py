@@ -15,9 +15,9 @@ from collections import Counter
 import pytest
 
 from pipeline.config import GuardConfig, parse_config
-from pipeline.guard import AcceptanceGuard, AcceptanceTooLow
-from pipeline.outputs import OutputLocation
-from pipeline.runner import run_job
+from pipeline.speculation.guard import AcceptanceGuard, AcceptanceTooLow
+from pipeline.commit.outputs import OutputLocation
+from pipeline.job.runner import run_job
 from pipeline.storage import Storage
 from tests.conftest import job_config, write_prompts
 
@@ -80,13 +80,13 @@ def test_guard_is_on_by_default_and_needs_a_floor():
 
 def test_the_verdict_flags_acceptance_below_the_floor_and_a_measured_loss():
     from pipeline.tools.calibrate import calibration_rows
-    from pipeline.guard import speculation_verdict
+    from pipeline.speculation.guard import speculation_verdict
     from schemas import JobTotals
     from schemas.report import CalibrationReport
 
     config = parse_config(job_config("in", "out", {"target": "t", "drafter": "d"}, engine={"max_num_seqs": 32},
                                      speculative={"depth_schedule": [[1, 4, 3], [5, 32, 1]]}))
-    from pipeline.stats import Acceptance
+    from pipeline.stages.stats import Acceptance
 
     def totals(accepted: int) -> JobTotals:
         return JobTotals(units=4, **Acceptance(100, 300, accepted).summary())
@@ -234,7 +234,7 @@ def test_grafana_dashboard_plots_the_exported_metrics():
     import json
     from pathlib import Path
 
-    from pipeline.metrics import COUNTERS, GAUGES
+    from pipeline.stages.metrics import COUNTERS, GAUGES
 
     exported = {f"ray_specbatch_{name}_total" for name in COUNTERS} | {f"ray_specbatch_{name}" for name in GAUGES}
     dashboard = json.loads((Path(__file__).parents[1] / "infra" / "grafana" / "specbatch.json").read_text())

@@ -12,9 +12,9 @@ import pytest
 import s3fs
 
 from pipeline.config import parse_config
-from pipeline.outputs import OutputLocation
-from pipeline.model_cache import remote_files
-from pipeline.runner import run_job
+from pipeline.commit.outputs import OutputLocation
+from pipeline.storage.model_cache import remote_files
+from pipeline.job.runner import run_job
 from pipeline.storage import Storage
 from tests.conftest import job_config, record_s3_requests, write_prompts
 
@@ -242,7 +242,7 @@ def test_models_in_object_storage_generate_what_local_models_generate(s3_run, s3
 def test_a_changed_model_in_object_storage_refuses_the_resume(s3_endpoint, s3_models_run):
     """The target's weights rewritten in place (a new ETag): the resume is refused before any
     engine, naming the file, as for a local model; the same bytes put back are accepted."""
-    from pipeline.job_plan import ResultsChanged
+    from pipeline.job.plan import ResultsChanged
     from tests.test_model_cache import put_object
 
     config, manifest, _, _ = s3_models_run
@@ -273,7 +273,7 @@ def test_zeroed_lm_heads_accept_everything(tmp_path, ray_local, zero_kit):
 
 
 def test_job_refuses_a_drafter_of_another_target_before_any_engine(tmp_path):
-    from pipeline.drafter_check import DrafterMismatch
+    from pipeline.speculation.drafter_check import DrafterMismatch
     from pipeline.tinykit import kit_paths
 
     kit = kit_paths()
@@ -296,7 +296,7 @@ def test_engine_processes_talk_over_loopback(tmp_path):
 
     script = (
         "from pipeline.config import parse_config\n"
-        "from pipeline.engine import prepare_process_env\n"
+        "from pipeline.stages.engine import prepare_process_env\n"
         "from vllm.utils.network_utils import get_ip\n"
         f"prepare_process_env(parse_config({{'input_uri': '{tmp_path}/in', 'output_uri': '{tmp_path}/o',"
         " 'model': {'path': 'm'}, 'speculative': {'enabled': False}}))\n"

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from pipeline.config import ConfigError, parse_config
-from pipeline.outputs import OutputLocation
-from pipeline.runner import run_job
+from pipeline.commit.outputs import OutputLocation
+from pipeline.job.runner import run_job
 from pipeline.storage import Storage
 from tests.conftest import job_config, write_prompts
 
@@ -49,9 +49,9 @@ def test_the_probe_and_calibrate_prepare_a_rows_adapter_as_the_job_does(tmp_path
     calibrate's copy left the adapters out and its reader the `lora` column, so it skipped every row
     that names one and measured the others without theirs."""
     from pipeline.inputs import inspect_inputs
-    from pipeline.probe import probe_rows
+    from pipeline.speculation.probe import probe_rows
     from pipeline.tools.calibrate import sample_prompts
-    from pipeline.units import plan_units
+    from pipeline.commit.units import plan_units
 
     n = len(PROMPTS)
     adapters = [None, "style"] * (n // 2)

@@ -1,4 +1,4 @@
-"""Models from object storage (pipeline/model_cache.py) against moto's real S3 server on
+"""Models from object storage (pipeline/storage/model_cache.py) against moto's real S3 server on
 loopback: each object is downloaded once per node even by concurrent processes, a changed
 object is downloaded again and changes the fingerprint, and a killed or half copy is never
 used. The job end to end with models on S3 is in tests/test_job.py (it shares that module's
@@ -20,8 +20,8 @@ import s3fs
 
 from pipeline.cluster import ClusterPathRefused, check_cluster_paths
 from pipeline.config import ConfigError, load_config, parse_config
-from pipeline.model_cache import MANIFEST, localize, remote_files
-from pipeline.job_plan import model_fingerprint, results_fingerprint
+from pipeline.storage.model_cache import MANIFEST, localize, remote_files
+from pipeline.job.plan import model_fingerprint, results_fingerprint
 from pipeline.storage import Storage
 from pipeline.tinykit import kit_paths
 from tests import conftest
@@ -192,7 +192,7 @@ def test_the_driver_copies_no_weights_and_configs_keep_uris(s3_endpoint, s3_requ
     assert folder.parent == tmp_path / "cache" and folder.name.endswith(".config")
     assert "model.safetensors" not in entry_files(folder) and "tokenizer.json" in entry_files(folder)
     assert "model.safetensors" not in s3_requests.gets(f"/{uri.removeprefix('s3://')}/")
-    from pipeline.preprocess import Preprocessor
+    from pipeline.stages.preprocess import Preprocessor
 
     assert Preprocessor(uri, 256, {}, storage=storage).tokenizer.encode("def f(x):") == Preprocessor(KIT["target"], 256, {}).tokenizer.encode("def f(x):")
 

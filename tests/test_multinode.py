@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.outputs import OutputLocation
+from pipeline.commit.outputs import OutputLocation
 from pipeline.storage import Storage
 from tests.conftest import job_config, write_prompts
 from tests.ray_cluster import LocalCluster

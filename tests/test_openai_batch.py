@@ -16,9 +16,9 @@ import pytest
 
 from pipeline.config import ConfigError, parse_config
 from pipeline.inputs import InputError
-from pipeline.openai_batch import CONVERTED, LISTED_PROBLEMS, inspect_job_inputs
+from pipeline.inputs.openai_batch import CONVERTED, LISTED_PROBLEMS, inspect_job_inputs
 from pipeline.tools.export import main as export_main
-from pipeline.outputs import OutputLocation
+from pipeline.commit.outputs import OutputLocation
 from pipeline.storage import Storage
 from schemas import ErrorRow, JobManifest, JobTotals, ModelFingerprint, OutputRow, Versions, arrow_schema
 from tests.conftest import job_config, record_s3_requests
@@ -193,7 +193,7 @@ def test_conversion_on_s3_streams_and_happens_once(s3_endpoint, monkeypatch):
     with fs.open("specbatch/batches/day-1.jsonl", "w") as f:
         for i in range(3000):  # several row groups: ROWS_PER_BATCH is lowered below
             f.write(json.dumps({**CHAT_2, "custom_id": f"c-{i}"}) + "\n")
-    monkeypatch.setattr("pipeline.openai_batch.ROWS_PER_BATCH", 1000)
+    monkeypatch.setattr("pipeline.inputs.openai_batch.ROWS_PER_BATCH", 1000)
     config = config_for("s3://specbatch/batches/*.jsonl", "s3://specbatch/jobs/oa", endpoint_url=s3_endpoint)
     storage = Storage(endpoint_url=s3_endpoint)
     report = inspect_job_inputs(config, storage)
@@ -223,10 +223,10 @@ def test_unsupported_requests_errors_makes_each_such_line_its_error_row(tmp_path
     errors.jsonl line is a 400 in OpenAI's error shape. The default's refusal names the switch."""
     from openai.types import BatchError
 
-    from pipeline.preprocess import Preprocessor
+    from pipeline.stages.preprocess import Preprocessor
     from pipeline.tinykit import kit_paths
     from pipeline.tools.export import error_line
-    from pipeline.units import plan_units, read_unit
+    from pipeline.commit.units import plan_units, read_unit
 
     lines = bad_lines()
     source = write_jsonl(tmp_path / "in" / "bad.jsonl", lines)
@@ -413,7 +413,7 @@ def test_a_batch_file_runs_through_the_engine_and_exports(tmp_path, ray_local, c
     from openai.types import BatchError, Completion
     from openai.types.chat import ChatCompletion
 
-    from pipeline.runner import run_job
+    from pipeline.job.runner import run_job
     from pipeline.tinykit import kit_paths
 
     schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"],

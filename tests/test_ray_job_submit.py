@@ -14,7 +14,7 @@ import pytest
 import yaml
 from ray.job_submission import JobStatus
 
-from pipeline.outputs import OutputLocation
+from pipeline.commit.outputs import OutputLocation
 from pipeline.storage import Storage
 from tests.conftest import job_config, write_prompts
 

@@ -133,7 +133,7 @@ def check_output_tree(block: Block, workdir: Path) -> None:
         f"  in the README, not left by the job: {sorted(documented - left)}"
     )
     # The drafter column holds what the README says, the README's example included.
-    from pipeline.job_plan import model_fingerprint
+    from pipeline.job.plan import model_fingerprint
 
     drafter_dir = ROOT / "models" / "tinykit" / "drafter-eagle31"
     expected = f"drafter-eagle31@{model_fingerprint(str(drafter_dir)).config_sha256[:12]}"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from pipeline.outputs import OutputLocation
+from pipeline.commit.outputs import OutputLocation
 from pipeline.tools.prices import Prices
 from pipeline.tools.cost import JobData, ReportError, build_report, busy_seconds
 from pipeline.tools.report import default_report_uri, main as report_main, terminal_summary

@@ -23,9 +23,9 @@ import pytest
 import yaml
 
 from pipeline.config import parse_config
-from pipeline.outputs import OutputLocation
-from pipeline.job_plan import ResultsChanged
-from pipeline.runner import run_job
+from pipeline.commit.outputs import OutputLocation
+from pipeline.job.plan import ResultsChanged
+from pipeline.job.runner import run_job
 from pipeline.storage import Storage, json_bytes
 from schemas import Lease
 from tests.conftest import job_config, write_prompts

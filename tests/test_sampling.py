@@ -13,9 +13,9 @@ from collections import Counter, defaultdict
 import pytest
 
 from pipeline.config import SamplingConfig, parse_config
-from pipeline.outputs import OutputLocation
-from pipeline.runner import run_job
-from pipeline.sampling import RowError, resolve
+from pipeline.commit.outputs import OutputLocation
+from pipeline.job.runner import run_job
+from pipeline.stages.sampling import RowError, resolve
 from pipeline.storage import Storage
 from tests.conftest import job_config, write_prompts
 
@@ -185,7 +185,7 @@ def test_a_format_or_reasoning_parser_vllm_cannot_use_is_refused_before_any_engi
 
 
 def test_a_rows_format_vllm_cannot_compile_is_its_error(trained_kit):
-    from pipeline.preprocess import Preprocessor
+    from pipeline.stages.preprocess import Preprocessor
 
     pre = Preprocessor(trained_kit["target"], 256, {})
     bad = {"prompt": "x = ", "response_format": json.dumps({"type": "grammar", "grammar": "root ::= ("})}
@@ -202,7 +202,7 @@ def test_a_reasoning_parser_splits_the_reasoning_off_the_answer(trained_kit):
     reasoning model's tokenizer has them, vLLM's deepseek_r1 parser splits each output."""
     from transformers import AutoTokenizer
 
-    from pipeline.completions import reasoning_parser, split_reasoning
+    from pipeline.stages.completions import reasoning_parser, split_reasoning
 
     tokenizer = AutoTokenizer.from_pretrained(trained_kit["target"])
     tokenizer.add_tokens(["<think>", "</think>"])
@@ -255,7 +255,7 @@ def test_acceptance_of_a_request_sums_every_sample():
     from vllm.outputs import CompletionOutput, RequestOutput
     from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 
-    from pipeline.completions import output_rows
+    from pipeline.stages.completions import output_rows
 
     def sample(index, histogram, drafted):
         metrics = RequestSpecDecodeMetrics(num_spec_tokens=3, histogram=histogram, num_draft_tokens=drafted)

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import parse_config
-from pipeline.drafter_check import inspect_drafter
+from pipeline.speculation.drafter_check import inspect_drafter
 from pipeline.tools.check_drafter import format_report
-from pipeline.outputs import OutputLocation
-from pipeline.probe import DrafterRejected
-from pipeline.runner import run_job
+from pipeline.commit.outputs import OutputLocation
+from pipeline.speculation.probe import DrafterRejected
+from pipeline.job.runner import run_job
 from pipeline.storage import Storage
 from pipeline.tinykit import kit_paths
 from tests.conftest import job_config, write_prompts

@@ -9,12 +9,12 @@ import asyncio
 import pyarrow as pa
 import pytest
 
-from pipeline import job_board
-from pipeline.console import progress_line, summary
-from pipeline.job_board import NO_PROBE, JobBoard
-from pipeline.stats import totals_from_stats
-from pipeline.startup import StartClock, start_cost
-from pipeline.stats import busy_seconds
+from pipeline.cluster import job_board
+from pipeline.job.console import progress_line, summary
+from pipeline.cluster.job_board import NO_PROBE, JobBoard
+from pipeline.stages.stats import totals_from_stats
+from pipeline.cluster.startup import StartClock, start_cost
+from pipeline.stages.stats import busy_seconds
 from schemas import Attempt, JobManifest, JobTotals, ModelFingerprint
 
 

@@ -21,10 +21,10 @@ import yaml
 
 from pipeline.cli import main as cli_main
 from pipeline.config import LeaseConfig, parse_config
-from pipeline.lease import OutputLease
-from pipeline.outputs import OutputLocation
-from pipeline.console import STEADY_MIN_SECONDS
-from pipeline.runner import run_job
+from pipeline.commit.lease import OutputLease
+from pipeline.commit.outputs import OutputLocation
+from pipeline.job.console import STEADY_MIN_SECONDS
+from pipeline.job.runner import run_job
 from pipeline.storage import Storage
 from pipeline.tools.status import job_status, main
 from schemas import JobManifest

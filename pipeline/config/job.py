@@ -22,7 +22,7 @@ class JobConfig(Section):
         "parquet",
         description=(
             "openai_batch: input_uri names JSONL files of OpenAI batch requests (a file, a folder of .jsonl files or a "
-            "glob), converted once into Parquet prompt rows under output_uri/_inputs/ (pipeline/openai_batch.py)."
+            "glob), converted once into Parquet prompt rows under output_uri/_inputs/ (pipeline/inputs/openai_batch.py)."
         ),
     )
     unsupported_requests: Literal["refuse", "errors"] = Field(

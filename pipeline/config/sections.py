@@ -26,7 +26,7 @@ class StorageConfig(Section):
     model_cache_dir: Optional[str] = Field(
         None,
         description=(
-            "Each node's local folder for models read from object storage (pipeline/model_cache.py). Unset: "
+            "Each node's local folder for models read from object storage (pipeline/storage/model_cache.py). Unset: "
             "$SPECBATCH_MODEL_CACHE, else ~/.cache/specbatch/models; `~` is each node's own home."
         ),
     )
@@ -70,7 +70,7 @@ ACCEPTANCE_FLOOR = 1.3
 
 class GuardConfig(Section):
     """A floor on acceptance over the last `window_units` units that drafted, checked by the
-    driver as units commit (pipeline/guard.py). At least one floor. On by default; `guard: null`
+    driver as units commit (pipeline/speculation/guard.py). At least one floor. On by default; `guard: null`
     turns it off."""
 
     min_acceptance_rate: Optional[float] = Field(None, ge=0, le=1, description="Accepted / draft tokens.")
@@ -96,7 +96,7 @@ class GuardConfig(Section):
 
 class ProbeConfig(Section):
     """`rows` of the job's own input go through the job's first engine with the drafter, at the
-    job's lengths, before any unit commits (pipeline/probe.py); a drafter below the floor is
+    job's lengths, before any unit commits (pipeline/speculation/probe.py); a drafter below the floor is
     refused."""
 
     rows: int = Field(64, ge=0, description="Rows probed; 0 turns the probe off.")
@@ -124,7 +124,7 @@ class SpeculativeConfig(Section):
     )
     checks_as_warnings: list[str] = Field(
         default_factory=list,
-        description="Drafter compatibility checks (pipeline/drafter_check.py) downgraded to warnings; for experts.",
+        description="Drafter compatibility checks (pipeline/speculation/drafter_check.py) downgraded to warnings; for experts.",
     )
     guard: Optional[GuardConfig] = Field(
         default_factory=GuardConfig, description="Acceptance guard while the job runs; null turns it off."

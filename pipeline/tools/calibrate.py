@@ -36,15 +36,15 @@ import pyarrow.parquet as pq
 import yaml
 
 from pipeline.config import ConfigError, JobConfig, load_config, parse_config
-from pipeline.engine import schedule_text
+from pipeline.stages.engine import schedule_text
 from pipeline.inputs import InputError, inspect_inputs
-from pipeline.measure import measure_depth
+from pipeline.speculation.measure import measure_depth
 from pipeline.tools.prices import load_prices
 from pipeline.tools.cost import per_million
 from pipeline.tools.report import format_terminal_table, to_csv
-from pipeline.stats import Acceptance
+from pipeline.stages.stats import Acceptance
 from pipeline.storage import Storage
-from pipeline.units import UNIT_COLUMNS
+from pipeline.commit.units import UNIT_COLUMNS
 from schemas.report import CalibrationReport, CalibrationRow, JobCheckRow
 
 
@@ -60,7 +60,7 @@ def sample_prompts(config: JobConfig, storage: Storage, n: int, seed: int = 0) -
     """Up to `n` random input rows prepared exactly as the job prepares them (prompt token ids
     and resolved sampling parameters); rows the job would refuse are skipped. Reads only the
     row groups holding sampled rows. Returns (prepared rows, rows skipped)."""
-    from pipeline.preprocess import Preprocessor, RowError
+    from pipeline.stages.preprocess import Preprocessor, RowError
 
     inputs = inspect_inputs(config.input_uri, storage)
     rng = random.Random(seed)
@@ -438,9 +438,9 @@ def job_check(
     excluded: it is the same for every setting."""
     import pyarrow.parquet as pq
 
-    from pipeline.outputs import OutputLocation
-    from pipeline.runner import run_job
-    from pipeline.units import plan_units, read_unit
+    from pipeline.commit.outputs import OutputLocation
+    from pipeline.job.runner import run_job
+    from pipeline.commit.units import plan_units, read_unit
 
     units = plan_units(inspect_inputs(config.input_uri, storage).files, config.resources.rows_per_unit)
     spread = units[:: max(1, len(units) // max(1, -(-rows // config.resources.rows_per_unit)))]

@@ -1,4 +1,4 @@
-"""`specbatch check-drafter`: the drafter checks of pipeline/drafter_check.py as a command, with
+"""`specbatch check-drafter`: the drafter checks of pipeline/speculation/drafter_check.py as a command, with
 a readable report and, with --probe N, the acceptance probe on the job's own rows."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import textwrap
 from typing import Optional
 
 from pipeline.config import validate_check_names
-from pipeline.drafter_check import CHECKS, DrafterMismatch, inspect_drafter
+from pipeline.speculation.drafter_check import CHECKS, DrafterMismatch, inspect_drafter
 from schemas.drafter import DrafterReport
 
 
@@ -136,8 +136,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def _probe(config, rows: int):
     from pipeline.config import ProbeConfig
-    from pipeline.probe import probe_job_input
-    from pipeline.startup import ray_init
+    from pipeline.speculation.probe import probe_job_input
+    from pipeline.cluster.startup import ray_init
     from pipeline.storage import Storage
 
     probe = config.speculative.probe

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from pipeline.config import ACCEPTANCE_FLOOR
-from pipeline.outputs import ManifestInvalid, OutputLocation
-from pipeline.stats import Acceptance
-from pipeline.stats import busy_seconds as engine_busy_seconds
+from pipeline.commit.outputs import ManifestInvalid, OutputLocation
+from pipeline.stages.stats import Acceptance
+from pipeline.stages.stats import busy_seconds as engine_busy_seconds
 from pipeline.storage import Storage
 from pipeline.tools.prices import Prices
 from schemas import JobManifest
@@ -52,7 +52,7 @@ class ReportError(ValueError):
 
 
 def busy_seconds(stats: Sequence[dict[str, Any]]) -> float:
-    """Engine-busy seconds summed over actors (pipeline/stats.busy_seconds)."""
+    """Engine-busy seconds summed over actors (pipeline/stages/stats.busy_seconds)."""
     return engine_busy_seconds((row["actor_id"], row["started_at"], row["engine_seconds"]) for row in stats)
 
 

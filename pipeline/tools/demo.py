@@ -22,9 +22,9 @@ import pyarrow.parquet as pq
 import yaml
 
 from pipeline.config import load_config
-from pipeline.console import summary
-from pipeline.runner import run_job
-from pipeline.startup import StartClock
+from pipeline.job.console import summary
+from pipeline.job.runner import run_job
+from pipeline.cluster.startup import StartClock
 
 TEMPLATE = Path(__file__).with_name("demo.yaml")
 

@@ -9,8 +9,8 @@ import json
 import sys
 from typing import Any, Optional
 
-from pipeline.openai_batch import MARKERS_PER_READ, URLS, atomic_file, identity_hash
-from pipeline.outputs import OutputLocation
+from pipeline.inputs.openai_batch import MARKERS_PER_READ, URLS, atomic_file, identity_hash
+from pipeline.commit.outputs import OutputLocation
 from pipeline.storage import Storage
 from schemas import JobManifest
 

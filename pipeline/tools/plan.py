@@ -3,21 +3,21 @@ nothing after. No vLLM engine, no engine actor, no Ray (neither started nor join
 written to the output location: no lease, no manifest, no converted input. Exit 0 when the real
 run would be accepted, 2 when it would be refused, with the real run's message.
 
-In the real run's order (pipeline/runner.run_job), each step calling the run's own code:
+In the real run's order (pipeline/job/runner.run_job), each step calling the run's own code:
 
  1. the output location: a file is refused, a `_job.json` of another layout is refused; the
     models' fingerprints; on a rerun, changed settings or input files are refused;
- 2. the input check: footers only (pipeline/inputs.py). For `input_format: openai_batch`, files
+ 2. the input check: footers only (pipeline/inputs/__init__.py). For `input_format: openai_batch`, files
     already converted under OUTPUT_URI/_inputs are taken as they are, and files not converted
     yet are converted into a temporary local folder, deleted at the end: every line is checked
     as the real run checks it, and the rows and units are exact. (It costs what the real
     conversion costs: one read of each such JSONL file, and its converted size on local disk.)
- 3. the plan: work units (pipeline/units.plan_units) less those committed (one `_commits/`
+ 3. the plan: work units (pipeline/commit/units.plan_units) less those committed (one `_commits/`
     listing) plus those the run would redo for their error rows;
- 4. when any unit is left: the preflight (pipeline/preflight.check_before_engines) and the
-    static drafter check (pipeline/drafter_check.check_drafter). The drafter probe generates
+ 4. when any unit is left: the preflight (pipeline/job/preflight.check_before_engines) and the
+    static drafter check (pipeline/speculation/drafter_check.check_drafter). The drafter probe generates
     with an engine: it is not run, and the plan says so;
- 5. the lease, read and not taken (pipeline/lease.OutputLease.check);
+ 5. the lease, read and not taken (pipeline/commit/lease.OutputLease.check);
  6. the cluster: with a Ray address (--address, RAY_ADDRESS) the checks need that cluster's
     nodes and are skipped, said so; without one, a job whose engines need only CPUs is packed
     onto the local Ray the run would start (this machine's CPUs, at least 4: startup.local_ray_cpus).
@@ -70,19 +70,19 @@ import pyarrow.parquet as pq
 
 from pipeline.cluster import check_schedulable
 from pipeline.config import JobConfig, load_config
-from pipeline.drafter_check import check_drafter
-from pipeline.engine import schedule_text
-from pipeline.guard import depth_at
+from pipeline.speculation.drafter_check import check_drafter
+from pipeline.stages.engine import schedule_text
+from pipeline.speculation.guard import depth_at
 from pipeline.inputs import InputReport
-from pipeline.lease import OutputLease
-from pipeline.openai_batch import CONVERTED
-from pipeline.outputs import OutputLocation
-from pipeline.preflight import check_before_engines
-from pipeline.probe import refusal, rejudged
-from pipeline.job_plan import REFUSALS, JobPlan, plan_job, read_calibration, results_fingerprint
-from pipeline.startup import local_ray_cpus
+from pipeline.commit.lease import OutputLease
+from pipeline.inputs.openai_batch import CONVERTED
+from pipeline.commit.outputs import OutputLocation
+from pipeline.job.preflight import check_before_engines
+from pipeline.speculation.probe import refusal, rejudged
+from pipeline.job.plan import REFUSALS, JobPlan, plan_job, read_calibration, results_fingerprint
+from pipeline.cluster.startup import local_ray_cpus
 from pipeline.storage import Storage
-from pipeline.units import UNIT_COLUMNS, WorkUnit
+from pipeline.commit.units import UNIT_COLUMNS, WorkUnit
 from schemas.plan import CostEstimate, DryRunPlan, PlanCheck, PlanFile, PlanInputs, PlanUnits, TokenEstimate
 
 SAMPLE_ROWS = 256
@@ -296,8 +296,8 @@ def estimate_tokens(
 ) -> TokenEstimate:
     """Prompt tokens estimated from a sample prepared as the preprocess stage prepares rows,
     per input kind; output tokens bounded by max_tokens x n (module docstring)."""
-    from pipeline.preprocess import Preprocessor, check_id, check_supported_line
-    from pipeline.sampling import RowError
+    from pipeline.stages.preprocess import Preprocessor, check_id, check_supported_line
+    from pipeline.stages.sampling import RowError
 
     preprocessor = Preprocessor.for_job(config, storage)
     rng = random.Random(SAMPLE_SEED)
@@ -360,7 +360,7 @@ def _sample_kind(
     storage: Storage, files: list, rows: int, want: int, draws: int, rng: random.Random, with_metadata: bool = False
 ):
     """Yields None for each row group read, then its sampled rows in the unit layout
-    (pipeline/units.UNIT_COLUMNS; `metadata` only `with_metadata`) with its `source` and `row`. Every row, when `want` is all of them;
+    (pipeline/commit/units.UNIT_COLUMNS; `metadata` only `with_metadata`) with its `source` and `row`. Every row, when `want` is all of them;
     otherwise `draws` row groups drawn proportional to their rows (with replacement: a group
     drawn twice gives twice the rows), and want/draws rows uniformly within each."""
     starts, offset = [], 0
@@ -405,7 +405,7 @@ def _sample_kind(
 
 
 def _unit_layout(table: pa.Table, names: list[str]) -> pa.Table:
-    """The columns a unit's block carries to the preprocess stage (as pipeline/units.read_unit)."""
+    """The columns a unit's block carries to the preprocess stage (as pipeline/commit/units.read_unit)."""
     n = table.num_rows
     return pa.table({
         field.name: table.column(field.name).cast(field.type) if field.name in names else pa.nulls(n, field.type)

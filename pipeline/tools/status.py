@@ -36,11 +36,11 @@ from typing import Optional
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.lease import heartbeat_age, is_stale, read_lease
-from pipeline.outputs import LayoutMismatch, ManifestInvalid, OutputLocation, latest_per_unit
-from pipeline.console import STEADY_MIN_SECONDS
-from pipeline.runner import STATS_FLUSH_SECONDS
-from pipeline.stats import totals_from_stats
+from pipeline.commit.lease import heartbeat_age, is_stale, read_lease
+from pipeline.commit.outputs import LayoutMismatch, ManifestInvalid, OutputLocation, latest_per_unit
+from pipeline.job.console import STEADY_MIN_SECONDS
+from pipeline.job.runner import STATS_FLUSH_SECONDS
+from pipeline.stages.stats import totals_from_stats
 from pipeline.storage import Storage
 from schemas import JobManifest, Lease, UnitStats, arrow_schema
 from schemas.status import AttemptState, LeaseState, StatusReport

@@ -3,15 +3,15 @@
 Ray Data calls it with one prepared work unit at a time. The actor is async: several units
 are in flight at once and their requests overlap inside the engine, so the engine does not
 drain at a unit's tail. A unit goes through three stages, read top to bottom in `__call__`:
-generation (pipeline/engine_requests.py: requests, engine death, isolation of suspects), results
-(pipeline/unit_results.py: output and error rows, stats) and the commit of its outputs, errors
+generation (pipeline/stages/engine_requests.py: requests, engine death, isolation of suspects), results
+(pipeline/stages/unit_results.py: output and error rows, stats) and the commit of its outputs, errors
 and marker to the output location, off the event loop. The stats row goes back to the driver.
 
-Once its engine is up the actor checks in at the job board (pipeline/job_board.py) with how its
+Once its engine is up the actor checks in at the job board (pipeline/cluster/job_board.py) with how its
 start went. The first engine with a unit to run measures the drafter probe's rows before its
 units generate, and no engine commits a unit before the probe's verdict is in: a refused
 drafter leaves nothing in outputs/. Before each unit's marker the actor checks that its run
-still holds the output location's lease (pipeline/lease.py): a run that lost it commits
+still holds the output location's lease (pipeline/commit/lease.py): a run that lost it commits
 nothing more.
 """
 
@@ -24,19 +24,19 @@ from typing import Any, Optional
 
 import pyarrow as pa
 
-from pipeline.completions import reasoning_parser
+from pipeline.stages.completions import reasoning_parser
 from pipeline.config import JobConfig
-from pipeline.engine import EngineProcesses, lora_requests, prepare_process_env, process_title, start_engine
-from pipeline.engine_requests import EngineRequests
-from pipeline.metrics import ReplicaMetrics
-from pipeline.outputs import OutputLocation
-from pipeline.job_board import VERDICT_WAIT_SECONDS, DrafterRefused
-from pipeline.lease import check_fence
-from pipeline.probe import probe_concurrency, probe_result, refusal
-from pipeline.startup import process_started_at
+from pipeline.stages.engine import EngineProcesses, lora_requests, prepare_process_env, process_title, start_engine
+from pipeline.stages.engine_requests import EngineRequests
+from pipeline.stages.metrics import ReplicaMetrics
+from pipeline.commit.outputs import OutputLocation
+from pipeline.cluster.job_board import VERDICT_WAIT_SECONDS, DrafterRefused
+from pipeline.commit.lease import check_fence
+from pipeline.speculation.probe import probe_concurrency, probe_result, refusal
+from pipeline.cluster.startup import process_started_at
 from pipeline.storage import Storage
-from pipeline.unit_results import Identity, UnitResults, collect, tables, unit_stats
-from pipeline.units import unit_of
+from pipeline.stages.unit_results import Identity, UnitResults, collect, tables, unit_stats
+from pipeline.commit.units import unit_of
 from schemas import UnitStats, arrow_schema
 
 
@@ -123,7 +123,7 @@ class Generator:
         await asyncio.shield(self.probed)
 
     async def _claim_and_measure(self) -> None:
-        from pipeline.measure import figures
+        from pipeline.speculation.measure import figures
 
         claim = await self.board.claim.remote(self.where["actor_id"])
         if claim is None:

@@ -16,15 +16,15 @@ from typing import Optional
 import pyarrow as pa
 
 from pipeline.config import ConfigError, JobConfig
-from pipeline.drafter_check import DrafterMismatch, check_drafter
+from pipeline.speculation.drafter_check import DrafterMismatch, check_drafter
 from pipeline.inputs import InputError, InputReport
-from pipeline.openai_batch import inspect_job_inputs
-from pipeline.preflight import check_before_engines
-from pipeline.lease import LeaseHeld
-from pipeline.outputs import LayoutMismatch, ManifestInvalid, OutputLocation, error_units
-from pipeline.model_cache import remote_files
+from pipeline.inputs.openai_batch import inspect_job_inputs
+from pipeline.job.preflight import check_before_engines
+from pipeline.commit.lease import LeaseHeld
+from pipeline.commit.outputs import LayoutMismatch, ManifestInvalid, OutputLocation, error_units
+from pipeline.storage.model_cache import remote_files
 from pipeline.storage import Storage, is_local
-from pipeline.units import WorkUnit, plan_units
+from pipeline.commit.units import WorkUnit, plan_units
 from schemas.report import CalibrationReport
 from schemas import JobManifest, ModelFingerprint
 
@@ -243,7 +243,7 @@ def check_before_any_engine(config: JobConfig, plan: JobPlan) -> list[str]:
 
 def _refuse_missing_tokenizer(config: JobConfig) -> None:
     """A local model.tokenizer that is not there (one in object storage is read, and refused by
-    name, before any engine starts: pipeline/preflight.py)."""
+    name, before any engine starts: pipeline/job/preflight.py)."""
     path = config.model.tokenizer
     if not path or not is_local(path):
         return

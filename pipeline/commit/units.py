@@ -5,7 +5,7 @@ derived from the file's identity (URI, size, version) and the range: the same in
 gives the same units, whatever the run, its block boundaries or its replicas. A unit is what
 one engine actor generates and commits at once, and what a resume skips.
 
-`read_unit` reads one unit from the row groups that hold its range; `pipeline/datasource.py`
+`read_unit` reads one unit from the row groups that hold its range; `pipeline/graph/datasource.py`
 makes each unit a Ray Data read task (this module stays free of Ray: planning a resume needs
 no Ray import).
 """

@@ -12,7 +12,7 @@ from typing import Optional
 from pipeline.cluster import PREPROCESS_CPUS, READ_TASK_CPUS, engine_remote_args, read_concurrency
 from pipeline.config import JobConfig
 from pipeline.storage import TRANSIENT_ERRORS, Storage
-from pipeline.units import WorkUnit
+from pipeline.commit.units import WorkUnit
 
 
 def build_dataset(
@@ -26,13 +26,13 @@ def build_dataset(
     fence: Optional[dict] = None,
 ):
     """The Ray Data graph over `units`; nothing runs until the caller iterates it. `board`: the
-    job board its engines check in at (pipeline/job_board.py); `fence`: the run's lease, which
-    its engines check before each commit (pipeline/lease.check_fence)."""
+    job board its engines check in at (pipeline/cluster/job_board.py); `fence`: the run's lease, which
+    its engines check before each commit (pipeline/commit/lease.check_fence)."""
     import ray
     from ray.data import ActorPoolStrategy
 
-    from pipeline.datasource import UnitDatasource
-    from pipeline.preprocess import Preprocessor, preprocessor_args
+    from pipeline.graph.datasource import UnitDatasource
+    from pipeline.stages.preprocess import Preprocessor, preprocessor_args
 
     storage = Storage.from_config(config.storage)
     context = ray.data.DataContext.get_current()
@@ -64,7 +64,7 @@ def build_dataset(
 def _engine_stage(ds, config: JobConfig, generator_args: dict):
     from ray.data import ActorPoolStrategy
 
-    from pipeline.generator import Generator
+    from pipeline.graph.generator import Generator
 
     resources = config.resources
     # Ray Data grows a pool when the units sent to its actors reach 1.75x the units they run at

@@ -17,7 +17,7 @@ A failed check refuses the drafter unless its name is in ``warn_only`` (the job'
 ``speculative.checks_as_warnings``, ``--warn-only`` on the command line): then it is a
 warning. Only the ``d2t`` tensor and a few weight shapes are read, never the weights.
 
-Models in object storage are copied into the model cache (pipeline/model_cache.py) where the
+Models in object storage are copied into the model cache (pipeline/storage/model_cache.py) where the
 check runs (the driver): the target's config and tokenizer files only, and the whole drafter,
 whose safetensors files hold ``d2t`` and the shapes (a drafter is one decoder layer: MBs to a
 few GB, and on a node that also runs an engine the engine reuses the copy).
@@ -433,7 +433,7 @@ def inspect_drafter(target_path: str, drafter_path: str, warn_only: Iterable[str
                     target_name: Optional[str] = None, storage=None) -> DrafterReport:
     """The report, without raising on failed checks (see `check_drafter`). Paths may be URIs
     of `storage` (pipeline.storage.Storage); the report names them, not the cached copies."""
-    from pipeline.model_cache import localize
+    from pipeline.storage.model_cache import localize
 
     warn_only = set(validate_check_names(warn_only))
     target = read_target(localize(target_path, storage, weights=False), target_name).model_copy(update={"path": target_path})

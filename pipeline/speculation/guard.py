@@ -14,7 +14,7 @@ from collections import deque
 from typing import Optional
 
 from pipeline.config import GuardConfig, JobConfig
-from pipeline.stats import Acceptance
+from pipeline.stages.stats import Acceptance
 from schemas import GuardEvent, JobTotals, SpeculationVerdict
 from schemas.report import CalibrationReport
 

@@ -66,7 +66,7 @@ class OutputLocation:
         self.holder: Optional[Callable[[], None]] = None  # raises once this run no longer holds the lease
 
     def write_only_while(self, holder: Callable[[], None]) -> None:
-        """`_job.json` is written only while `holder()` returns (pipeline/lease.OutputLease.still_ours)."""
+        """`_job.json` is written only while `holder()` returns (pipeline/commit/lease.OutputLease.still_ours)."""
         self.holder = holder
 
     def path(self, *parts: str) -> str:

@@ -7,8 +7,8 @@ declare their target. Only acceptance shows it: such a drafter is accepted almos
 speculation only costs. The probe measures the mean acceptance length at the configured depth
 and refuses the drafter below `speculative.probe.min_mean_acceptance_length`.
 
-In a job the probe runs on the job's own first engine (pipeline/job_board.py, measured by
-pipeline/generator.py): one engine start per replica. `specbatch check-drafter --probe` runs it
+In a job the probe runs on the job's own first engine (pipeline/cluster/job_board.py, measured by
+pipeline/graph/generator.py): one engine start per replica. `specbatch check-drafter --probe` runs it
 on an engine of its own (`probe_job_input`). Rows come from a few units spread over the input
 (each read from its own row groups only) and are prepared exactly as the job prepares them.
 With a depth schedule the rows run at the concurrency where the schedule drafts deepest, since
@@ -25,10 +25,10 @@ import logging
 from typing import Any, Optional, Sequence
 
 from pipeline.config import JobConfig
-from pipeline.drafter_check import DrafterMismatch
-from pipeline.stats import Acceptance
+from pipeline.speculation.drafter_check import DrafterMismatch
+from pipeline.stages.stats import Acceptance
 from pipeline.storage import Storage
-from pipeline.units import WorkUnit, read_unit
+from pipeline.commit.units import WorkUnit, read_unit
 from schemas.drafter import ProbeResult
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def probe_rows(config: JobConfig, storage: Storage, units: Sequence[WorkUnit], n
     """Up to `n` rows prepared as the job prepares them, from up to PROBE_UNITS units spread
     evenly over `units`, none near the length limit; rows the job would refuse are left out.
     Returns (rows, near-limit rows met on the way)."""
-    from pipeline.preprocess import Preprocessor, RowError
+    from pipeline.stages.preprocess import Preprocessor, RowError
 
     if not units or n < 1:
         return [], 0
@@ -96,7 +96,7 @@ def probe_concurrency(config: JobConfig, rows: int) -> Optional[int]:
 
 
 def probe_result(config: JobConfig, measured: dict[str, Any], near_limit_rows: int = 0) -> ProbeResult:
-    """The probe's verdict from one measurement (pipeline/measure.py's figures)."""
+    """The probe's verdict from one measurement (pipeline/speculation/measure.py's figures)."""
     spec, m = config.speculative, measured
     acceptance = Acceptance(m["num_drafts"], m["draft_tokens"], m["accepted_tokens"], list(m["accepted_per_position"]))
     mal = acceptance.mean_acceptance_length
@@ -121,7 +121,7 @@ def probe_result(config: JobConfig, measured: dict[str, Any], near_limit_rows: i
 def measure(config: JobConfig, rows: Sequence[dict[str, Any]], near_limit_rows: int = 0) -> ProbeResult:
     """Runs where the engine may run (a GPU worker): an engine of its own with the drafter at
     the configured depth, the rows generated once."""
-    from pipeline.measure import measure_depth
+    from pipeline.speculation.measure import measure_depth
 
     (m,) = measure_depth(config, config.speculative.num_speculative_tokens, rows)
     return probe_result(config, m, near_limit_rows)
@@ -133,7 +133,7 @@ def run_probe(config: JobConfig, rows: Sequence[dict[str, Any]], near_limit_rows
     import ray
 
     from pipeline.cluster import engine_task_options
-    from pipeline.engine import prepare_process_env
+    from pipeline.stages.engine import prepare_process_env
 
     @ray.remote(max_calls=1, max_retries=0)
     def probe_task(config_json: dict, rows: list, near_limit_rows: int) -> dict:
@@ -178,7 +178,7 @@ def probe_job_input(
     probe on an engine of its own (check-drafter); DrafterRejected below the floor, None when
     every row read ends near the length limit."""
     from pipeline.inputs import inspect_inputs
-    from pipeline.units import plan_units
+    from pipeline.commit.units import plan_units
 
     if units is None:
         units = plan_units(inspect_inputs(config.input_uri, storage).files, config.resources.rows_per_unit)

@@ -6,7 +6,7 @@ One rendering pass: the tokenizer loads; the first row of the first file of each
 template); `max_tokens` leaves room in `max_model_len`; `max_model_len` is within what the
 model allows; the response_format compiles and the reasoning parser fits the tokenizer. Models
 in object storage: the driver copies their config and tokenizer files only
-(pipeline/model_cache.py), never the target's weights.
+(pipeline/storage/model_cache.py), never the target's weights.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from pipeline.config import ConfigError, JobConfig
 from pipeline.inputs import InputReport
-from pipeline.model_cache import localize
+from pipeline.storage.model_cache import localize
 from pipeline.storage import Storage
 
 
@@ -26,7 +26,7 @@ def check_before_engines(config: JobConfig, inputs: InputReport, storage: Storag
     _check_lengths(config, storage)
     tokenizer_path = config.model.tokenizer or config.model.path
     try:
-        from pipeline.preprocess import load_tokenizer
+        from pipeline.stages.preprocess import load_tokenizer
 
         tokenizer = load_tokenizer(localize(tokenizer_path, storage, weights=False))
     except Exception as exc:
@@ -52,9 +52,9 @@ def check_before_engines(config: JobConfig, inputs: InputReport, storage: Storag
 def _check_structured_and_reasoning(config: JobConfig, tokenizer) -> None:
     """The job's response_format must compile in vLLM's structured-output backends, and its
     reasoning parser must find its markers in the tokenizer."""
-    from pipeline.completions import reasoning_parser
-    from pipeline.engine import structured_backend
-    from pipeline.structured import check_supported
+    from pipeline.stages.completions import reasoning_parser
+    from pipeline.stages.engine import structured_backend
+    from pipeline.stages.structured import check_supported
 
     try:
         check_supported(config.sampling.response_format, tokenizer, structured_backend(config))

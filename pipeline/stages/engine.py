@@ -9,14 +9,14 @@ import threading
 from typing import Any, Callable
 
 from pipeline.config import JobConfig
-from pipeline.model_cache import localize
+from pipeline.storage.model_cache import localize
 from pipeline.storage import Storage
 
 
 def engine_kwargs(config: JobConfig, *, speculative: bool | None = None, num_speculative_tokens: int | None = None) -> dict[str, Any]:
     """Keyword arguments for `vllm.LLM(...)` / `AsyncEngineArgs(...)`. `speculative` and
     `num_speculative_tokens` override the config (calibration, side-by-side checks). Models in
-    object storage are copied into this node's model cache first (pipeline/model_cache.py): this
+    object storage are copied into this node's model cache first (pipeline/storage/model_cache.py): this
     runs in the process that starts the engine, on the engine's node."""
     engine, spec = config.engine, config.speculative
     storage = Storage.from_config(config.storage)
@@ -36,7 +36,7 @@ def engine_kwargs(config: JobConfig, *, speculative: bool | None = None, num_spe
     )
     if config.engine_workers > 1 and not config.resources.cpu_build:
         # One process per GPU, started by vLLM's Ray executor inside the engine actor's placement
-        # group (pipeline/cluster.py), possibly on other nodes. vLLM's CPU build has no Ray
+        # group (pipeline/cluster/__init__.py), possibly on other nodes. vLLM's CPU build has no Ray
         # executor: there its own multiprocessing executor runs the workers on the actor's node.
         kwargs["distributed_executor_backend"] = "ray"
     if config.resources.cpu_build:

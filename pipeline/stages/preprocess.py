@@ -2,7 +2,7 @@
 engine never waits on chat templates or tokenizers.
 
 Every input row comes out exactly once: either ready for the engine (`prompt_token_ids` and
-its resolved sampling parameters, pipeline/sampling.py) or marked with an error (`error_kind`, `error_field`,
+its resolved sampling parameters, pipeline/stages/sampling.py) or marked with an error (`error_kind`, `error_field`,
 `error_message`), which the engine actor writes to errors/ in the same commit as its batch.
 """
 
@@ -15,9 +15,9 @@ from typing import Any
 import pyarrow as pa
 
 from pipeline.config import ChatConfig, JobConfig, SamplingConfig, closest, speculation_conflicts
-from pipeline.engine import structured_backend
-from pipeline.sampling import COLUMNS as SAMPLING_COLUMNS
-from pipeline.sampling import RowError, engine_values, resolve
+from pipeline.stages.engine import structured_backend
+from pipeline.stages.sampling import COLUMNS as SAMPLING_COLUMNS
+from pipeline.stages.sampling import RowError, engine_values, resolve
 
 PREPARED_SCHEMA_FIELDS = [
     pa.field("id", pa.string()),
@@ -26,7 +26,7 @@ PREPARED_SCHEMA_FIELDS = [
     pa.field("unit_id", pa.string()),
     pa.field("unit_rows", pa.int64()),
     pa.field("prompt_token_ids", pa.list_(pa.int32())),
-    pa.field("sampling", pa.string()),  # the resolved parameters, JSON (pipeline/sampling.py)
+    pa.field("sampling", pa.string()),  # the resolved parameters, JSON (pipeline/stages/sampling.py)
     pa.field("max_tokens_clipped", pa.bool_()),
     pa.field("lora", pa.string()),
     pa.field("error_kind", pa.string()),
@@ -67,7 +67,7 @@ def check_supported_line(row: dict[str, Any], metadata: Any) -> None:
     refusal would have."""
     if row["prompt"] is not None or row["messages"] is not None:
         return
-    from pipeline.openai_batch import UNSUPPORTED, unsupported_problem
+    from pipeline.inputs.openai_batch import UNSUPPORTED, unsupported_problem
 
     problem = unsupported_problem(metadata.as_py() if isinstance(metadata, pa.Scalar) else metadata)
     if problem is not None:
@@ -96,7 +96,7 @@ def preprocessor_args(config: JobConfig, storage=None) -> dict[str, Any]:
 
 class Preprocessor:
     """Ray Data stage: validates each row of a work unit, renders chat messages and tokenizes.
-    A block is one whole unit (pipeline/units.py), and comes out as one block."""
+    A block is one whole unit (pipeline/commit/units.py), and comes out as one block."""
 
     @classmethod
     def for_job(cls, config: JobConfig, storage=None) -> "Preprocessor":
@@ -109,7 +109,7 @@ class Preprocessor:
         """`speculation`: None (off), "gpu" or "cpu" (vLLM's CPU build), and the engine's
         structured-output backend: what a row's parameters must run with. `storage` reaches a
         tokenizer in object storage; `lora_adapters` are the names a row's `lora` may give."""
-        from pipeline.model_cache import localize  # a tokenizer in object storage: this node's cached copy
+        from pipeline.storage.model_cache import localize  # a tokenizer in object storage: this node's cached copy
 
         self.tokenizer = load_tokenizer(localize(tokenizer_path, storage, weights=False))
         self.max_model_len = max_model_len
@@ -148,7 +148,7 @@ class Preprocessor:
             return
         key = sampling.response_format.model_dump_json()
         if key not in self.formats_checked:
-            from pipeline.structured import check_supported
+            from pipeline.stages.structured import check_supported
 
             try:
                 check_supported(sampling.response_format, self.tokenizer, self.structured_backend)

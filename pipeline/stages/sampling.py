@@ -93,7 +93,7 @@ def sampling_params(values: dict[str, Any], **extra):
     """vLLM SamplingParams of resolved values (`engine_values`, or the prepared row's JSON)."""
     from vllm import SamplingParams
 
-    from pipeline.structured import structured_outputs
+    from pipeline.stages.structured import structured_outputs
 
     v = dict(values)
     response_format = v.pop("response_format", None)

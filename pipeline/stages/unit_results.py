@@ -10,11 +10,11 @@ from typing import Any, Callable, Optional
 
 import pyarrow as pa
 
-from pipeline.completions import output_rows
+from pipeline.stages.completions import output_rows
 from pipeline.config import SpeculativeConfig
-from pipeline.engine import schedule_text
-from pipeline.engine_requests import EngineCrash
-from pipeline.stats import Acceptance
+from pipeline.stages.engine import schedule_text
+from pipeline.stages.engine_requests import EngineCrash
+from pipeline.stages.stats import Acceptance
 from schemas import ErrorRow, OutputRow, UnitStats, arrow_schema
 
 # Errors of a request that are the row's own (vLLM refused it): retrying cannot help.

@@ -18,8 +18,8 @@ import datetime as dt
 import os
 from typing import Any, Callable, Optional
 
-from pipeline.outputs import OutputLocation
-from pipeline.sampling import row_sampling_params
+from pipeline.commit.outputs import OutputLocation
+from pipeline.stages.sampling import row_sampling_params
 
 
 PROBE = "probe"  # the drafter probe's requests in `in_flight`: not a unit, never a suspect
@@ -33,7 +33,7 @@ class EngineRequests:
     def __init__(self, engine, location: OutputLocation, lora_requests: dict[str, Any], end_engine: Callable[[], Any],
                  actor_id: str, node_id: str):
         self.engine, self.location, self.lora_requests = engine, location, lora_requests
-        self.end_engine = end_engine  # ends the dead engine's processes (pipeline/engine.EngineProcesses)
+        self.end_engine = end_engine  # ends the dead engine's processes (pipeline/stages/engine.EngineProcesses)
         self.actor_id, self.node_id = actor_id, node_id
         # An isolated unit's suspects run alone in the engine: they wait for the units in
         # flight and hold off new ones.

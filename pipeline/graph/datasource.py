@@ -11,7 +11,7 @@ from ray.data.block import BlockMetadata
 from ray.data.datasource import ReadTask
 
 from pipeline.storage import Storage
-from pipeline.units import WorkUnit, read_unit
+from pipeline.commit.units import WorkUnit, read_unit
 
 
 class UnitDatasource(Datasource):

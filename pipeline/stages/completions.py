@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from pipeline.stats import Acceptance
-from pipeline.structured import parse_check
+from pipeline.stages.stats import Acceptance
+from pipeline.stages.structured import parse_check
 
 
 def logprob_entries(token_ids, positions, k: int, decode: Callable[[int], str]) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ import time
 from typing import Any, Optional, Sequence
 
 from pipeline.config import JobConfig
-from pipeline.stats import Acceptance
+from pipeline.stages.stats import Acceptance
 
 WARMUP_PROMPTS = 4  # a short untimed warm-up: the first steps of an engine are slow
 
@@ -53,7 +53,7 @@ def measure_depth(
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from pipeline.engine import engine_kwargs, lora_requests, prepare_process_env
+    from pipeline.stages.engine import engine_kwargs, lora_requests, prepare_process_env
 
     prepare_process_env(config)
     engine_started = time.perf_counter()
@@ -74,7 +74,7 @@ def _measure_at(llm, prompts: Sequence[dict[str, Any]], concurrency: Optional[in
     LoRARequest by name); the fastest run is kept (the others were disturbed by something else)."""
     from vllm.inputs import TokensPrompt
 
-    from pipeline.sampling import row_sampling_params
+    from pipeline.stages.sampling import row_sampling_params
 
     sample = concurrency_sample(prompts, concurrency)
     params = [row_sampling_params(p) for p in sample]

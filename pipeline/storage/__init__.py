@@ -78,7 +78,7 @@ class Storage:
     endpoint_url: Optional[str] = None
     region: Optional[str] = None
     retry_seconds: float = 120.0
-    model_cache_dir: Optional[str] = None  # where models from object storage are copied (pipeline/model_cache.py)
+    model_cache_dir: Optional[str] = None  # where models from object storage are copied (pipeline/storage/model_cache.py)
 
     @classmethod
     def from_config(cls, config: StorageConfig) -> "Storage":

@@ -34,7 +34,7 @@ import uuid
 from typing import Callable, Optional
 
 from pipeline.config import LeaseConfig
-from pipeline.outputs import LEASE, OutputLocation
+from pipeline.commit.outputs import LEASE, OutputLocation
 from pipeline.storage import PreconditionFailed, json_bytes
 from schemas import Lease
 

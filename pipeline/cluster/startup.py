@@ -2,7 +2,7 @@
 phase by phase, in `_job.json` (Attempt.start).
 
 The driver marks its own phases on a StartClock; each engine actor posts its start to the job
-board (pipeline/job_board.py): process, `import vllm`, EngineCore, engine ready. The phases are
+board (pipeline/cluster/job_board.py): process, `import vllm`, EngineCore, engine ready. The phases are
 intervals on one time line from the driver's process start, so that overlapping work (engines
 loading while units are read and prepared) shows as overlap.
 

@@ -1,7 +1,7 @@
-"""The job runner: a job's attempts, from the plan (pipeline/job_plan.py) to the closed manifest.
+"""The job runner: a job's attempts, from the plan (pipeline/job/plan.py) to the closed manifest.
 
     plan (footers -> work units -> minus the units in _commits/) -> checks -> lease -> the Ray
-      Data graph (pipeline/graph.py) -> driver: iterates the per-unit stats rows for totals,
+      Data graph (pipeline/graph/__init__.py) -> driver: iterates the per-unit stats rows for totals,
       progress and the guard -> `_job.json`
 """
 
@@ -18,23 +18,23 @@ from typing import Optional
 
 import pyarrow as pa
 
-from pipeline.breaker import ErrorBreaker
-from pipeline.console import STEADY_MIN_SECONDS, print_progress, progress_line, say
+from pipeline.job.breaker import ErrorBreaker
+from pipeline.job.console import STEADY_MIN_SECONDS, print_progress, progress_line, say
 from pipeline.cluster import (
     WATCH_SECONDS, ClusterWatch, SchedulingStalled, StallInterrupt, StallWatch, check_cluster_paths, check_schedulable,
     cluster_capacity, stall_message,
 )
 from pipeline.config import JobConfig
-from pipeline.probe import DrafterRejected, job_probe_rows, refusal, rejudged
+from pipeline.speculation.probe import DrafterRejected, job_probe_rows, refusal, rejudged
 from pipeline.graph import build_dataset
-from pipeline.guard import AcceptanceGuard, AcceptanceTooLow, speculation_verdict
-from pipeline.job_plan import JobPlan, check_before_any_engine, model_id, plan_job, read_calibration, results_fingerprint
-from pipeline.job_board import start_board
-from pipeline.lease import LeaseLost, OutputLease
-from pipeline.outputs import OutputLocation
-from pipeline.stats import billed_replicas, busy_seconds, totals_from_stats
-from pipeline.startup import StartClock, ray_init, start_cost
-from pipeline.units import WorkUnit
+from pipeline.speculation.guard import AcceptanceGuard, AcceptanceTooLow, speculation_verdict
+from pipeline.job.plan import JobPlan, check_before_any_engine, model_id, plan_job, read_calibration, results_fingerprint
+from pipeline.cluster.job_board import start_board
+from pipeline.commit.lease import LeaseLost, OutputLease
+from pipeline.commit.outputs import OutputLocation
+from pipeline.stages.stats import billed_replicas, busy_seconds, totals_from_stats
+from pipeline.cluster.startup import StartClock, ray_init, start_cost
+from pipeline.commit.units import WorkUnit
 from schemas import (
     LAYOUT_VERSION, Attempt, EngineDeath, GuardEvent, JobManifest, JobTotals, Lease, NodeLoss, ProbeResult, Versions,
 )
