@@ -90,10 +90,10 @@ def main() -> None:
     from vllm.lora.request import LoRARequest
 
     from pipeline.config import load_config
-    from pipeline.tools.demo import sample_prompts
     from pipeline.stages.engine import engine_kwargs
     from pipeline.stages.stats import Acceptance
     from pipeline.tinykit.lora import write_lora_adapter
+    from pipeline.tools.demo import sample_prompts
 
     config = load_config(args.config)
     adapter = write_lora_adapter(config.model.path, args.adapter or tempfile.mkdtemp(prefix="kit-lora-"), rank=args.rank)

@@ -142,8 +142,8 @@ def run_ray_data_llm(config_path: str) -> dict:
 
 def run_specbatch(config_path: str) -> dict:
     """Only reads what `specbatch run` (run by the parent) left."""
-    from pipeline.config import load_config
     from pipeline.commit.outputs import OutputLocation
+    from pipeline.config import load_config
     from pipeline.storage import Storage
 
     config = load_config(config_path)

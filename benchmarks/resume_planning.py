@@ -211,7 +211,8 @@ def write_finished_job(client, config, inputs, stats: list[dict], units: int) ->
     writes them at the end of a job that committed every unit."""
     import pyarrow as pa
 
-    from pipeline.job import plan as job_plan, runner
+    from pipeline.job import plan as job_plan
+    from pipeline.job.manifest import versions
     from pipeline.stages.stats import totals_from_stats
     from schemas import LAYOUT_VERSION, Attempt, JobManifest, UnitStats, arrow_schema
 
@@ -226,7 +227,7 @@ def write_finished_job(client, config, inputs, stats: list[dict], units: int) ->
     manifest = JobManifest(
         layout_version=LAYOUT_VERSION, job_id="resume-planning-bench", status="succeeded", started_at=now, ended_at=now,
         config=config.redacted(), results_fingerprint=job_plan.results_fingerprint(config, target, drafter),
-        versions=runner.versions(), model=target, drafter=drafter, accelerator=config.resources.accelerator,
+        versions=versions(), model=target, drafter=drafter, accelerator=config.resources.accelerator,
         input_files=inputs.files, totals=totals_from_stats(table, inputs.rows, 3600.0), attempts=[attempt],
     )
     body = json.dumps(manifest.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
@@ -234,9 +235,9 @@ def write_finished_job(client, config, inputs, stats: list[dict], units: int) ->
 
 
 def setup(endpoint: str, args) -> None:
+    from pipeline.commit.units import plan_units
     from pipeline.inputs import inspect_inputs
     from pipeline.storage import Storage
-    from pipeline.commit.units import plan_units
 
     client = s3_client(endpoint, args.threads)
     config = job_config(endpoint, args.rows_per_unit)
@@ -287,10 +288,10 @@ def area(key: str) -> str:
 
 def plan(endpoint: str, rows_per_unit: int, footer_cache: bool) -> dict:
     """What run_job does before its lease: returns the steps' seconds and what was planned."""
-    from pipeline.inputs import inspect_inputs
     from pipeline.commit.outputs import OutputLocation
-    from pipeline.storage import Storage
     from pipeline.commit.units import plan_units
+    from pipeline.inputs import inspect_inputs
+    from pipeline.storage import Storage
     from schemas import JobManifest
 
     storage = Storage(endpoint_url=endpoint)

@@ -30,9 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 SPECBATCH = str(Path(sys.executable).with_name("specbatch"))
 
-from pipeline.tools.demo import demo_models, write_sample_shards  # noqa: E402
 from pipeline.commit.outputs import OutputLocation  # noqa: E402
 from pipeline.storage import Storage  # noqa: E402
+from pipeline.tools.demo import demo_models, write_sample_shards  # noqa: E402
 from tests.ray_cluster import LocalCluster  # noqa: E402
 
 

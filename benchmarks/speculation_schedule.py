@@ -160,8 +160,8 @@ def best_positive_depth(report) -> int | None:
 
 
 def run_once(config: dict) -> dict:
-    from pipeline.config import parse_config
     from pipeline.commit.outputs import OutputLocation
+    from pipeline.config import parse_config
     from pipeline.job.runner import run_job
     from pipeline.storage import Storage
 
@@ -267,8 +267,8 @@ def main() -> None:
     print_calibration(report, calibration_seconds)
 
     runs: dict[str, tuple[str, dict]] = {"a": ("(a) speculation off", {"enabled": False})}
-    from pipeline.tools.calibrate import best_depths
     from pipeline.stages.engine import schedule_text
+    from pipeline.tools.calibrate import best_depths
 
     depth = best_depths(report.rows)[max(report.concurrencies)]  # the sweep's best static depth (vLLM alone)
     if depth == 0:

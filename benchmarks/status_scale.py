@@ -40,7 +40,7 @@ SCENARIOS = {"clean": "finished, no error rows", "errors": "finished, every unit
 
 
 def manifest_doc(args, status: str, error_rows: int, units: int) -> dict:
-    from pipeline.job.runner import versions
+    from pipeline.job.manifest import versions
     from schemas import LAYOUT_VERSION, Attempt, InputFile, JobManifest, JobTotals, ModelFingerprint
 
     per_file = -(-args.rows // args.files)

@@ -103,9 +103,9 @@ def main() -> None:
     from vllm.sampling_params import StructuredOutputsParams
 
     from pipeline.config import load_config
-    from pipeline.tools.demo import sample_prompts
     from pipeline.stages.engine import engine_kwargs
     from pipeline.stages.stats import Acceptance
+    from pipeline.tools.demo import sample_prompts
 
     config = load_config(args.config)
     so_engine = {"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}}

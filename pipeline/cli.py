@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
 import textwrap
 
 from schemas import EXIT_CODES
-
 
 # Commands whose modules own their argument parsing (`specbatch NAME --help`).
 DELEGATED = {
@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.json and not args.dry_run:
             parser.error("--json goes with --dry-run")
         return run_from_config(
-            args.config, args.output_uri, args.job_id, args.restart, args.take_over, args.retry_errors, args.verbose,
-            args.address, dry_run=args.dry_run, as_json=args.json,
+            args.config, args.output_uri, dry_run=args.dry_run, as_json=args.json, job_id=args.job_id, restart=args.restart,
+            take_over=args.take_over, retry_errors=args.retry_errors, verbose=args.verbose, address=args.address,
         )
     if args.command == "tiny-models":
         from pipeline.tinykit.build import main as build_main
@@ -133,38 +133,29 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
 EXIT = EXIT_CODES  # exit codes by job status (schemas.EXIT_CODES)
 
 
-def run_from_config(
-    config_uri: str,
-    output_uri: str | None = None,
-    job_id: str | None = None,
-    restart: bool = False,
-    take_over: bool = False,
-    retry_errors: bool = False,
-    verbose: bool = False,
-    address: str | None = None,
-    dry_run: bool = False,
-    as_json: bool = False,
-) -> int:
+def run_from_config(config_uri: str, output_uri: str | None = None, dry_run: bool = False, as_json: bool = False,
+                    **options) -> int:
     """Exit 0 succeeded, 3 completed_with_errors (over retries.max_error_fraction), 1 failed
     (the job stopped; `_job.json` says why), 2 refused before it started, 4 fenced (another run
-    took the output location over while this one ran), 130 interrupted. `dry_run`: the
-    checks and the plan only (pipeline/tools/plan.py), 0 when the run would be accepted."""
-    from pipeline.config import load_config
-    from pipeline.job.runner import plain_text, run_job
+    took the output location over while this one ran), 130 interrupted. `options`: the run's
+    flags (pipeline/job/plan.RunOptions). `dry_run`: the checks and the plan only
+    (pipeline/tools/plan.py), 0 when the run would be accepted."""
     from pipeline.cluster.startup import StartClock
+    from pipeline.config import load_config
+    from pipeline.job.manifest import plain_text
+    from pipeline.job.plan import RunOptions
+    from pipeline.job.runner import run_job
 
+    flags = RunOptions(**options)
     config = None
     previous_handler = signal.signal(signal.SIGINT, _interrupt_then_exit_at_the_next)
     try:
         if dry_run:
             from pipeline.tools.plan import dry_run as plan
 
-            return plan(config_uri, output_uri, restart, take_over, retry_errors, address, as_json)
+            return plan(config_uri, output_uri, flags, as_json)
         config = load_config(config_uri, {"output_uri": output_uri} if output_uri else None)
-        manifest = run_job(
-            config, job_id=job_id, restart=restart, take_over=take_over, retry_errors=retry_errors, verbose=verbose,
-            address=address, clock=StartClock(from_process_start=True),
-        )
+        manifest = run_job(config, clock=StartClock(from_process_start=True), **dataclasses.asdict(flags))
     except KeyboardInterrupt:
         print(f"specbatch: {_interrupted(config)}; rerun the same command to resume", file=sys.stderr)
         return EXIT["interrupted"]
@@ -183,11 +174,11 @@ def run_from_config(
 def _endings() -> list[tuple[tuple[type, ...], str, str]]:
     """The errors that end a run with one line and an exit code, not a traceback: (types, the
     status whose exit code it takes, the line's first word)."""
-    from pipeline.job.breaker import TooManyErrors
     from pipeline.cluster import SchedulingStalled
-    from pipeline.speculation.guard import AcceptanceTooLow
-    from pipeline.job.plan import REFUSALS
     from pipeline.commit.lease import LeaseLost
+    from pipeline.job.breaker import TooManyErrors
+    from pipeline.job.plan import REFUSALS
+    from pipeline.speculation.guard import AcceptanceTooLow
 
     return [
         (REFUSALS, "refused", "refused"),

@@ -19,10 +19,15 @@ from pipeline.commit.outputs import OutputLocation
 from pipeline.storage import Storage
 from pipeline.tinykit.random_kit import build_random_kit
 from tests.test_resilience import (
-    alive, assert_exactly_once, kill_engine_cores, make_job, start_job, vllm_processes, wait_for_commits,
+    alive,
+    assert_exactly_once,
+    kill_engine_cores,
+    make_job,
+    start_job,
+    vllm_processes,
+    wait_for_commits,
     wait_for_new_engine_core,
 )
-
 
 # When each kill comes: once a unit committed; as soon as the replacement's EngineCore
 # appears; as soon as its worker appears (loading the model, then the queues' handshake).

@@ -9,14 +9,24 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.tools.calibrate import (
-    CalibrationError, apply_depth, best_depths, calibration_rows, main as calibrate_main, parse_concurrencies, parse_depths,
-    sample_prompts, schedule_from, schedule_pays,
-)
 from pipeline.config import load_config, parse_config
-from pipeline.tools.demo import sample_prompts as stdlib_lines
 from pipeline.storage import Storage
 from pipeline.tinykit import kit_paths
+from pipeline.tools.calibrate import (
+    CalibrationError,
+    apply_depth,
+    best_depths,
+    calibration_rows,
+    parse_concurrencies,
+    parse_depths,
+    sample_prompts,
+    schedule_from,
+    schedule_pays,
+)
+from pipeline.tools.calibrate import (
+    main as calibrate_main,
+)
+from pipeline.tools.demo import sample_prompts as stdlib_lines
 from schemas.report import CalibrationReport
 from tests.conftest import job_config, write_prompts
 

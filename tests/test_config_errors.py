@@ -9,10 +9,11 @@ import re
 import pytest
 import yaml
 
-from pipeline import cli, config as config_module
-from pipeline.stages import sampling
-from pipeline.config import messages as config_messages
+from pipeline import cli
+from pipeline import config as config_module
 from pipeline.config import ConfigError, JobConfig, load_config, output_inside_input, parse_config
+from pipeline.config import messages as config_messages
+from pipeline.stages import sampling
 from tests.conftest import job_config
 
 KIT = {"target": "/models/t", "drafter": "/models/d"}

@@ -13,7 +13,7 @@ from pipeline.config import ConfigError, load_config, parse_config
 from pipeline.inputs import InputError, inspect_inputs
 from pipeline.stages.stats import Acceptance
 from pipeline.storage import Storage
-from schemas import UnitStats, OutputRow, arrow_schema
+from schemas import OutputRow, UnitStats, arrow_schema
 from schemas.export import JSON_DIR, json_schemas
 from tests.conftest import job_config
 
@@ -230,8 +230,8 @@ def _unit(unit_id, rows=10, errors=0, retryable=0):
 
 
 def test_circuit_breaker_trips_on_an_error_share_over_its_window_and_on_repeated_infrastructure_errors():
-    from pipeline.job.breaker import ErrorBreaker, TooManyErrors
     from pipeline.config import RetriesConfig
+    from pipeline.job.breaker import ErrorBreaker, TooManyErrors
 
     breaker = ErrorBreaker(RetriesConfig(max_error_fraction=0.1, breaker_window_units=3, breaker_consecutive_units=2))
     for unit in (_unit("a"), _unit("b"), _unit("c"), _unit("d", errors=1), _unit("e", errors=1)):

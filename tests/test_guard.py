@@ -14,10 +14,10 @@ from collections import Counter
 
 import pytest
 
-from pipeline.config import GuardConfig, parse_config
-from pipeline.speculation.guard import AcceptanceGuard, AcceptanceTooLow
 from pipeline.commit.outputs import OutputLocation
+from pipeline.config import GuardConfig, parse_config
 from pipeline.job.runner import run_job
+from pipeline.speculation.guard import AcceptanceGuard, AcceptanceTooLow
 from pipeline.storage import Storage
 from tests.conftest import job_config, write_prompts
 
@@ -79,8 +79,8 @@ def test_guard_is_on_by_default_and_needs_a_floor():
 
 
 def test_the_verdict_flags_acceptance_below_the_floor_and_a_measured_loss():
-    from pipeline.tools.calibrate import calibration_rows
     from pipeline.speculation.guard import speculation_verdict
+    from pipeline.tools.calibrate import calibration_rows
     from schemas import JobTotals
     from schemas.report import CalibrationReport
 

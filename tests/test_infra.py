@@ -26,10 +26,9 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+import hcl2  # noqa: E402  (python-hcl2, from the test extra)
 import pytest
 import yaml
-
-import hcl2  # noqa: E402  (python-hcl2, from the test extra)
 
 ROOT = Path(__file__).resolve().parents[1]
 INFRA = ROOT / "infra"

@@ -11,11 +11,11 @@ from datetime import datetime
 import pytest
 import s3fs
 
-from pipeline.config import parse_config
 from pipeline.commit.outputs import OutputLocation
-from pipeline.storage.model_cache import remote_files
+from pipeline.config import parse_config
 from pipeline.job.runner import run_job
 from pipeline.storage import Storage
+from pipeline.storage.model_cache import remote_files
 from tests.conftest import job_config, record_s3_requests, write_prompts
 
 GOOD_PROMPTS = [f"def function_{i}(x):\n    return" for i in range(12)]

@@ -1,6 +1,7 @@
-"""The layout holds: the runtime (pipeline/*.py, what a job runs) imports neither the tooling
-(pipeline/tools/) nor the training kit (pipeline/tinykit/), its modules import each other
-without cycles, and it reads in short functions."""
+"""The layout holds: the runtime (pipeline/ but for the tooling in pipeline/tools/ and the
+training kit in pipeline/tinykit/) is a stack of packages, each importing only from those
+below it; it imports neither the tooling nor the kit; its modules import each other without
+cycles; and it reads in short functions and modules."""
 
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ RUNTIME = sorted(p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).part
 MAX_FUNCTION_LINES = 50
 # The command line is the one runtime module that dispatches to the tools.
 DISPATCHERS = {"cli.py"}
+# The runtime's packages, bottom first: each imports only from itself and those before it.
+# `fingerprint` is a module at the root because the training kit's recipe hashes it.
+LAYERS = ("fingerprint", "config", "storage", "inputs", "commit", "cluster", "stages", "speculation", "graph", "job", "cli")
+MAX_MODULE_LINES = 400
+MAX_ROOT_MODULES = 8
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -41,6 +47,28 @@ def test_the_runtime_imports_no_tooling_and_no_training_kit():
     }
     assert len(RUNTIME) > 20
     assert {name: mods for name, mods in offending.items() if mods} == {}
+
+
+def layer(module: str) -> int:
+    return LAYERS.index(module.split(".")[0])
+
+
+def test_each_package_imports_only_from_those_below_it():
+    assert {module_name(path).split(".")[0] for path in RUNTIME} - {"__init__"} == set(LAYERS)
+    upward = sorted(
+        f"{module_name(path)} imports pipeline.{used}"
+        for path in RUNTIME if path.name not in DISPATCHERS and module_name(path) != "__init__"
+        for used in (m[len("pipeline."):] for m in imported_modules(path) if m.startswith("pipeline."))
+        if used.split(".")[0] in LAYERS and layer(used) > layer(module_name(path))
+    )
+    assert upward == []
+
+
+def test_the_root_holds_few_modules_and_no_runtime_module_is_long():
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, root
+    long = {str(p.relative_to(PACKAGE)): n for p in RUNTIME if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}
 
 
 def test_runtime_modules_import_each_other_without_cycles():
@@ -82,3 +110,18 @@ def test_no_runtime_function_is_longer_than_fifty_lines():
 def test_the_kit_weights_are_not_inside_the_package():
     assert list((ROOT / "pipeline").rglob("*.safetensors")) == []
     assert list((ROOT / "models" / "tinykit").rglob("*.safetensors"))
+
+
+def test_no_driver_function_takes_more_than_six_parameters():
+    """The driver (pipeline/job/, the command line) passes objects (the plan, the attempt, the
+    run's options), not their fields unpacked."""
+    wide = []
+    for path in RUNTIME:
+        if module_name(path).split(".")[0] not in ("job", "cli"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names = [a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)]
+                if len([n for n in names if n not in ("self", "cls")]) > 6:
+                    wide.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}")
+    assert wide == []

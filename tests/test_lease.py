@@ -16,9 +16,9 @@ import psutil
 import pyarrow as pa
 import pytest
 
-from pipeline.config import LeaseConfig, parse_config
 from pipeline.commit.lease import LeaseHeld, LeaseLost, OutputLease, check_fence
 from pipeline.commit.outputs import LayoutMismatch, OutputLocation
+from pipeline.config import LeaseConfig, parse_config
 from pipeline.job.runner import run_job
 from pipeline.storage import Storage, json_bytes
 from schemas import Lease
@@ -217,8 +217,8 @@ def test_a_drafter_rewritten_in_place_is_refused_on_resume(tmp_path, random_kit)
     from pathlib import Path
 
     from pipeline.inputs import inspect_inputs
+    from pipeline.job.manifest import versions
     from pipeline.job.plan import ResultsChanged, model_fingerprint, plan_job, results_fingerprint
-    from pipeline.job.runner import versions
     from schemas import LAYOUT_VERSION, JobManifest, JobTotals
     from tests.conftest import write_prompts
     from tests.test_outputs import stats as outputs_stats
@@ -315,8 +315,8 @@ def test_a_changed_setting_blocks_a_resume_only_when_something_was_committed(tmp
     """The earlier attempt committed nothing: the changed config goes ahead (here to the next
     check, which refuses its max_tokens). Once a unit is committed, the change is refused,
     naming the setting and the flag that starts over."""
+    from pipeline.job.manifest import versions
     from pipeline.job.plan import model_fingerprint
-    from pipeline.job.runner import versions
     from pipeline.tinykit import kit_paths
     from schemas import LAYOUT_VERSION, JobManifest, JobTotals
 

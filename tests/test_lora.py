@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import ConfigError, parse_config
 from pipeline.commit.outputs import OutputLocation
+from pipeline.config import ConfigError, parse_config
 from pipeline.job.runner import run_job
 from pipeline.storage import Storage
 from tests.conftest import job_config, write_prompts
@@ -48,10 +48,10 @@ def test_the_probe_and_calibrate_prepare_a_rows_adapter_as_the_job_does(tmp_path
     """One Preprocessor for the job, the probe, the dry run and calibrate (preprocess.preprocessor_args):
     calibrate's copy left the adapters out and its reader the `lora` column, so it skipped every row
     that names one and measured the others without theirs."""
+    from pipeline.commit.units import plan_units
     from pipeline.inputs import inspect_inputs
     from pipeline.speculation.probe import probe_rows
     from pipeline.tools.calibrate import sample_prompts
-    from pipeline.commit.units import plan_units
 
     n = len(PROMPTS)
     adapters = [None, "style"] * (n // 2)

@@ -14,12 +14,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.commit.outputs import OutputLocation
 from pipeline.config import ConfigError, parse_config
 from pipeline.inputs import InputError
 from pipeline.inputs.openai_batch import CONVERTED, LISTED_PROBLEMS, inspect_job_inputs
-from pipeline.tools.export import main as export_main
-from pipeline.commit.outputs import OutputLocation
 from pipeline.storage import Storage
+from pipeline.tools.export import main as export_main
 from schemas import ErrorRow, JobManifest, JobTotals, ModelFingerprint, OutputRow, Versions, arrow_schema
 from tests.conftest import job_config, record_s3_requests
 from tests.test_outputs import stats
@@ -223,10 +223,10 @@ def test_unsupported_requests_errors_makes_each_such_line_its_error_row(tmp_path
     errors.jsonl line is a 400 in OpenAI's error shape. The default's refusal names the switch."""
     from openai.types import BatchError
 
+    from pipeline.commit.units import plan_units, read_unit
     from pipeline.stages.preprocess import Preprocessor
     from pipeline.tinykit import kit_paths
     from pipeline.tools.export import error_line
-    from pipeline.commit.units import plan_units, read_unit
 
     lines = bad_lines()
     source = write_jsonl(tmp_path / "in" / "bad.jsonl", lines)

@@ -17,10 +17,11 @@ import pyarrow as pa
 import pytest
 
 from pipeline.commit.outputs import OutputLocation
-from pipeline.tools.prices import Prices
-from pipeline.tools.cost import JobData, ReportError, build_report, busy_seconds
-from pipeline.tools.report import default_report_uri, main as report_main, terminal_summary
 from pipeline.storage import Storage
+from pipeline.tools.cost import JobData, ReportError, build_report, busy_seconds
+from pipeline.tools.prices import Prices
+from pipeline.tools.report import default_report_uri, terminal_summary
+from pipeline.tools.report import main as report_main
 from schemas import JobManifest, UnitStats
 from schemas.report import CostReport
 

@@ -22,8 +22,8 @@ import psutil
 import pytest
 import yaml
 
-from pipeline.config import parse_config
 from pipeline.commit.outputs import OutputLocation
+from pipeline.config import parse_config
 from pipeline.job.plan import ResultsChanged
 from pipeline.job.runner import run_job
 from pipeline.storage import Storage, json_bytes

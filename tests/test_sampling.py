@@ -12,8 +12,8 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from pipeline.config import SamplingConfig, parse_config
 from pipeline.commit.outputs import OutputLocation
+from pipeline.config import SamplingConfig, parse_config
 from pipeline.job.runner import run_job
 from pipeline.stages.sampling import RowError, resolve
 from pipeline.storage import Storage

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import parse_config
-from pipeline.speculation.drafter_check import inspect_drafter
-from pipeline.tools.check_drafter import format_report
 from pipeline.commit.outputs import OutputLocation
-from pipeline.speculation.probe import DrafterRejected
+from pipeline.config import parse_config
 from pipeline.job.runner import run_job
+from pipeline.speculation.drafter_check import inspect_drafter
+from pipeline.speculation.probe import DrafterRejected
 from pipeline.storage import Storage
 from pipeline.tinykit import kit_paths
+from pipeline.tools.check_drafter import format_report
 from tests.conftest import job_config, write_prompts
 
 KIT = kit_paths()

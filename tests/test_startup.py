@@ -10,11 +10,10 @@ import pyarrow as pa
 import pytest
 
 from pipeline.cluster import job_board
-from pipeline.job.console import progress_line, summary
 from pipeline.cluster.job_board import NO_PROBE, JobBoard
-from pipeline.stages.stats import totals_from_stats
 from pipeline.cluster.startup import StartClock, start_cost
-from pipeline.stages.stats import busy_seconds
+from pipeline.job.console import progress_line, summary
+from pipeline.stages.stats import busy_seconds, totals_from_stats
 from schemas import Attempt, JobManifest, JobTotals, ModelFingerprint
 
 

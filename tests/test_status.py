@@ -20,9 +20,9 @@ import s3fs
 import yaml
 
 from pipeline.cli import main as cli_main
-from pipeline.config import LeaseConfig, parse_config
 from pipeline.commit.lease import OutputLease
 from pipeline.commit.outputs import OutputLocation
+from pipeline.config import LeaseConfig, parse_config
 from pipeline.job.console import STEADY_MIN_SECONDS
 from pipeline.job.runner import run_job
 from pipeline.storage import Storage

@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from pipeline.tinykit import KIT_DIR, kit_paths  # noqa: E402
 from pipeline.fingerprint import target_config_fingerprint  # noqa: E402
+from pipeline.tinykit import KIT_DIR, kit_paths  # noqa: E402
 from pipeline.tinykit.random_kit import build_random_kit  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -19,6 +19,7 @@ import asyncio
 import time
 from typing import Any, Optional
 
+
 class DrafterRefused(RuntimeError):
     """An engine's units when the probe refused the drafter: nothing is committed. The driver
     stops the job with the probe's refusal (probe.DrafterRejected, read from the board)."""

@@ -33,8 +33,8 @@ import time
 import uuid
 from typing import Callable, Optional
 
-from pipeline.config import LeaseConfig
 from pipeline.commit.outputs import LEASE, OutputLocation
+from pipeline.config import LeaseConfig
 from pipeline.storage import PreconditionFailed, json_bytes
 from schemas import Lease
 

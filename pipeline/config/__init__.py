@@ -15,14 +15,27 @@ from pydantic import ValidationError
 from pipeline.config.base import ConfigError, Section, closest
 from pipeline.config.job import JobConfig
 from pipeline.config.messages import config_error_lines, unknown_key_message
-from pipeline.config.paths import PATH_FIELDS, output_inside_input, _resolve_relative_paths
+from pipeline.config.paths import PATH_FIELDS, _resolve_relative_paths, output_inside_input
 from pipeline.config.resources import LeaseConfig, ReplicaRange, ResourcesConfig, RetriesConfig
 from pipeline.config.rows import (
-    JOB_ONLY_SAMPLING, MAX_LOGPROBS, MAX_SAMPLES, ChatConfig, JsonSchemaFormat, LoraConfig, ResponseFormat, SamplingConfig,
+    JOB_ONLY_SAMPLING,
+    MAX_LOGPROBS,
+    MAX_SAMPLES,
+    ChatConfig,
+    JsonSchemaFormat,
+    LoraConfig,
+    ResponseFormat,
+    SamplingConfig,
     speculation_conflicts,
 )
 from pipeline.config.sections import (
-    ACCEPTANCE_FLOOR, EngineConfig, GuardConfig, ModelConfig, ProbeConfig, SpeculativeConfig, StorageConfig,
+    ACCEPTANCE_FLOOR,
+    EngineConfig,
+    GuardConfig,
+    ModelConfig,
+    ProbeConfig,
+    SpeculativeConfig,
+    StorageConfig,
     validate_check_names,
 )
 

@@ -9,7 +9,6 @@ from typing import Any, Optional
 
 from pipeline.config.base import ConfigError
 
-
 MODEL_URI_HELP = (
     "A local folder (or one on the cluster's shared disk), or a folder in object storage (s3:// or any fsspec URI), "
     "which each node copies once into storage.model_cache_dir. Never a model hub."

@@ -8,7 +8,6 @@ from pydantic import ConfigDict, Field, model_validator
 
 from pipeline.config.base import Section
 
-
 MAX_LOGPROBS = 20
 MAX_SAMPLES = 128
 

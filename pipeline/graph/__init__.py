@@ -7,27 +7,20 @@
 from __future__ import annotations
 
 import warnings
-from typing import Optional
+from typing import TYPE_CHECKING
 
 from pipeline.cluster import PREPROCESS_CPUS, READ_TASK_CPUS, engine_remote_args, read_concurrency
+from pipeline.commit.units import WorkUnit
 from pipeline.config import JobConfig
 from pipeline.storage import TRANSIENT_ERRORS, Storage
-from pipeline.commit.units import WorkUnit
 
 
-def build_dataset(
-    config: JobConfig,
-    units: list[WorkUnit],
-    model: str,
-    drafter: Optional[str],
-    job_id: str = "",
-    disabled_by_guard: bool = False,
-    board=None,
-    fence: Optional[dict] = None,
-):
-    """The Ray Data graph over `units`; nothing runs until the caller iterates it. `board`: the
-    job board its engines check in at (pipeline/cluster/job_board.py); `fence`: the run's lease, which
-    its engines check before each commit (pipeline/commit/lease.check_fence)."""
+if TYPE_CHECKING:  # the engine actor's module imports Ray's metrics: a run imports it once it has work
+    from pipeline.graph.generator import EngineActorArgs
+
+def build_dataset(config: JobConfig, units: list[WorkUnit], engines: EngineActorArgs):
+    """The Ray Data graph over `units`; nothing runs until the caller iterates it. `engines`:
+    what each engine actor is built with beside the config (pipeline/graph/generator.py)."""
     import ray
     from ray.data import ActorPoolStrategy
 
@@ -56,12 +49,10 @@ def build_dataset(
         # Ray 2.60 has no named parameter for actor restarts and task retries, only the
         # deprecated **ray_remote_args, which warns on every run.
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-        return _engine_stage(ds, config, dict(
-            model_id=model, drafter_id=drafter, job_id=job_id, disabled_by_guard=disabled_by_guard, board=board, fence=fence,
-        ))
+        return _engine_stage(ds, config, engines)
 
 
-def _engine_stage(ds, config: JobConfig, generator_args: dict):
+def _engine_stage(ds, config: JobConfig, engines: EngineActorArgs):
     from ray.data import ActorPoolStrategy
 
     from pipeline.graph.generator import Generator
@@ -72,7 +63,7 @@ def _engine_stage(ds, config: JobConfig, generator_args: dict):
     waiting = resources.units_in_flight if resources.max_replicas > resources.min_replicas else 0
     return ds.map_batches(
         Generator,
-        fn_constructor_kwargs=dict(config=config.model_dump(mode="json"), **generator_args),
+        fn_constructor_kwargs=dict(config=config.model_dump(mode="json"), engines=engines),
         batch_format="pyarrow",
         batch_size=None,
         compute=ActorPoolStrategy(

@@ -10,8 +10,8 @@ from ray.data import Datasource
 from ray.data.block import BlockMetadata
 from ray.data.datasource import ReadTask
 
-from pipeline.storage import Storage
 from pipeline.commit.units import WorkUnit, read_unit
+from pipeline.storage import Storage
 
 
 class UnitDatasource(Datasource):

@@ -18,33 +18,46 @@ nothing more.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from typing import Any, Optional
 
 import pyarrow as pa
 
-from pipeline.stages.completions import reasoning_parser
+from pipeline.cluster.job_board import VERDICT_WAIT_SECONDS, DrafterRefused
+from pipeline.cluster.startup import process_started_at
+from pipeline.commit.lease import check_fence
+from pipeline.commit.outputs import OutputLocation
+from pipeline.commit.units import unit_of
 from pipeline.config import JobConfig
+from pipeline.speculation.probe import probe_concurrency, probe_result, refusal
+from pipeline.stages.completions import reasoning_parser
 from pipeline.stages.engine import EngineProcesses, lora_requests, prepare_process_env, process_title, start_engine
 from pipeline.stages.engine_requests import EngineRequests
 from pipeline.stages.metrics import ReplicaMetrics
-from pipeline.commit.outputs import OutputLocation
-from pipeline.cluster.job_board import VERDICT_WAIT_SECONDS, DrafterRefused
-from pipeline.commit.lease import check_fence
-from pipeline.speculation.probe import probe_concurrency, probe_result, refusal
-from pipeline.cluster.startup import process_started_at
-from pipeline.storage import Storage
 from pipeline.stages.unit_results import Identity, UnitResults, collect, tables, unit_stats
-from pipeline.commit.units import unit_of
+from pipeline.storage import Storage
 from schemas import UnitStats, arrow_schema
 
 
+@dataclasses.dataclass(frozen=True)
+class EngineActorArgs:
+    """What an engine actor is built with beside the job's config: the model ids its rows name,
+    whether the guard turned speculation off, the job board it checks in at
+    (pipeline/cluster/job_board.py) and the run's lease, checked before each commit
+    (pipeline/commit/lease.check_fence)."""
+
+    model_id: str
+    drafter_id: Optional[str]
+    job_id: str = ""
+    disabled_by_guard: bool = False
+    board: Any = None
+    fence: Optional[dict] = None
+
+
 class Generator:
-    def __init__(
-        self, config: dict[str, Any], model_id: str, drafter_id: str | None, job_id: str = "",
-        disabled_by_guard: bool = False, board=None, fence: Optional[dict] = None,
-    ):
+    def __init__(self, config: dict[str, Any], engines: EngineActorArgs):
         began = time.time()
         import ray
 
@@ -57,14 +70,14 @@ class Generator:
         self.engine = start_engine(self.config, self.processes, vllm_classes)
         ready = time.time()
         self.location = OutputLocation(Storage.from_config(self.config.storage), self.config.output_uri)
-        self.disabled_by_guard = disabled_by_guard
+        self.disabled_by_guard = engines.disabled_by_guard
         context = ray.get_runtime_context()
         self.where = {"actor_id": context.get_actor_id() or "driver", "node_id": context.get_node_id()}
         self.requests = EngineRequests(self.engine, self.location, lora_requests(self.config), self.processes.end, **self.where)
-        self.metrics = ReplicaMetrics(job_id, self.where["actor_id"])
+        self.metrics = ReplicaMetrics(engines.job_id, self.where["actor_id"])
         tokenizer = self.engine.get_tokenizer()
         self.identity = Identity(
-            model_id, drafter_id, lambda token_id: tokenizer.decode([token_id]),
+            engines.model_id, engines.drafter_id, lambda token_id: tokenizer.decode([token_id]),
             reasoning_parser(self.config.chat.reasoning_parser, tokenizer),
         )
         engine_core = [p for p in self.processes.seen.values() if "EngineCore" in process_title(p)]
@@ -76,9 +89,9 @@ class Generator:
             "engine_core_started_at": min((p.create_time() for p in engine_core), default=None),
             "engine_ready_at": ready,
         }
-        self.board, self.fence = board, fence
-        if board is not None:
-            ray.get(board.check_in.remote(self.start, context.current_actor))
+        self.board, self.fence = engines.board, engines.fence
+        if self.board is not None:
+            ray.get(self.board.check_in.remote(self.start, context.current_actor))
         self.probed: Optional[asyncio.Future] = None  # this engine's claim of the probe (and its measuring)
         self.verdict: Optional[dict] = None  # once in, not asked for again
 

@@ -1,6 +1,7 @@
 """What a run or a resume at an output location would do, read without writing anything: the
 previous manifest and the refusal of results that would change, the model fingerprints, the input
-check, the work units and those left to run (JobPlan), and the refusals a run exits 2 with."""
+check, the work units and those left to run (JobPlan), the run's flags (RunOptions), and the
+refusals a run exits 2 with."""
 
 from __future__ import annotations
 
@@ -15,19 +16,18 @@ from typing import Optional
 
 import pyarrow as pa
 
+from pipeline.commit.lease import LeaseHeld
+from pipeline.commit.outputs import LayoutMismatch, ManifestInvalid, OutputLocation, error_units
+from pipeline.commit.units import WorkUnit, plan_units
 from pipeline.config import ConfigError, JobConfig
-from pipeline.speculation.drafter_check import DrafterMismatch, check_drafter
 from pipeline.inputs import InputError, InputReport
 from pipeline.inputs.openai_batch import inspect_job_inputs
 from pipeline.job.preflight import check_before_engines
-from pipeline.commit.lease import LeaseHeld
-from pipeline.commit.outputs import LayoutMismatch, ManifestInvalid, OutputLocation, error_units
-from pipeline.storage.model_cache import remote_files
+from pipeline.speculation.drafter_check import DrafterMismatch, check_drafter
 from pipeline.storage import Storage, is_local
-from pipeline.commit.units import WorkUnit, plan_units
-from schemas.report import CalibrationReport
+from pipeline.storage.model_cache import remote_files
 from schemas import JobManifest, ModelFingerprint
-
+from schemas.report import CalibrationReport
 
 log = logging.getLogger("specbatch")
 
@@ -175,6 +175,21 @@ def _refuse_changed_inputs(config: JobConfig, previous: JobManifest, inputs: Inp
             f"input files changed since job {previous.job_id} started at {config.output_uri}: " + "; ".join(changed)
             + ". Use a new output_uri, or rerun with --restart to start over."
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """A run's choices beside its config (the command line's flags). `restart` wipes the
+    location first; `take_over` takes the lease of a run known to be dead; `address` is the Ray
+    cluster to join (default RAY_ADDRESS, else a Ray of its own)."""
+
+    job_id: Optional[str] = None
+    progress: bool = True
+    restart: bool = False
+    take_over: bool = False
+    retry_errors: bool = False
+    verbose: bool = False
+    address: Optional[str] = None
 
 
 @dataclasses.dataclass

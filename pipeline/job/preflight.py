@@ -18,8 +18,9 @@ import pyarrow.parquet as pq
 
 from pipeline.config import ConfigError, JobConfig
 from pipeline.inputs import InputReport
-from pipeline.storage.model_cache import localize
 from pipeline.storage import Storage
+from pipeline.storage.model_cache import localize
+from schemas import InputFile
 
 
 def check_before_engines(config: JobConfig, inputs: InputReport, storage: Storage) -> None:
@@ -46,7 +47,7 @@ def check_before_engines(config: JobConfig, inputs: InputReport, storage: Storag
                 "tokenizer with one (model.tokenizer), add a chat_template to its tokenizer_config.json, or give "
                 "rendered `prompt` text instead."
             )
-        _render_first_row(tokenizer, tokenizer_path, file.uri, kind, file.size, storage, config.chat.template_kwargs)
+        _render_first_row(tokenizer, tokenizer_path, file, storage, config.chat.template_kwargs)
 
 
 def _check_structured_and_reasoning(config: JobConfig, tokenizer) -> None:
@@ -87,10 +88,9 @@ def _check_lengths(config: JobConfig, storage: Storage) -> None:
             )
 
 
-def _render_first_row(
-    tokenizer, tokenizer_path: str, uri: str, kind: str, size: int, storage: Storage, template_kwargs: dict
-) -> None:
-    with storage.open_ranged(uri, size=size) as f:
+def _render_first_row(tokenizer, tokenizer_path: str, file: InputFile, storage: Storage, template_kwargs: dict) -> None:
+    uri, kind = file.uri, file.text_column
+    with storage.open_ranged(uri, size=file.size) as f:
         parquet = pq.ParquetFile(f)
         batch = next(parquet.iter_batches(batch_size=1, columns=[kind]), None)
     value = batch.column(0)[0].as_py() if batch is not None and batch.num_rows else None

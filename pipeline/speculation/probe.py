@@ -24,11 +24,11 @@ import json
 import logging
 from typing import Any, Optional, Sequence
 
+from pipeline.commit.units import WorkUnit, read_unit
 from pipeline.config import JobConfig
-from pipeline.speculation.drafter_check import DrafterMismatch
+from pipeline.speculation.drafter_read import DrafterMismatch
 from pipeline.stages.stats import Acceptance
 from pipeline.storage import Storage
-from pipeline.commit.units import WorkUnit, read_unit
 from schemas.drafter import ProbeResult
 
 log = logging.getLogger(__name__)
@@ -177,8 +177,8 @@ def probe_job_input(
     """`speculative.probe.rows` of the job's input (of `units`, default all of it) through the
     probe on an engine of its own (check-drafter); DrafterRejected below the floor, None when
     every row read ends near the length limit."""
-    from pipeline.inputs import inspect_inputs
     from pipeline.commit.units import plan_units
+    from pipeline.inputs import inspect_inputs
 
     if units is None:
         units = plan_units(inspect_inputs(config.input_uri, storage).files, config.resources.rows_per_unit)

@@ -9,8 +9,8 @@ import threading
 from typing import Any, Callable
 
 from pipeline.config import JobConfig
-from pipeline.storage.model_cache import localize
 from pipeline.storage import Storage
+from pipeline.storage.model_cache import localize
 
 
 def engine_kwargs(config: JobConfig, *, speculative: bool | None = None, num_speculative_tokens: int | None = None) -> dict[str, Any]:

@@ -21,7 +21,6 @@ from typing import Any, Callable, Optional
 from pipeline.commit.outputs import OutputLocation
 from pipeline.stages.sampling import row_sampling_params
 
-
 PROBE = "probe"  # the drafter probe's requests in `in_flight`: not a unit, never a suspect
 
 

@@ -67,7 +67,7 @@ def check_supported_line(row: dict[str, Any], metadata: Any) -> None:
     refusal would have."""
     if row["prompt"] is not None or row["messages"] is not None:
         return
-    from pipeline.inputs.openai_batch import UNSUPPORTED, unsupported_problem
+    from pipeline.inputs.openai_requests import UNSUPPORTED, unsupported_problem
 
     problem = unsupported_problem(metadata.as_py() if isinstance(metadata, pa.Scalar) else metadata)
     if problem is not None:

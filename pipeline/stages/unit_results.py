@@ -10,8 +10,8 @@ from typing import Any, Callable, Optional
 
 import pyarrow as pa
 
-from pipeline.stages.completions import output_rows
 from pipeline.config import SpeculativeConfig
+from pipeline.stages.completions import output_rows
 from pipeline.stages.engine import schedule_text
 from pipeline.stages.engine_requests import EngineCrash
 from pipeline.stages.stats import Acceptance

@@ -35,18 +35,17 @@ from typing import Any, Optional, Sequence
 import pyarrow.parquet as pq
 import yaml
 
+from pipeline.commit.units import UNIT_COLUMNS
 from pipeline.config import ConfigError, JobConfig, load_config, parse_config
-from pipeline.stages.engine import schedule_text
 from pipeline.inputs import InputError, inspect_inputs
 from pipeline.speculation.measure import measure_depth
-from pipeline.tools.prices import load_prices
-from pipeline.tools.cost import per_million
-from pipeline.tools.report import format_terminal_table, to_csv
+from pipeline.stages.engine import schedule_text
 from pipeline.stages.stats import Acceptance
 from pipeline.storage import Storage
-from pipeline.commit.units import UNIT_COLUMNS
+from pipeline.tools.cost import per_million
+from pipeline.tools.prices import load_prices
+from pipeline.tools.report import format_terminal_table, to_csv
 from schemas.report import CalibrationReport, CalibrationRow, JobCheckRow
-
 
 
 class CalibrationError(ValueError):
@@ -439,8 +438,8 @@ def job_check(
     import pyarrow.parquet as pq
 
     from pipeline.commit.outputs import OutputLocation
-    from pipeline.job.runner import run_job
     from pipeline.commit.units import plan_units, read_unit
+    from pipeline.job.runner import run_job
 
     units = plan_units(inspect_inputs(config.input_uri, storage).files, config.resources.rows_per_unit)
     spread = units[:: max(1, len(units) // max(1, -(-rows // config.resources.rows_per_unit)))]

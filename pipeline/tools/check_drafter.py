@@ -135,9 +135,9 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def _probe(config, rows: int):
+    from pipeline.cluster.startup import ray_init
     from pipeline.config import ProbeConfig
     from pipeline.speculation.probe import probe_job_input
-    from pipeline.cluster.startup import ray_init
     from pipeline.storage import Storage
 
     probe = config.speculative.probe

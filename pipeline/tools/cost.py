@@ -12,8 +12,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from pipeline.config import ACCEPTANCE_FLOOR
 from pipeline.commit.outputs import ManifestInvalid, OutputLocation
+from pipeline.config import ACCEPTANCE_FLOOR
 from pipeline.stages.stats import Acceptance
 from pipeline.stages.stats import busy_seconds as engine_busy_seconds
 from pipeline.storage import Storage

@@ -21,10 +21,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from pipeline.cluster.startup import StartClock
 from pipeline.config import load_config
 from pipeline.job.console import summary
 from pipeline.job.runner import run_job
-from pipeline.cluster.startup import StartClock
 
 TEMPLATE = Path(__file__).with_name("demo.yaml")
 
@@ -108,8 +108,8 @@ def write_sample_shards(folder: Path, rows: int, shards: int = 4) -> None:
 
 
 def run_demo(workdir: str, rows: int = 256) -> int:
-    from schemas import EXIT_CODES as EXIT
     from pipeline.cluster import Unschedulable
+    from schemas import EXIT_CODES as EXIT
 
     root = Path(workdir).resolve()
     try:

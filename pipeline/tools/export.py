@@ -9,10 +9,12 @@ import json
 import sys
 from typing import Any, Optional
 
-from pipeline.inputs.openai_batch import MARKERS_PER_READ, URLS, atomic_file, identity_hash
 from pipeline.commit.outputs import OutputLocation
+from pipeline.inputs.openai_batch import MARKERS_PER_READ, atomic_file, identity_hash
+from pipeline.inputs.openai_requests import URLS
 from pipeline.storage import Storage
 from schemas import JobManifest
+
 
 class ExportError(ValueError):
     pass

@@ -69,20 +69,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.cluster import check_schedulable
-from pipeline.config import JobConfig, load_config
-from pipeline.speculation.drafter_check import check_drafter
-from pipeline.stages.engine import schedule_text
-from pipeline.speculation.guard import depth_at
-from pipeline.inputs import InputReport
-from pipeline.commit.lease import OutputLease
-from pipeline.inputs.openai_batch import CONVERTED
-from pipeline.commit.outputs import OutputLocation
-from pipeline.job.preflight import check_before_engines
-from pipeline.speculation.probe import refusal, rejudged
-from pipeline.job.plan import REFUSALS, JobPlan, plan_job, read_calibration, results_fingerprint
 from pipeline.cluster.startup import local_ray_cpus
-from pipeline.storage import Storage
+from pipeline.commit.lease import OutputLease
+from pipeline.commit.outputs import OutputLocation
 from pipeline.commit.units import UNIT_COLUMNS, WorkUnit
+from pipeline.config import JobConfig, load_config
+from pipeline.inputs import InputReport
+from pipeline.inputs.openai_batch import CONVERTED
+from pipeline.job.plan import REFUSALS, JobPlan, RunOptions, plan_job, read_calibration, results_fingerprint
+from pipeline.job.preflight import check_before_engines
+from pipeline.speculation.drafter_check import check_drafter
+from pipeline.speculation.guard import depth_at
+from pipeline.speculation.probe import refusal, rejudged
+from pipeline.stages.engine import schedule_text
+from pipeline.storage import Storage
 from schemas.plan import CostEstimate, DryRunPlan, PlanCheck, PlanFile, PlanInputs, PlanUnits, TokenEstimate
 
 SAMPLE_ROWS = 256
@@ -93,24 +93,16 @@ NO_CALIBRATION = "no calibration: run `specbatch calibrate CONFIG` for GPU-hours
 FILES_SHOWN = 10
 
 
-def dry_run(
-    config_uri: str,
-    output_uri: Optional[str] = None,
-    restart: bool = False,
-    take_over: bool = False,
-    retry_errors: bool = False,
-    address: Optional[str] = None,
-    as_json: bool = False,
-) -> int:
-    """Print the plan (text, or one JSON object with `as_json`) and return 0 when the run would
-    be accepted. A refusal prints the plan so far and raises the real run's exception."""
+def dry_run(config_uri: str, output_uri: Optional[str] = None, flags: RunOptions = RunOptions(), as_json: bool = False) -> int:
+    """Print the plan (text, or one JSON object with `as_json`) and return 0 when the run with
+    `flags` would be accepted. A refusal prints the plan so far and raises the real run's exception."""
     out = sys.stdout
     plan = DryRunPlan(accepted=False, config_uri=config_uri)
     try:
         config = load_config(config_uri, {"output_uri": output_uri} if output_uri else None)
         plan.output_uri = config.output_uri
         with tempfile.TemporaryDirectory(prefix="specbatch-dry-run-") as scratch:
-            make_plan(config, plan, scratch, restart, take_over, retry_errors, address)
+            make_plan(config, plan, scratch, flags)
     except REFUSALS as exc:
         plan.refused = str(exc)
         out.write(plan.model_dump_json(indent=2) + "\n" if as_json else format_plan(plan))
@@ -138,10 +130,8 @@ class _Step:
         self.plan.checks.append(PlanCheck(name=self.name, status=status, message=message))
 
 
-def make_plan(
-    config: JobConfig, plan: DryRunPlan, scratch: str, restart: bool = False, take_over: bool = False,
-    retry_errors: bool = False, address: Optional[str] = None,
-) -> None:
+def make_plan(config: JobConfig, plan: DryRunPlan, scratch: str, flags: RunOptions = RunOptions()) -> None:
+    restart, take_over, retry_errors, address = flags.restart, flags.take_over, flags.retry_errors, flags.address
     # 1-3. the output location and the models, the input check (OpenAI batch files not
     # converted yet are converted into `scratch`), the units: what run_job plans, read-only
     job = plan_job(config, restart=restart, retry_errors=retry_errors, scratch=scratch)

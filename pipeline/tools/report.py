@@ -30,6 +30,7 @@ from pipeline.tools.cost import JobData, ReportError, build_report, read_job
 from pipeline.tools.prices import load_prices
 from schemas.report import CalibrationReport, CostReport, JobFigures
 
+
 def _share(value: Optional[float]) -> str:
     return "–" if value is None else f"{value:.0%}"
 

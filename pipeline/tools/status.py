@@ -11,7 +11,7 @@ Where the figures come from:
   driver wrote at the attempt's end over every committed unit; nothing has run since.
 - A running job: the `stats/attempt-<n>.parquet` files (one per attempt, one row per committed
   unit; a unit in two files counts once, from the later one). The running attempt's driver
-  rewrites its file every `runner.STATS_FLUSH_SECONDS` (60 s) while units commit, so the
+  rewrites its file every `graph_run.STATS_FLUSH_SECONDS` (60 s) while units commit, so the
   counts lag the commits by up to about a minute; `stats_as_of` says how much. `_commits/` is
   not listed: at 100k units that is 100 LIST pages (about 60 s on moto, docs/scale.md) for
   that last minute.
@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 from pipeline.commit.lease import heartbeat_age, is_stale, read_lease
 from pipeline.commit.outputs import LayoutMismatch, ManifestInvalid, OutputLocation, latest_per_unit
 from pipeline.job.console import STEADY_MIN_SECONDS
-from pipeline.job.runner import STATS_FLUSH_SECONDS
+from pipeline.job.graph_run import STATS_FLUSH_SECONDS
 from pipeline.stages.stats import totals_from_stats
 from pipeline.storage import Storage
 from schemas import JobManifest, Lease, UnitStats, arrow_schema

@@ -1,0 +1,243 @@
+"""One Ray Data graph of an attempt, iterated to its end: every stats row the engines send
+back goes to the attempt's progress (totals, breaker, guard, progress line); the job board's
+engine starts and probe verdict, and the nodes that left, go to `_job.json` through the
+attempt's `save`; the graph's engines are stopped however it ends. Its outcome says what the
+attempt does next. `attempt` is the JobAttempt of pipeline/job/runner.py."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from typing import Optional
+
+import pyarrow as pa
+
+from pipeline.cluster import WATCH_SECONDS, ClusterWatch, SchedulingStalled, StallInterrupt, StallWatch, stall_message
+from pipeline.cluster.startup import start_cost
+from pipeline.commit.units import WorkUnit
+from pipeline.job.breaker import ErrorBreaker
+from pipeline.job.console import STEADY_MIN_SECONDS, print_progress, progress_line
+from pipeline.job.manifest import now, plain_text
+from pipeline.speculation.guard import AcceptanceGuard, AcceptanceTooLow
+from pipeline.speculation.probe import DrafterRejected
+from pipeline.stages.stats import busy_seconds
+from schemas import GuardEvent, NodeLoss, ProbeResult
+
+log = logging.getLogger("specbatch")
+# The driver writes its stats file at least this often: a killed driver leaves the next
+# attempt few markers to read.
+STATS_FLUSH_SECONDS = 60.0
+
+
+class GraphOutcome(enum.Enum):
+    FINISHED = "every unit of the graph committed"
+    SPECULATION_OFF = "the acceptance guard turned speculation off"
+    NODE_LOST = "the graph failed after a node left the cluster"
+
+
+class AttemptProgress:
+    """What the driver hears of an attempt's units: their stats rows (flushed to stats/ every
+    STATS_FLUSH_SECONDS), the error breaker, the acceptance guard and the progress line, whose
+    ETA runs from the rate since the first committed unit."""
+
+    def __init__(self, attempt, total_rows: int, guard: Optional[AcceptanceGuard]):
+        self.attempt, self.heard, self.total_rows, self.guard = attempt, attempt.heard, total_rows, guard
+        self.breaker = ErrorBreaker(attempt.config.retries)
+        self.started = self.flushed = time.time()
+        self.tokens = self.drafted = self.accepted = 0
+        self.rows = sum(r["rows"] for r in self.heard.values())  # kept as units are heard, not summed per batch
+        self.first_commit: Optional[tuple[float, int]] = None  # (when, rows done then)
+        self.busy, self.busy_at = 0.0, 0.0
+
+    def observe(self, stats: pa.Table) -> bool:
+        """Takes one batch of stats rows; True when the guard turned speculation off. LeaseLost
+        once the heartbeat found another run holding the location."""
+        if self.attempt.lease.lost is not None:
+            raise self.attempt.lease.lost
+        record, rows = self.attempt.record, stats.to_pylist()
+        for row in rows:
+            before = self.heard.get(row["unit_id"])
+            self.rows += row["rows"] - (before["rows"] if before else 0)
+            self.heard[row["unit_id"]] = row
+            self.breaker.observe(row)
+        record.processed_rows = self.rows
+        self.tokens += sum(r["generated_tokens"] for r in rows)
+        self.drafted += sum(r["draft_tokens"] for r in rows)
+        self.accepted += sum(r["accepted_tokens"] for r in rows)
+        if self.attempt.options.progress:
+            self._print(record.skipped_rows + record.processed_rows)
+        if time.time() - self.flushed > STATS_FLUSH_SECONDS:
+            self.attempt.location.write_stats(record.number, list(self.heard.values()))
+            self.flushed = time.time()
+        events = [event for event in map(self.guard.observe, rows) if event] if self.guard else []
+        for event in events:
+            self._apply_guard_event(event)
+        return any(event.action == "disable-speculation" for event in events)
+
+    def _apply_guard_event(self, event: GuardEvent) -> None:
+        self.attempt.manifest.guard_events.append(event)
+        self.attempt.save()
+        if event.action == "fail":
+            raise AcceptanceTooLow(event.message)
+        log.warning("acceptance guard: %s", event.message)
+
+    def _print(self, done: int) -> None:
+        now_ = time.time()
+        if self.first_commit is None:
+            self.first_commit = (now_, done)
+        if now_ - self.busy_at > 5 or done >= self.total_rows:  # a union over every unit heard: not per batch
+            self.busy = busy_seconds((r["actor_id"], r["started_at"], r["engine_seconds"]) for r in self.heard.values())
+            self.busy_at = now_
+        since, done_then = self.first_commit
+        steady = (done - done_then) / (now_ - since) if now_ - since >= STEADY_MIN_SECONDS and done > done_then else None
+        eta = (self.total_rows - done) / steady if steady else (0.0 if done >= self.total_rows else None)
+        engine_rate = self.tokens / self.busy if self.busy else 0.0
+        wall_rate = self.tokens / (now_ - self.started) if now_ > self.started else 0.0
+        acceptance = self.accepted / self.drafted if self.drafted else None
+        print_progress(progress_line(done, self.total_rows, engine_rate, wall_rate, acceptance, eta), done >= self.total_rows)
+
+
+def run_graph(dataset, todo: list[WorkUnit], heed: AttemptProgress, board) -> GraphOutcome:
+    """Iterates one graph to its outcome. Nodes that leave are noted in `_job.json` when
+    seen. Stops with SchedulingStalled (nothing committed for `retries.stall_minutes` while
+    actors wait for resources), DrafterRejected, or LeaseLost (an engine refused to commit, or
+    the heartbeat found another owner)."""
+    attempt = heed.attempt
+    watch = ClusterWatch()
+    losses = NodeLosses(attempt, watch, todo)
+    stall = StallWatch(watch, attempt.config.retries.stall_minutes * 60, lost=lambda: attempt.lease.lost is not None)
+    looked = time.time()
+    attempt.clock.mark("graph_started")
+    stall.start()
+    # closed in `finally`, as Ray Data asks of an iterator held by name: its executor stops
+    # then, not when a traceback that holds the frame lets go (the engines: _stop_engines)
+    batches = iter(dataset.iter_batches(batch_format="pyarrow", batch_size=None))
+    try:
+        for stats in batches:
+            stall.progress()
+            if "first_commit" not in attempt.clock.marks:  # the board's figures go to _job.json at the first commit
+                attempt.clock.mark("first_commit")
+                _record_board(attempt, board)
+            if time.time() - looked > WATCH_SECONDS:
+                losses.note()
+                looked = time.time()
+            if heed.observe(stats):
+                return GraphOutcome.SPECULATION_OFF
+        losses.note()
+        return GraphOutcome.FINISHED
+    except StallInterrupt:
+        stall.stop()
+        attempt.lease.still_ours()  # the heartbeat found another owner: stop now, not at the next unit
+        losses.note()
+        raise SchedulingStalled(stall_message(attempt.config, stall.waiting, stall.last)) from None
+    except Exception as exc:
+        attempt.lease.still_ours()  # an engine refused to commit for the run that holds the lease now
+        refused = _probe_refusal(attempt, board)
+        if refused is not None:
+            raise refused from None
+        if not watch.lost_nodes():
+            raise
+        losses.failed_the_graph(exc)
+        return GraphOutcome.NODE_LOST
+    finally:
+        stall.stop()
+        batches.close()
+        try:
+            _record_board(attempt, board)
+        finally:  # also when this run lost its lease meanwhile, and may not write
+            _stop_engines(board)
+
+
+class NodeLosses:
+    """Nodes of one graph that left the cluster, into `_job.json` when they are first seen. Ray
+    Data resubmits the lost node's units by itself when it can; when the dataset fails instead,
+    the losses are marked graph-rebuilt, and the attempt stops after retries.max_node_losses."""
+
+    def __init__(self, attempt, watch: ClusterWatch, todo: list[WorkUnit]):
+        self.attempt, self.watch, self.todo = attempt, watch, todo
+
+    def note(self, failed: Optional[BaseException] = None) -> None:
+        record, location = self.attempt.record, self.attempt.location
+        lost = self.watch.lost_nodes()
+        known = {loss.node_id: loss for loss in record.node_losses}
+        new = {node: address for node, address in lost.items() if node not in known}
+        if new:
+            committed = location.committed_units()
+            for node, address in new.items():
+                known[node] = NodeLoss(
+                    time=now(), node_id=node, address=address, recovery="ray-data-retried",
+                    units_not_committed=sum(1 for u in self.todo if u.unit_id not in committed),
+                )
+                record.node_losses.append(known[node])
+                log.warning("Ray node %s (%s) left the cluster during the job", node[:12], address)
+        if failed is not None:
+            for node in lost:
+                known[node].recovery = "graph-rebuilt"
+                known[node].error = plain_text(f"{type(failed).__name__}: {failed}")[:2000]
+        if new or failed is not None:
+            self.attempt.save()
+
+    def failed_the_graph(self, exc: Exception) -> None:
+        """The dataset failed after a node left: noted, and rebuilt unless too many were lost."""
+        self.note(exc)
+        lost = len(self.attempt.record.node_losses)
+        if lost > self.attempt.config.retries.max_node_losses:
+            raise RuntimeError(
+                f"{lost} Ray nodes lost in this attempt (retries.max_node_losses = "
+                f"{self.attempt.config.retries.max_node_losses}); the last one failed the dataset: {plain_text(str(exc))[:500]}"
+            ) from exc
+        log.warning("%d node(s) lost; rebuilding the graph over the units not committed yet", len(self.watch.lost_nodes()))
+
+
+def _stop_engines(board) -> None:
+    """Each engine actor of the graph exits as an actor that is done (its engine stops first,
+    in Generator.__del__). Ray Data lets go of its actors and leaves them to reference
+    counting, which a graph that failed does not reach while its exception is held (a caller
+    that keeps it, a traceback): their engines would sit idle, holding memory and polling."""
+    import ray
+
+    try:
+        engines = ray.get(board.hand_over_engines.remote(), timeout=30)
+    except Exception as exc:  # the board went with a lost node; so did its engines, or Ray stops them with the job
+        log.warning("the job board could not be read (%s): engines are left to Ray to stop", type(exc).__name__)
+        return
+    for engine in engines:
+        engine.__ray_terminate__.remote()
+
+
+def _read_board(board) -> Optional[dict]:
+    import ray
+
+    try:
+        return ray.get(board.read.remote(), timeout=30)
+    except Exception as exc:  # the board went with a lost node: its figures are lost, not the job
+        log.warning("the job board could not be read (%s): engine start figures are missing", type(exc).__name__)
+        return None
+
+
+def _record_board(attempt, board) -> None:
+    """The engines' starts and the probe's verdict into `_job.json`: a resume keeps the verdict."""
+    read = _read_board(board)
+    if read is None:
+        return
+    record = attempt.record
+    known = record.start.engine_starts if record.start else []
+    seen = {(e.actor_id, e.engine_ready_at) for e in known}
+    new = [s for s in read["starts"] if (s["actor_id"], s["engine_ready_at"]) not in seen]
+    verdict = read["verdict"]
+    record.start = start_cost(attempt.clock, [*(e.model_dump() for e in known), *new], verdict)
+    if verdict and verdict.get("result"):
+        attempt.manifest.probe = ProbeResult.model_validate(verdict["result"])
+    attempt.save()
+
+
+def _probe_refusal(attempt, board) -> Optional[DrafterRejected]:
+    """DrafterRejected when the probe refused the drafter on this graph's first engine."""
+    read = _read_board(board)
+    verdict = read["verdict"] if read else None
+    if not verdict or not verdict.get("refusal"):
+        return None
+    result = ProbeResult.model_validate(verdict["result"])
+    attempt.manifest.probe = result
+    return DrafterRejected(verdict["refusal"], result)
