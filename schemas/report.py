@@ -29,6 +29,10 @@ class JobFigures(Contract):
     started_at: str
     model: str = Field(description="Target model path.")
     model_sha256: str = Field(description="sha256 of the target's config.json: jobs on the same model share it.")
+    inputs_sha256: str = Field(
+        "", description="sha256 of the input files' names, sizes and rows: jobs on the same prompts share it."
+    )
+    sampling_sha256: str = Field("", description="sha256 of the job's sampling section: jobs that sampled alike share it.")
     drafter: Optional[str] = None
     accelerator: str
     replicas: int

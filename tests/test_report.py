@@ -232,6 +232,34 @@ def test_job_whose_drafter_was_turned_off_midway_is_left_out_of_the_comparison()
     assert any("job-d: the drafter ran for 1 of 2 units" in w for w in report.warnings)
 
 
+def test_jobs_on_other_prompts_or_sampling_are_not_compared_and_the_report_says_why():
+    """A k=2 job and an off job on the same model and accelerator, but on other input files or
+    with another sampling: no on/off figure, a warning naming the difference. The same files
+    under another folder are the same prompts, and compare."""
+    def with_inputs(job_id, speculative, files, sampling):
+        doc = manifest(job_id, accelerator="test-gpu", replicas=1, gpus=1, wall=600, speculative=speculative, k=2)
+        doc["input_files"] = [{"uri": uri, "size": size, "version": "v", "rows": 10, "text_column": "prompt"} for uri, size in files]
+        doc["config"]["sampling"] = sampling
+        return JobManifest.model_validate(doc)
+
+    greedy, sampled = {"max_tokens": 64, "temperature": 0.0}, {"max_tokens": 64, "temperature": 0.8}
+    on = JobData("mem://on", with_inputs("job-on", True, [("s3://a/in/p.parquet", 100)], greedy), JOB_A)
+    elsewhere = with_inputs("job-off", False, [("/copies/p.parquet", 100)], greedy)  # the same file, copied
+    other_prompts = with_inputs("job-off", False, [("s3://a/in/q.parquet", 100)], greedy)
+    other_sampling = with_inputs("job-off", False, [("s3://a/in/p.parquet", 100)], sampled)
+    prices = Prices(gpu={"test-gpu": 2.0})
+
+    report = build_report([on, JobData("mem://off", elsewhere, JOB_B)], prices)
+    assert [(c.jobs_on, c.jobs_off) for c in report.speculation] == [(["job-on"], ["job-off"])]
+    assert report.jobs[0].inputs_sha256 == report.jobs[1].inputs_sha256 and len(report.jobs[0].inputs_sha256) == 64
+    for off, differ in ((other_prompts, "prompts (input files)"), (other_sampling, "sampling")):
+        report = build_report([on, JobData("mem://off", off, JOB_B)], prices)
+        assert report.speculation == []
+        assert report.warnings == [f"job-on (k=2) is not compared with job-off (speculation off): their {differ} differ, "
+                                   "so their costs do not compare"]
+        assert not any("cost" in flag for flag in report.jobs[0].speculation_flags)
+
+
 def test_missing_job_output_is_refused(tmp_path, capsys):
     assert report_main([str(tmp_path / "nothing")]) == 2
     assert "no _job.json" in capsys.readouterr().err

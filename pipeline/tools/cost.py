@@ -1,13 +1,17 @@
 """What jobs cost, from what they wrote (each output's `_job.json` and committed `stats/` rows):
 per job and overall, GPU-hours (billed: replicas x GPUs x wall time; busy: engine time),
 tokens, cost per million generated / total tokens, tokens/s per GPU, acceptance; and, for jobs
-on the same target model and accelerator kind with speculation on and off, the saving or loss.
-`specbatch report` (pipeline/tools/report.py) renders them.
+with speculation on and off that did the same work (the same target model, accelerator kind,
+prompts and sampling), the saving or loss; jobs that differ in prompts or sampling are not
+compared, and the report says why. `specbatch report` (pipeline/tools/report.py) renders them.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
+import posixpath
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
@@ -64,6 +68,16 @@ def _ratio(a: float, b: float) -> Optional[float]:
     return a / b if b else None
 
 
+def _sha256(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+def inputs_sha256(manifest: JobManifest) -> str:
+    """The prompts a job read, by each input file's name, size and rows: a copy of the same files
+    elsewhere is the same input, a file rewritten with other prompts is not."""
+    return _sha256(sorted((posixpath.basename(f.uri.rstrip("/")), f.size, f.rows) for f in manifest.input_files))
+
+
 def job_figures(job: JobData, prices: Prices) -> JobFigures:
     m, stats = job.manifest, job.stats
     resources, spec = m.config.get("resources", {}), m.config.get("speculative", {})
@@ -93,6 +107,8 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
         started_at=m.started_at,
         model=m.model.path,
         model_sha256=m.model.config_sha256,
+        inputs_sha256=inputs_sha256(m),
+        sampling_sha256=_sha256(m.config.get("sampling", {})),
         drafter=m.drafter.path if m.drafter else None,
         accelerator=m.accelerator,
         replicas=replicas,
@@ -154,16 +170,22 @@ def totals(jobs: Sequence[JobFigures]) -> ReportTotals:
     )
 
 
-def speculation_comparisons(jobs: Sequence[JobFigures]) -> list[SpeculationComparison]:
-    """Per (target model, accelerator kind): each depth's pooled cost per million generated
-    tokens against the pooled cost of the jobs with speculation off."""
-    groups: dict[tuple[str, str], list[JobFigures]] = defaultdict(list)
+def _comparable(jobs: Sequence[JobFigures]) -> dict[tuple[str, ...], list[JobFigures]]:
+    """Jobs that ran as configured, grouped by what must be the same for their costs to compare:
+    target model, accelerator kind, prompts and sampling."""
+    groups: dict[tuple[str, ...], list[JobFigures]] = defaultdict(list)
     for job in jobs:
         ran_as_configured = job.speculative_units == (job.units if job.speculative else 0)
         if job.cost is not None and job.generated_tokens and ran_as_configured:
-            groups[(job.model_sha256, job.accelerator)].append(job)
+            groups[(job.model_sha256, job.accelerator, job.inputs_sha256, job.sampling_sha256)].append(job)
+    return groups
+
+
+def speculation_comparisons(jobs: Sequence[JobFigures]) -> list[SpeculationComparison]:
+    """Per group of comparable jobs: each depth's pooled cost per million generated tokens
+    against the pooled cost of the jobs with speculation off."""
     comparisons = []
-    for (sha, accelerator), members in groups.items():
+    for (sha, accelerator, _, _), members in _comparable(jobs).items():
         off = [j for j in members if not j.speculative]
         if not off:
             continue
@@ -190,6 +212,26 @@ def speculation_comparisons(jobs: Sequence[JobFigures]) -> list[SpeculationCompa
     return comparisons
 
 
+def not_compared(jobs: Sequence[JobFigures]) -> list[str]:
+    """Why a job with speculation on is not compared with the jobs with it off on its model and
+    accelerator: they read other prompts, or sampled otherwise."""
+    groups = _comparable(jobs)
+    reasons = []
+    for (sha, accelerator, inputs, sampling), members in groups.items():
+        if not any(j.speculative for j in members) or any(not j.speculative for j in members):
+            continue
+        off = [j for (s, a, _, _), others in groups.items() if (s, a) == (sha, accelerator) for j in others if not j.speculative]
+        if not off:
+            continue
+        for job in (j for j in members if j.speculative):
+            for other in off:
+                differ = [what for what, same in (("prompts (input files)", other.inputs_sha256 == inputs),
+                                                  ("sampling", other.sampling_sha256 == sampling)) if not same]
+                reasons.append(f"{job.job_id} (k={job.num_speculative_tokens}) is not compared with {other.job_id} "
+                               f"(speculation off): their {' and '.join(differ)} differ, so their costs do not compare")
+    return reasons
+
+
 def build_report(jobs: Sequence[JobData], prices: Prices) -> CostReport:
     figures = [job_figures(job, prices) for job in jobs]
     warnings = []
@@ -206,13 +248,14 @@ def build_report(jobs: Sequence[JobData], prices: Prices) -> CostReport:
                 "acceptance guard); left out of the speculation on/off comparison"
             )
     comparisons = speculation_comparisons(figures)
+    warnings.extend(not_compared(figures))
     for c in comparisons:
         if c.saving_fraction < 0:
             for f in figures:
                 if f.job_id in c.jobs_on:
                     f.speculation_flags.append(
                         f"speculation k={c.num_speculative_tokens} cost {-c.saving_fraction:.1%} more per million generated "
-                        f"tokens than the jobs with it off on the same model and accelerator"
+                        f"tokens than the jobs with it off on the same model, accelerator, prompts and sampling"
                     )
     return CostReport(
         generated_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
