@@ -161,6 +161,7 @@ class UnitStats(Contract):
     acceptance_rate: Optional[float] = Field(description="accepted / draft tokens; null without drafts.")
     mean_acceptance_length: Optional[float] = Field(description="1 + accepted / drafts; null without drafts.")
     accepted_per_position: list[int] = Field(description="Drafts whose position i (0-based) was accepted.")
+    tokens_per_target_pass: Optional[float] = Field(None, description="Generated tokens per target decode pass, (generated - accepted - completions) counted as passes: what speculation saved, grammar cuts included; 1.0 without drafts; null without a decode pass.")
     speculation_disabled_by_guard: bool = Field(
         False, description="The job config asked for speculation and the acceptance guard turned it off before this unit."
     )
@@ -250,6 +251,7 @@ class JobTotals(Contract):
     accepted_tokens: int = 0
     acceptance_rate: Optional[float] = None
     mean_acceptance_length: Optional[float] = None
+    tokens_per_target_pass: Optional[float] = Field(None, description="Generated tokens per target decode pass, (generated - accepted - completions) counted as passes: what speculation saved, grammar cuts included; 1.0 without drafts; null without a decode pass.")
     wall_seconds: float = Field(0.0, description="The attempts' wall time, summed: what is billed, engine start included.")
     tokens_per_second: float = Field(0.0, description="Generated tokens / wall_seconds: wall-time speed.")
     engine_busy_seconds: float = Field(
@@ -356,7 +358,7 @@ class GuardEvent(Contract):
     time: str = Field(description="UTC, ISO 8601.")
     attempt: int = Field(description="The attempt it happened in.")
     action: GuardAction
-    metric: Literal["acceptance_rate", "mean_acceptance_length"]
+    metric: Literal["acceptance_rate", "mean_acceptance_length", "tokens_per_target_pass"]
     value: float = Field(description="The metric over the window, pooled over its units' draft tokens.")
     floor: float
     unit_ids: list[str] = Field(description="The window: the last units that drafted, oldest first.")
@@ -369,6 +371,10 @@ class SpeculationVerdict(Contract):
 
     floor: float = Field(description="The mean acceptance length floor (speculative.guard, else speculative.probe).")
     mean_acceptance_length: Optional[float] = Field(description="Over every committed unit that drafted.")
+    tokens_per_target_floor: Optional[float] = Field(
+        None, description="The tokens per target pass floor (speculative.guard, else speculative.probe)."
+    )
+    tokens_per_target_pass: Optional[float] = Field(None, description="Over every committed unit: what speculation saved.")
     below_floor: bool
     cost_more_than_saved: Optional[bool] = Field(
         description=(

@@ -140,7 +140,11 @@ class ProbeResult(Contract):
     mean_acceptance_length: Optional[float] = Field(description="1 + accepted / drafts; null without drafts.")
     accepted_per_position: list[float] = Field(description="Share of drafts whose i-th token was accepted.")
     floor: float = Field(description="speculative.probe.min_mean_acceptance_length.")
-    passed: bool
+    tokens_per_target_pass: Optional[float] = Field(
+        None, description="Generated tokens per target decode pass: what speculation saved, grammar cuts included."
+    )
+    tokens_per_target_floor: Optional[float] = Field(None, description="speculative.probe.min_tokens_per_target_pass.")
+    passed: bool = Field(description="At or above both floors.")
 
 
 DrafterReport.model_rebuild()

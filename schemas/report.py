@@ -75,6 +75,9 @@ class JobFigures(Contract):
     acceptance_rate: Optional[float] = Field(description="accepted / draft tokens; null without drafts.")
     mean_acceptance_length: Optional[float] = Field(description="1 + accepted / drafts; null without drafts.")
     accepted_per_position: list[float] = Field(description="Share of drafts whose position i (0-based) was accepted.")
+    tokens_per_target_pass: Optional[float] = Field(
+        None, description="Generated tokens per target decode pass: what speculation saved, grammar cuts included."
+    )
     speculation_flags: list[str] = Field(
         default_factory=list,
         description="Acceptance below the floor, guard actions, or speculation slower than off: one sentence each.",

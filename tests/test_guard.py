@@ -18,6 +18,7 @@ from pipeline.commit.outputs import OutputLocation
 from pipeline.config import GuardConfig, parse_config
 from pipeline.job.runner import run_job
 from pipeline.speculation.guard import AcceptanceGuard, AcceptanceTooLow
+from pipeline.stages.stats import tokens_per_target_pass
 from pipeline.storage import Storage
 from tests.conftest import job_config, write_prompts
 
@@ -64,6 +65,24 @@ def test_guard_fires_once_while_low_and_again_after_recovering():
     assert len(feed(guard, [low, low])) == 1
 
 
+def test_a_grammar_that_cuts_the_drafts_is_judged_by_tokens_per_target_pass():
+    """As the choice constraint of docs/structured-output.md reads: vLLM counts the few drafts
+    the grammar left, all accepted (acceptance rate 1.000, mean acceptance length 2.00), while
+    1,132 tokens in 128 completions took 1,000 decode passes: about one token per pass, nothing
+    saved. The acceptance floors pass it; the tokens per pass floor does not."""
+    choice = {**stats_row("choice", drafts=4, accepted=4, k=1), "generated_tokens": 1132, "samples": 128}
+    assert tokens_per_target_pass(1132, 4, 128) == pytest.approx(1004 / 1000)
+    assert tokens_per_target_pass(16, 0, 1) == 1.0  # without drafts every decode pass yields one token
+    assert tokens_per_target_pass(1, 0, 1) is None  # no decode pass: nothing to judge
+    legacy = AcceptanceGuard(GuardConfig(min_mean_acceptance_length=1.3, min_tokens_per_target_pass=None, window_units=1))
+    assert feed(legacy, [choice]) == []
+    (event,) = feed(AcceptanceGuard(GuardConfig(window_units=1)), [choice])  # the defaults
+    assert event.metric == "tokens_per_target_pass" and event.value == pytest.approx(1.004)
+    assert "below speculative.guard.min_tokens_per_target_pass = 1.3" in event.message
+    unconstrained = {**stats_row("free", drafts=100, accepted=210), "generated_tokens": 400, "samples": 10}
+    assert feed(AcceptanceGuard(GuardConfig(window_units=1)), [unconstrained]) == []  # 390 / 180 = 2.17 per pass
+
+
 def test_guard_is_on_by_default_and_needs_a_floor():
     from pipeline.config import ACCEPTANCE_FLOOR, ConfigError
 
@@ -73,7 +92,7 @@ def test_guard_is_on_by_default_and_needs_a_floor():
     assert (guard.action, guard.min_mean_acceptance_length, guard.min_acceptance_rate) == ("disable-speculation", ACCEPTANCE_FLOOR, None)
     assert parse_config({**base, "speculative": {**spec, "guard": None}}).speculative.guard is None  # turned off
     with pytest.raises(ConfigError, match=r"speculative\.guard needs a floor: set speculative\.guard\.min_mean_acceptance_length .* or speculative\.guard\.min_acceptance_rate"):
-        parse_config({**base, "speculative": {**spec, "guard": {"min_mean_acceptance_length": None, "action": "fail"}}})
+        parse_config({**base, "speculative": {**spec, "guard": {"min_mean_acceptance_length": None, "min_tokens_per_target_pass": None, "action": "fail"}}})
     with pytest.raises(ConfigError, match="speculative.guard.action"):
         parse_config({**base, "speculative": {**spec, "guard": {"min_acceptance_rate": 0.1, "action": "stop"}}})
 

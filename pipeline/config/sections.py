@@ -75,6 +75,13 @@ class GuardConfig(Section):
 
     min_acceptance_rate: Optional[float] = Field(None, ge=0, le=1, description="Accepted / draft tokens.")
     min_mean_acceptance_length: Optional[float] = Field(ACCEPTANCE_FLOOR, ge=1, description="1 + accepted / drafts.")
+    min_tokens_per_target_pass: Optional[float] = Field(
+        ACCEPTANCE_FLOOR, ge=1,
+        description=(
+            "Generated tokens per target decode pass: what speculation saved, counting the drafts a grammar cut "
+            "(vLLM's acceptance counters leave them out: a `choice` constraint reads acceptance 1.000 while saving nothing)."
+        ),
+    )
     window_units: int = Field(4, ge=1, description="Units that drafted, pooled by their draft tokens.")
     action: GuardAction = Field(
         "disable-speculation",
@@ -86,10 +93,11 @@ class GuardConfig(Section):
 
     @model_validator(mode="after")
     def _a_floor(self):
-        if self.min_acceptance_rate is None and self.min_mean_acceptance_length is None:
+        if self.min_acceptance_rate is None and self.min_mean_acceptance_length is None and self.min_tokens_per_target_pass is None:
             raise ValueError(
                 "speculative.guard needs a floor: set speculative.guard.min_mean_acceptance_length (e.g. "
-                f"{ACCEPTANCE_FLOOR}) or speculative.guard.min_acceptance_rate, or `guard: null` to turn the guard off"
+                f"{ACCEPTANCE_FLOOR}), speculative.guard.min_tokens_per_target_pass or speculative.guard.min_acceptance_rate, "
+                "or `guard: null` to turn the guard off"
             )
         return self
 
@@ -101,6 +109,13 @@ class ProbeConfig(Section):
 
     rows: int = Field(64, ge=0, description="Rows probed; 0 turns the probe off.")
     min_mean_acceptance_length: float = Field(ACCEPTANCE_FLOOR, ge=1, description="The floor: 1 + accepted / drafts.")
+    min_tokens_per_target_pass: float = Field(
+        ACCEPTANCE_FLOOR, ge=1,
+        description=(
+            "The floor on generated tokens per target decode pass, which counts the drafts a grammar cut "
+            "(vLLM's acceptance counters do not)."
+        ),
+    )
 
 
 class SpeculativeConfig(Section):

@@ -58,7 +58,9 @@ def summary(manifest: JobManifest) -> list[str]:
         lines.append(f"  start     first unit committed at {start.to_first_commit_seconds:.1f} s; {starts} engine "
                      f"start{'s' if starts != 1 else ''}{most}")
     if t.mean_acceptance_length is not None:
-        lines.append(f"  drafts    acceptance rate {t.acceptance_rate:.3f}, mean acceptance length {t.mean_acceptance_length:.2f}")
+        per_pass = f", {t.tokens_per_target_pass:.2f} tokens per target pass" if t.tokens_per_target_pass else ""
+        lines.append(f"  drafts    acceptance rate {t.acceptance_rate:.3f}, mean acceptance length {t.mean_acceptance_length:.2f}"
+                     f"{per_pass}")
     if manifest.probe:
         p = manifest.probe
         measured = f"{p.mean_acceptance_length:.2f}" if p.mean_acceptance_length is not None else "none"

@@ -2,8 +2,9 @@
 
 The driver feeds it every unit-stats row as units commit. It keeps the last
 `window_units` units that drafted (units without drafts say nothing about the drafter)
-and, once the window is full, pools them by their draft tokens and compares against the
-floors. It fires once when the window falls below a floor, and again only after a full
+and, once the window is full, pools them (vLLM's acceptance by their draft tokens, tokens per
+target pass by their tokens) and compares against the floors. Tokens per target pass counts
+what a grammar cut from the drafts, which vLLM's acceptance counters leave out. It fires once when the window falls below a floor, and again only after a full
 window has been back above it: a drafter that stays poor gives one event, not one per unit.
 """
 
@@ -14,7 +15,7 @@ from collections import deque
 from typing import Optional
 
 from pipeline.config import GuardConfig, JobConfig
-from pipeline.stages.stats import Acceptance
+from pipeline.stages.stats import Acceptance, tokens_per_target_pass
 from schemas import GuardEvent, JobTotals, SpeculationVerdict
 from schemas.report import CalibrationReport
 
@@ -26,7 +27,7 @@ class AcceptanceTooLow(RuntimeError):
 class AcceptanceGuard:
     def __init__(self, config: GuardConfig, attempt: int = 1):
         self.config, self.attempt = config, attempt
-        self.window: deque[tuple[str, Acceptance]] = deque(maxlen=config.window_units)
+        self.window: deque[tuple[str, Acceptance, tuple[int, int]]] = deque(maxlen=config.window_units)
         self.tripped = False
 
     def observe(self, row: dict) -> Optional[GuardEvent]:
@@ -34,7 +35,8 @@ class AcceptanceGuard:
         if not row["num_drafts"]:
             return None
         acceptance = Acceptance(row["num_drafts"], row["draft_tokens"], row["accepted_tokens"], row["accepted_per_position"])
-        self.window.append((row["unit_id"], acceptance))
+        tokens = (row.get("generated_tokens", 0), row.get("samples", 0))  # a row of a stats file before they were kept
+        self.window.append((row["unit_id"], acceptance, tokens))
         if len(self.window) < self.config.window_units:
             return None
         breach = self._breach()
@@ -48,13 +50,18 @@ class AcceptanceGuard:
 
     def _breach(self) -> Optional[tuple[str, float, float]]:
         """(metric, value, floor) of the first floor the pooled window is below, if any."""
-        pooled = sum((a for _, a in self.window), Acceptance())
+        pooled = sum((a for _, a, _ in self.window), Acceptance())
+        generated, completions = (sum(t[i] for _, _, t in self.window) for i in (0, 1))
         floors = {
             "acceptance_rate": (pooled.acceptance_rate, self.config.min_acceptance_rate),
             "mean_acceptance_length": (pooled.mean_acceptance_length, self.config.min_mean_acceptance_length),
+            "tokens_per_target_pass": (
+                tokens_per_target_pass(generated, pooled.accepted_tokens, completions) if generated else None,
+                self.config.min_tokens_per_target_pass,
+            ),
         }
         for metric, (value, floor) in floors.items():
-            if floor is not None and value < floor:
+            if floor is not None and value is not None and value < floor:
                 return metric, value, floor
         return None
 
@@ -71,7 +78,7 @@ class AcceptanceGuard:
             metric=metric,
             value=value,
             floor=floor,
-            unit_ids=[unit_id for unit_id, _ in self.window],
+            unit_ids=[unit_id for unit_id, _, _ in self.window],
             message=message,
         )
 
@@ -96,14 +103,21 @@ def speculation_verdict(
         return None
     guard = spec.guard
     floor = guard.min_mean_acceptance_length if guard and guard.min_mean_acceptance_length else spec.probe.min_mean_acceptance_length
-    mal = totals.mean_acceptance_length
-    below = mal is not None and mal < floor
+    tpp_floor = guard.min_tokens_per_target_pass if guard and guard.min_tokens_per_target_pass else spec.probe.min_tokens_per_target_pass
+    mal, tpp = totals.mean_acceptance_length, totals.tokens_per_target_pass
     flags = []
-    if below:
+    if mal is not None and mal < floor:
         flags.append(
             f"mean acceptance length {mal:.2f} is below the floor {floor}: speculation cost more than it saved "
             "(a drafter trained for another base model looks like this)"
         )
+    elif mal is not None and tpp is not None and tpp < tpp_floor:
+        flags.append(
+            f"{tpp:.2f} tokens per target pass, below the floor {tpp_floor}, while vLLM's mean acceptance length reads "
+            f"{mal:.2f}: speculation cost more than it saved (a grammar that cuts the drafts looks like this: vLLM's "
+            "counters leave the cut drafts out)"
+        )
+    below = bool(flags)
     flags += [f"the acceptance guard acted ({e.action}): {e.message}" for e in events]
     cost = True if below else None
     if calibration and not below:
@@ -122,6 +136,8 @@ def speculation_verdict(
     return SpeculationVerdict(
         floor=floor,
         mean_acceptance_length=mal,
+        tokens_per_target_floor=tpp_floor,
+        tokens_per_target_pass=tpp,
         below_floor=below,
         cost_more_than_saved=cost,
         flags=flags,

@@ -98,6 +98,7 @@ def figures(outputs: Sequence[Any], seconds: float) -> dict[str, Any]:
             acceptance = acceptance + Acceptance.from_request(completion.spec_decode_metrics)
     return {
         "prompts": len(outputs),
+        "completions": sum(len(o.outputs) for o in outputs),
         "prompt_tokens": sum(len(o.prompt_token_ids) for o in outputs),
         "generated_tokens": sum(len(c.token_ids) for o in outputs for c in o.outputs),
         "seconds": seconds,

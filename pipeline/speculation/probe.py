@@ -5,7 +5,9 @@ A drafter trained for another base model with the same shapes (Llama-3.1-70B's d
 Llama-3.3-70B) passes every static check in drafter_check.py, and public drafters rarely
 declare their target. Only acceptance shows it: such a drafter is accepted almost never, so
 speculation only costs. The probe measures the mean acceptance length at the configured depth
-and refuses the drafter below `speculative.probe.min_mean_acceptance_length`.
+and refuses the drafter below `speculative.probe.min_mean_acceptance_length`, and below
+`speculative.probe.min_tokens_per_target_pass`, which also counts the drafts the job's grammar
+cut (vLLM's acceptance counters leave them out).
 
 In a job the probe runs on the job's own first engine (pipeline/cluster/job_board.py, measured by
 pipeline/graph/generator.py): one engine start per replica. `specbatch check-drafter --probe` runs it
@@ -27,7 +29,7 @@ from typing import Any, Optional, Sequence
 from pipeline.commit.units import WorkUnit, read_unit
 from pipeline.config import JobConfig
 from pipeline.speculation.drafter_read import DrafterMismatch
-from pipeline.stages.stats import Acceptance
+from pipeline.stages.stats import Acceptance, tokens_per_target_pass
 from pipeline.storage import Storage
 from schemas.drafter import ProbeResult
 
@@ -101,6 +103,7 @@ def probe_result(config: JobConfig, measured: dict[str, Any], near_limit_rows: i
     acceptance = Acceptance(m["num_drafts"], m["draft_tokens"], m["accepted_tokens"], list(m["accepted_per_position"]))
     mal = acceptance.mean_acceptance_length
     floor = spec.probe.min_mean_acceptance_length
+    tpp = tokens_per_target_pass(m["generated_tokens"], m["accepted_tokens"], m.get("completions", m["prompts"]))
     return ProbeResult(
         measured_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         rows=m["prompts"],
@@ -114,8 +117,16 @@ def probe_result(config: JobConfig, measured: dict[str, Any], near_limit_rows: i
         **acceptance.summary(),
         accepted_per_position=acceptance.rate_per_position,
         floor=floor,
-        passed=mal is not None and mal >= floor,
+        tokens_per_target_pass=tpp,
+        tokens_per_target_floor=spec.probe.min_tokens_per_target_pass,
+        passed=_passes(mal, tpp, floor, spec.probe.min_tokens_per_target_pass),
     )
+
+
+def _passes(mal: Optional[float], tpp: Optional[float], floor: float, tpp_floor: Optional[float]) -> bool:
+    """At or above both floors; tokens per target pass unknown (no decode pass, or a probe
+    recorded before it was measured) is judged by the acceptance floor alone."""
+    return mal is not None and mal >= floor and (tpp is None or tpp_floor is None or tpp >= tpp_floor)
 
 
 def measure(config: JobConfig, rows: Sequence[dict[str, Any]], near_limit_rows: int = 0) -> ProbeResult:
@@ -194,22 +205,33 @@ def probe_job_input(
 
 def rejudged(config: JobConfig, result: ProbeResult) -> ProbeResult:
     """An earlier probe's figures against today's floor (a resume may have lowered it)."""
-    floor = config.speculative.probe.min_mean_acceptance_length
-    mal = result.mean_acceptance_length
-    return result.model_copy(update={"floor": floor, "passed": mal is not None and mal >= floor})
+    probe = config.speculative.probe
+    passed = _passes(result.mean_acceptance_length, result.tokens_per_target_pass, probe.min_mean_acceptance_length,
+                     probe.min_tokens_per_target_pass)
+    return result.model_copy(update={"floor": probe.min_mean_acceptance_length, "passed": passed,
+                                     "tokens_per_target_floor": probe.min_tokens_per_target_pass})
 
 
 def refusal(config: JobConfig, result: ProbeResult) -> Optional[DrafterRejected]:
     """The refusal for a probe below the floor, naming the pitfall and the figures."""
     if result.passed:
         return None
+    mal, tpp = result.mean_acceptance_length, result.tokens_per_target_pass
+    where = f"drafter {config.speculative.drafter} refused by the probe: on {result.rows} rows of the job's input at depth {result.num_speculative_tokens}"
+    if mal is not None and mal >= result.floor:  # below the tokens per pass floor only: the drafts were cut
+        return DrafterRejected(
+            f"{where}, {tpp:.2f} tokens per target pass, below the floor speculative.probe.min_tokens_per_target_pass = "
+            f"{result.tokens_per_target_floor}, while vLLM's mean acceptance length reads {mal:.2f}: vLLM leaves out the "
+            "drafts a grammar cut, and this job's structured output cuts most of them, so speculation would only cost. "
+            "Turn speculation off for this job (speculative.enabled: false); speculative.probe.rows: 0 skips the probe.",
+            result,
+        )
     measured = (
-        "it drafted nothing" if result.mean_acceptance_length is None
-        else f"mean acceptance length {result.mean_acceptance_length:.2f} (acceptance rate {result.acceptance_rate:.3f})"
+        "it drafted nothing" if mal is None
+        else f"mean acceptance length {mal:.2f} (acceptance rate {result.acceptance_rate:.3f})"
     )
     return DrafterRejected(
-        f"drafter {config.speculative.drafter} refused by the probe: on {result.rows} rows of the job's input at "
-        f"depth {result.num_speculative_tokens}, {measured}, below the floor "
+        f"{where}, {measured}, below the floor "
         f"speculative.probe.min_mean_acceptance_length = {result.floor}. This is what a drafter trained for another "
         "base model looks like, even one with the same shapes and tokenizer (e.g. a Llama-3.1 drafter on "
         "Llama-3.3): speculation would only cost. Use the drafter trained for this target, or turn speculation off "

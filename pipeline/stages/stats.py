@@ -72,6 +72,17 @@ class Acceptance:
         )
 
 
+def tokens_per_target_pass(generated: int, accepted: int, completions: int) -> Optional[float]:
+    """Generated tokens per target decode pass: what speculation saved, counting every step.
+    Each decode pass yields its accepted drafts plus one token, and a completion's first token
+    comes from its prefill, so passes = generated - accepted - completions. vLLM's acceptance
+    counters leave out the draft tokens a grammar cut and the steps it cut to nothing; this does
+    not. Null when no decode pass ran (vLLM counts drafts accepted past max_tokens as accepted,
+    which can make a short output's count run out)."""
+    passes = generated - accepted - completions
+    return (generated - completions) / passes if passes > 0 else None
+
+
 def busy_seconds(intervals: Iterable[tuple[str, float, float]]) -> float:
     """Engine-busy seconds summed over engines, from (actor_id, started_at, engine_seconds) of
     each unit. Units overlap inside one engine, so each engine's time is the union of its
@@ -116,6 +127,7 @@ def totals_from_stats(stats: pa.Table, input_rows: int, wall_seconds: float, rep
         prompt_tokens=total["prompt_tokens"],
         generated_tokens=generated,
         **acceptance.summary(),
+        tokens_per_target_pass=tokens_per_target_pass(generated, total["accepted_tokens"], total["samples"]),
         wall_seconds=wall_seconds,
         tokens_per_second=generated / wall_seconds if wall_seconds else 0.0,
         engine_busy_seconds=busy,

@@ -92,8 +92,10 @@ def tables(report: CostReport) -> dict[str, Table]:
     spec_jobs = [j for j in jobs if j.speculative]
     width = max((len(j.accepted_per_position) for j in spec_jobs), default=0)
     out["Acceptance"] = (
-        ["job", "speculation", "drafts", "acceptance rate", "mean acceptance length"] + [f"pos {i + 1}" for i in range(width)],
-        [[j.job_id, _depth(j), _num(j.num_drafts), _num(j.acceptance_rate), _num(j.mean_acceptance_length)]
+        ["job", "speculation", "drafts", "acceptance rate", "mean acceptance length", "tokens per target pass"]
+        + [f"pos {i + 1}" for i in range(width)],
+        [[j.job_id, _depth(j), _num(j.num_drafts), _num(j.acceptance_rate), _num(j.mean_acceptance_length),
+          _num(j.tokens_per_target_pass)]
          + [_num(j.accepted_per_position[i]) if i < len(j.accepted_per_position) else "" for i in range(width)]
          for j in spec_jobs],
     )
@@ -129,7 +131,8 @@ DEFINITIONS = [
     "Busy GPU-hours: per engine actor, the union of its units' engine intervals (units overlap), times GPUs per replica.",
     "Cost: GPU-hours x the price per GPU-hour of the job's accelerator kind.",
     "Acceptance rate: accepted / draft tokens. Mean acceptance length: 1 + accepted / drafts. Position i: share of drafts whose i-th token was accepted. Overall: every job's drafts pooled.",
-    "Speculation on vs off: jobs on the same target model and accelerator kind, pooled per side; a negative saving means speculation cost money.",
+    "Tokens per target pass: generated tokens per target decode pass, (generated - accepted - completions) counted as passes: what speculation saved, counting the drafts a grammar cut, which vLLM's acceptance counters leave out.",
+    "Speculation on vs off: jobs on the same target model, accelerator kind, prompts and sampling, pooled per side; a negative saving means speculation cost money.",
 ]
 
 
