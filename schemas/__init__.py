@@ -161,7 +161,7 @@ class UnitStats(Contract):
     acceptance_rate: Optional[float] = Field(description="accepted / draft tokens; null without drafts.")
     mean_acceptance_length: Optional[float] = Field(description="1 + accepted / drafts; null without drafts.")
     accepted_per_position: list[int] = Field(description="Drafts whose position i (0-based) was accepted.")
-    tokens_per_target_pass: Optional[float] = Field(None, description="Generated tokens per target decode pass, (generated - accepted - completions) counted as passes: what speculation saved, grammar cuts included; 1.0 without drafts; null without a decode pass.")
+    tokens_per_target_pass: Optional[float] = Field(None, description="Generated tokens per target decode pass (passes: generated - accepted - completions, at least the drafting steps): what speculation saved, grammar cuts included; 1.0 without drafts; null without a decode pass.")
     speculation_disabled_by_guard: bool = Field(
         False, description="The job config asked for speculation and the acceptance guard turned it off before this unit."
     )
@@ -251,7 +251,7 @@ class JobTotals(Contract):
     accepted_tokens: int = 0
     acceptance_rate: Optional[float] = None
     mean_acceptance_length: Optional[float] = None
-    tokens_per_target_pass: Optional[float] = Field(None, description="Generated tokens per target decode pass, (generated - accepted - completions) counted as passes: what speculation saved, grammar cuts included; 1.0 without drafts; null without a decode pass.")
+    tokens_per_target_pass: Optional[float] = Field(None, description="Generated tokens per target decode pass (passes: generated - accepted - completions, at least the drafting steps): what speculation saved, grammar cuts included; 1.0 without drafts; null without a decode pass.")
     wall_seconds: float = Field(0.0, description="The attempts' wall time, summed: what is billed, engine start included.")
     tokens_per_second: float = Field(0.0, description="Generated tokens / wall_seconds: wall-time speed.")
     engine_busy_seconds: float = Field(

@@ -18,7 +18,7 @@ from pipeline.commit.outputs import OutputLocation
 from pipeline.config import GuardConfig, parse_config
 from pipeline.job.runner import run_job
 from pipeline.speculation.guard import AcceptanceGuard, AcceptanceTooLow
-from pipeline.stages.stats import tokens_per_target_pass
+from pipeline.stages.stats import Acceptance
 from pipeline.storage import Storage
 from tests.conftest import job_config, write_prompts
 
@@ -71,9 +71,12 @@ def test_a_grammar_that_cuts_the_drafts_is_judged_by_tokens_per_target_pass():
     1,132 tokens in 128 completions took 1,000 decode passes: about one token per pass, nothing
     saved. The acceptance floors pass it; the tokens per pass floor does not."""
     choice = {**stats_row("choice", drafts=4, accepted=4, k=1), "generated_tokens": 1132, "samples": 128}
-    assert tokens_per_target_pass(1132, 4, 128) == pytest.approx(1004 / 1000)
-    assert tokens_per_target_pass(16, 0, 1) == 1.0  # without drafts every decode pass yields one token
-    assert tokens_per_target_pass(1, 0, 1) is None  # no decode pass: nothing to judge
+    assert Acceptance(4, 4, 4).tokens_per_target_pass(1132, 128) == pytest.approx(1004 / 1000)
+    assert Acceptance().tokens_per_target_pass(16, 1) == 1.0  # without drafts every decode pass yields one token
+    assert Acceptance().tokens_per_target_pass(1, 1) is None  # no decode pass: nothing to judge
+    # Every draft accepted (k=3) over 16 tokens: 4 drafting passes, the last one's drafts counted
+    # past max_tokens (16 - 12 - 1 = 3 passes by the count): the drafting steps are the floor.
+    assert Acceptance(4, 12, 12).tokens_per_target_pass(16, 1) == pytest.approx(15 / 4)
     legacy = AcceptanceGuard(GuardConfig(min_mean_acceptance_length=1.3, min_tokens_per_target_pass=None, window_units=1))
     assert feed(legacy, [choice]) == []
     (event,) = feed(AcceptanceGuard(GuardConfig(window_units=1)), [choice])  # the defaults

@@ -15,7 +15,7 @@ from collections import deque
 from typing import Optional
 
 from pipeline.config import GuardConfig, JobConfig
-from pipeline.stages.stats import Acceptance, tokens_per_target_pass
+from pipeline.stages.stats import Acceptance
 from schemas import GuardEvent, JobTotals, SpeculationVerdict
 from schemas.report import CalibrationReport
 
@@ -56,7 +56,7 @@ class AcceptanceGuard:
             "acceptance_rate": (pooled.acceptance_rate, self.config.min_acceptance_rate),
             "mean_acceptance_length": (pooled.mean_acceptance_length, self.config.min_mean_acceptance_length),
             "tokens_per_target_pass": (
-                tokens_per_target_pass(generated, pooled.accepted_tokens, completions) if generated else None,
+                pooled.tokens_per_target_pass(generated, completions) if generated else None,
                 self.config.min_tokens_per_target_pass,
             ),
         }

@@ -29,7 +29,7 @@ from typing import Any, Optional, Sequence
 from pipeline.commit.units import WorkUnit, read_unit
 from pipeline.config import JobConfig
 from pipeline.speculation.drafter_read import DrafterMismatch
-from pipeline.stages.stats import Acceptance, tokens_per_target_pass
+from pipeline.stages.stats import Acceptance
 from pipeline.storage import Storage
 from schemas.drafter import ProbeResult
 
@@ -103,7 +103,7 @@ def probe_result(config: JobConfig, measured: dict[str, Any], near_limit_rows: i
     acceptance = Acceptance(m["num_drafts"], m["draft_tokens"], m["accepted_tokens"], list(m["accepted_per_position"]))
     mal = acceptance.mean_acceptance_length
     floor = spec.probe.min_mean_acceptance_length
-    tpp = tokens_per_target_pass(m["generated_tokens"], m["accepted_tokens"], m.get("completions", m["prompts"]))
+    tpp = acceptance.tokens_per_target_pass(m["generated_tokens"], m.get("completions", m["prompts"]))
     return ProbeResult(
         measured_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         rows=m["prompts"],

@@ -61,6 +61,17 @@ class Acceptance:
     def mean_acceptance_length(self) -> Optional[float]:
         return 1.0 + self.accepted_tokens / self.num_drafts if self.num_drafts else None
 
+    def tokens_per_target_pass(self, generated: int, completions: int) -> Optional[float]:
+        """Generated tokens per target decode pass: what speculation saved, counting every step.
+        A decode pass yields its accepted drafts plus one token, and a completion's first token
+        comes from its prefill, so passes = generated - accepted - completions; vLLM counts drafts
+        accepted past max_tokens as accepted, so that count is a floor, and so is `num_drafts`
+        (each drafting step is a pass): the larger one is taken. vLLM's acceptance counters leave
+        out the draft tokens a grammar cut and the steps it cut to nothing; this does not. Null
+        without a decode pass."""
+        passes = max(generated - self.accepted_tokens - completions, self.num_drafts)
+        return (generated - completions) / passes if passes > 0 else None
+
     def summary(self) -> dict:
         """The acceptance fields that batch stats, job totals, reports and calibration share."""
         return dict(
@@ -70,17 +81,6 @@ class Acceptance:
             acceptance_rate=self.acceptance_rate,
             mean_acceptance_length=self.mean_acceptance_length,
         )
-
-
-def tokens_per_target_pass(generated: int, accepted: int, completions: int) -> Optional[float]:
-    """Generated tokens per target decode pass: what speculation saved, counting every step.
-    Each decode pass yields its accepted drafts plus one token, and a completion's first token
-    comes from its prefill, so passes = generated - accepted - completions. vLLM's acceptance
-    counters leave out the draft tokens a grammar cut and the steps it cut to nothing; this does
-    not. Null when no decode pass ran (vLLM counts drafts accepted past max_tokens as accepted,
-    which can make a short output's count run out)."""
-    passes = generated - accepted - completions
-    return (generated - completions) / passes if passes > 0 else None
 
 
 def busy_seconds(intervals: Iterable[tuple[str, float, float]]) -> float:
@@ -127,7 +127,7 @@ def totals_from_stats(stats: pa.Table, input_rows: int, wall_seconds: float, rep
         prompt_tokens=total["prompt_tokens"],
         generated_tokens=generated,
         **acceptance.summary(),
-        tokens_per_target_pass=tokens_per_target_pass(generated, total["accepted_tokens"], total["samples"]),
+        tokens_per_target_pass=acceptance.tokens_per_target_pass(generated, total["samples"]),
         wall_seconds=wall_seconds,
         tokens_per_second=generated / wall_seconds if wall_seconds else 0.0,
         engine_busy_seconds=busy,

@@ -14,7 +14,7 @@ from pipeline.config import SpeculativeConfig
 from pipeline.stages.completions import output_rows
 from pipeline.stages.engine import schedule_text
 from pipeline.stages.engine_requests import EngineCrash
-from pipeline.stages.stats import Acceptance, tokens_per_target_pass
+from pipeline.stages.stats import Acceptance
 from schemas import ErrorRow, OutputRow, UnitStats, arrow_schema
 
 # Errors of a request that are the row's own (vLLM refused it): retrying cannot help.
@@ -111,7 +111,7 @@ def unit_stats(
         depth_schedule=schedule_text(spec.depth_schedule) if spec.enabled and spec.depth_schedule else None,
         **out.acceptance.summary(),
         accepted_per_position=out.acceptance.accepted_per_position,
-        tokens_per_target_pass=tokens_per_target_pass(out.generated_tokens, out.acceptance.accepted_tokens, len(out.outputs)),
+        tokens_per_target_pass=out.acceptance.tokens_per_target_pass(out.generated_tokens, len(out.outputs)),
         speculation_disabled_by_guard=disabled_by_guard,
     )
 

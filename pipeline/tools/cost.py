@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence
 
 from pipeline.commit.outputs import ManifestInvalid, OutputLocation
 from pipeline.config import ACCEPTANCE_FLOOR
-from pipeline.stages.stats import Acceptance, tokens_per_target_pass
+from pipeline.stages.stats import Acceptance
 from pipeline.stages.stats import busy_seconds as engine_busy_seconds
 from pipeline.storage import Storage
 from pipeline.tools.prices import Prices
@@ -141,7 +141,7 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
         start_phases=start.phases if start else [],
         **acceptance.summary(),
         accepted_per_position=acceptance.rate_per_position,
-        tokens_per_target_pass=tokens_per_target_pass(generated_tokens, acceptance.accepted_tokens, sum(r.get("samples", 0) for r in stats))
+        tokens_per_target_pass=acceptance.tokens_per_target_pass(generated_tokens, sum(r["samples"] for r in stats))
         if all("samples" in r for r in stats) else None,
         speculation_flags=flags,
     )

@@ -131,7 +131,7 @@ DEFINITIONS = [
     "Busy GPU-hours: per engine actor, the union of its units' engine intervals (units overlap), times GPUs per replica.",
     "Cost: GPU-hours x the price per GPU-hour of the job's accelerator kind.",
     "Acceptance rate: accepted / draft tokens. Mean acceptance length: 1 + accepted / drafts. Position i: share of drafts whose i-th token was accepted. Overall: every job's drafts pooled.",
-    "Tokens per target pass: generated tokens per target decode pass, (generated - accepted - completions) counted as passes: what speculation saved, counting the drafts a grammar cut, which vLLM's acceptance counters leave out.",
+    "Tokens per target pass: generated tokens per target decode pass (passes: generated - accepted - completions, at least the drafting steps): what speculation saved, counting the drafts a grammar cut, which vLLM's acceptance counters leave out.",
     "Speculation on vs off: jobs on the same target model, accelerator kind, prompts and sampling, pooled per side; a negative saving means speculation cost money.",
 ]
 
