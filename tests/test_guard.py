@@ -248,6 +248,7 @@ def test_metrics_are_exported_per_job_and_replica(warn_run):
     assert sum(job_metric(text, "ray_specbatch_draft_tokens_total", job_id).values()) > 0
     assert set(job_metric(text, "ray_specbatch_acceptance_rate", job_id).values()) == {0.0}
     assert set(job_metric(text, "ray_specbatch_mean_acceptance_length", job_id).values()) == {1.0}
+    assert set(job_metric(text, "ray_specbatch_tokens_per_target_pass", job_id).values()) == {1.0}  # nothing accepted
     assert set(job_metric(text, "ray_specbatch_tokens_per_second", job_id)) == replicas
     assert all(v > 0 for v in job_metric(text, "ray_specbatch_tokens_per_second", job_id).values())
 
