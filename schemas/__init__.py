@@ -165,6 +165,9 @@ class UnitStats(Contract):
     speculation_disabled_by_guard: bool = Field(
         False, description="The job config asked for speculation and the acceptance guard turned it off before this unit."
     )
+    trial_arm: Optional[str] = Field(
+        None, description="'on' or 'off': the unit measured that setting in the speculation trial (JobManifest.trial); null: not in it."
+    )
     commit_token: str = Field("", description="Names the commit's files; the unit's marker names the visible one.")
     lease_owner: str = Field(
         "", description="The run (`_lease.json`'s owner) that held the lease when the unit was committed; empty: no lease check."
@@ -379,11 +382,44 @@ class SpeculationVerdict(Contract):
     cost_more_than_saved: Optional[bool] = Field(
         description=(
             "true: acceptance below the floor (each step yields about one token for k drafter passes and a k+1-token "
-            "verify), or a calibration at the job's concurrency measured its depth slower than off; false: the "
-            "calibration measured it faster; null: not measured (run specbatch calibrate)."
+            "verify), or the job's speculation trial (else a calibration at the job's concurrency) measured it slower "
+            "than off; false: measured faster; null: not measured (cost_unknown_because says why)."
         )
     )
+    cost_unknown_because: Optional[str] = Field(None, description="Why cost_more_than_saved could not be told.")
     flags: list[str] = Field(description="What a reader of the job must know, one sentence each; empty when it paid.")
+
+
+class TrialArm(Contract):
+    """One setting's units in the speculation trial, on one engine, back to back."""
+
+    setting: str = Field(description="'k=3', a depth schedule '1-8:3,9-64:0', or 'off'.")
+    units: int
+    rows: int
+    generated_tokens: int
+    seconds: float = Field(description="Engine time: from the arm's first unit into the engine to its last one out.")
+    tokens_per_second: float = Field(description="generated_tokens / seconds.")
+    unit_tokens_per_second: list[float] = Field(description="Each unit's own rate (it overlapped the others): the spread.")
+
+
+class TrialVerdict(Contract):
+    """Did speculation pay on this job's own first units? Measured once per job (a resume keeps
+    it); `specbatch report`, `status` and the console show it."""
+
+    outcome: Literal["kept", "turned-off", "skipped"] = Field(
+        description="kept: speculation stays on; turned-off: the rest of the job runs without the drafter; skipped: not measured."
+    )
+    reason: str = Field(description="One sentence, as the console printed it.")
+    setting: str = Field(description="The speculation the job is configured with ('k=3' or a schedule).")
+    concurrency: int = Field(0, description="Sequences at once the trial ran at: min(units in flight x rows per unit, max_num_seqs).")
+    speculation: Optional[TrialArm] = None
+    off: Optional[TrialArm] = None
+    speedup_vs_off: Optional[float] = Field(None, description="speculation tok/s / off tok/s; below 1 it cost more than it saved.")
+    margin: float = Field(0.0, description="speculative.trial.margin when it was decided.")
+    engine_start_seconds: Optional[float] = Field(None, description="The trial engine's own start, which a switch costs again.")
+    engine_restarts: int = Field(0, description="Engine starts the trial cost its engine beyond the first.")
+    actor_id: str = ""
+    decided_at: Optional[str] = None
 
 
 # The process exit code of each job status (and of a refusal before the job starts): a RayJob or
@@ -412,6 +448,7 @@ class JobManifest(Contract):
     guard_events: list[GuardEvent] = Field(default_factory=list, description="What the acceptance guard saw and did.")
     probe: Optional[ProbeResult] = Field(None, description="The drafter probe before the first run (null: not run).")
     speculation: Optional[SpeculationVerdict] = Field(None, description="Did speculation pay? Null without speculation.")
+    trial: Optional[TrialVerdict] = Field(None, description="Speculation against off on the job's first units (null: no trial).")
 
 
 TABLES: dict[str, type[Contract]] = {

@@ -44,6 +44,8 @@ class JobBoard:
             self.decided.set()
         self.starts: list[dict] = []
         self.engines: list = []
+        self.trial_claimant: Optional[str] = None
+        self.trial: Optional[dict] = None  # the speculation trial's verdict (schemas.TrialVerdict as JSON)
 
     async def check_in(self, start: dict, engine=None) -> None:
         """Records an engine's start, and its actor's handle for the driver to stop it by."""
@@ -82,9 +84,24 @@ class JobBoard:
             return None
         return self.verdict
 
+    async def claim_trial(self, actor_id: str) -> bool:
+        """True for the engine that runs the speculation trial: the first to ask, and the same
+        engine again when Ray restarted it before its verdict (it measures again)."""
+        if self.trial is None and self.trial_claimant in (None, actor_id):
+            self.trial_claimant = actor_id
+            return True
+        return False
+
+    async def post_trial(self, verdict: dict) -> None:
+        self.trial = verdict
+
+    async def trial_verdict(self) -> Optional[dict]:
+        return self.trial
+
     async def read(self) -> dict:
-        """What the driver records: every engine start, and the verdict once it is in."""
-        return {"starts": list(self.starts), "verdict": self.verdict}
+        """What the driver records: every engine start, the probe's verdict and the trial's,
+        once they are in."""
+        return {"starts": list(self.starts), "verdict": self.verdict, "trial": self.trial}
 
 
 def start_board(probe_rows: list[dict[str, Any]], near_limit_rows: int = 0):

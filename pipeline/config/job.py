@@ -162,6 +162,10 @@ class JobConfig(Section):
         """Processes of one engine that each hold a device: tensor x pipeline parallel."""
         return self.engine.tensor_parallel_size * self.engine.pipeline_parallel_size
 
+    def without_speculation(self) -> JobConfig:
+        """The same job with the target alone (the guard or the speculation trial turned it off)."""
+        return self.model_copy(update={"speculative": self.speculative.model_copy(update={"enabled": False})})
+
     def redacted(self) -> dict[str, Any]:
         """The config as recorded in manifests: no credentials can be in it (validated above),
         and query strings of URIs, where signed tokens hide, are dropped."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Literal, Optional
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from pipeline.config.base import Section, closest
 from pipeline.config.paths import MODEL_URI_HELP, _not_a_hub
@@ -118,6 +118,32 @@ class ProbeConfig(Section):
     )
 
 
+class TrialConfig(Section):
+    """Speculation against speculation off on the job's own first units, on its own engine at the
+    job's concurrency (pipeline/speculation/trial.py): the first engine with work measures
+    `units` units with the configured depth, restarts its engine without the drafter, measures
+    `units` more, and the job keeps the faster setting for the rest. A job with fewer than
+    four times `units` units to run, or whose rest would not pay back engine starts
+    (`payback_starts`), skips it and says why."""
+
+    units: int = Field(4, ge=1, description="Units measured with each setting (one engine's; at least engine units in flight).")
+    margin: float = Field(
+        0.05, ge=0, le=1,
+        description=(
+            "How much faster speculation off must measure before the job turns speculation off (0.05: 5%), and "
+            "speculation before it is turned back on: run-to-run spread of one setting on a shared machine."
+        ),
+    )
+    payback_starts: float = Field(
+        5.0, ge=0,
+        description=(
+            "The trial measures off only when the rest of the job is at least this many engine starts of generation per "
+            "engine, and turns speculation back on only when that saves more than a start; 0 measures and follows the "
+            "faster whatever the job's size (benchmarks, tests)."
+        ),
+    )
+
+
 class SpeculativeConfig(Section):
     enabled: bool = Field(True, description="false runs the target alone, without a drafter.")
     method: Literal["eagle3"] = Field(
@@ -144,6 +170,15 @@ class SpeculativeConfig(Section):
     guard: Optional[GuardConfig] = Field(
         default_factory=GuardConfig, description="Acceptance guard while the job runs; null turns it off."
     )
+    trial: Optional[TrialConfig] = Field(
+        default_factory=TrialConfig,
+        description="Speculation against off on the job's own first units, keeping the faster; null or off turns it off.",
+    )
+
+    @field_validator("trial", mode="before")
+    @classmethod
+    def _trial_off(cls, value):
+        return None if value is False else value  # YAML's `off`
 
     @model_validator(mode="after")
     def _known_checks(self):

@@ -10,7 +10,8 @@ and marker to the output location, off the event loop. The stats row goes back t
 Once its engine is up the actor checks in at the job board (pipeline/cluster/job_board.py) with how its
 start went. The first engine with a unit to run measures the drafter probe's rows before its
 units generate, and no engine commits a unit before the probe's verdict is in: a refused
-drafter leaves nothing in outputs/. Before each unit's marker the actor checks that its run
+drafter leaves nothing in outputs/. The speculation trial (pipeline/graph/engine_trial.py) may
+restart the engine inside the actor, without the drafter or with it again, between units. Before each unit's marker the actor checks that its run
 still holds the output location's lease (pipeline/commit/lease.py): a run that lost it commits
 nothing more.
 """
@@ -31,6 +32,7 @@ from pipeline.commit.lease import check_fence
 from pipeline.commit.outputs import OutputLocation
 from pipeline.commit.units import unit_of
 from pipeline.config import JobConfig
+from pipeline.graph.engine_trial import EngineTrial
 from pipeline.speculation.probe import probe_concurrency, probe_result, refusal
 from pipeline.stages.completions import reasoning_parser
 from pipeline.stages.engine import EngineProcesses, lora_requests, prepare_process_env, process_title, start_engine
@@ -54,6 +56,7 @@ class EngineActorArgs:
     disabled_by_guard: bool = False
     board: Any = None
     fence: Optional[dict] = None
+    trial: Optional[dict] = None  # pipeline/graph/engine_trial.trial_plan, when this graph runs the speculation trial
 
 
 class Generator:
@@ -63,11 +66,11 @@ class Generator:
 
         self.config = JobConfig.model_validate(config)
         prepare_process_env(self.config)
-        vllm_classes = _import_vllm_apart()
+        self.vllm_classes = _import_vllm_apart()
 
         imported = time.time()
         self.processes = EngineProcesses()
-        self.engine = start_engine(self.config, self.processes, vllm_classes)
+        self.engine = start_engine(self.config, self.processes, self.vllm_classes)
         ready = time.time()
         self.location = OutputLocation(Storage.from_config(self.config.storage), self.config.output_uri)
         self.disabled_by_guard = engines.disabled_by_guard
@@ -76,6 +79,7 @@ class Generator:
         self.requests = EngineRequests(self.engine, self.location, lora_requests(self.config), self.processes.end, **self.where)
         self.metrics = ReplicaMetrics(engines.job_id, self.where["actor_id"])
         tokenizer = self.engine.get_tokenizer()
+        self.drafter_id = engines.drafter_id
         self.identity = Identity(
             engines.model_id, engines.drafter_id, lambda token_id: tokenizer.decode([token_id]),
             reasoning_parser(self.config.chat.reasoning_parser, tokenizer),
@@ -94,6 +98,8 @@ class Generator:
             ray.get(self.board.check_in.remote(self.start, context.current_actor))
         self.probed: Optional[asyncio.Future] = None  # this engine's claim of the probe (and its measuring)
         self.verdict: Optional[dict] = None  # once in, not asked for again
+        self.as_configured = self.config
+        self.trial = EngineTrial(self.config, engines.trial, self.board, self.where["actor_id"], self._restart_engine, ready - imported)
 
     def __del__(self) -> None:
         # Ray Data's pool shutdown frees the actor (__ray_shutdown__) before Ray kills the
@@ -114,14 +120,18 @@ class Generator:
 
         await self._probe_once()
         suspects = await asyncio.to_thread(self._suspects, unit_id)
-        started = time.time()
-        results = await self.requests.run(unit_id, rows, todo, suspects)
-        engine_seconds = time.time() - started
-
-        out = collect(unit_id, rows, results, self.identity)
+        arm = await self.trial.enter()
+        started, engine_seconds, out = time.time(), 0.0, None
+        try:
+            results = await self.requests.run(unit_id, rows, todo, suspects)
+            engine_seconds = time.time() - started
+            out = collect(unit_id, rows, results, self.identity)
+        finally:
+            await self.trial.leave(arm, started, engine_seconds, len(todo), out.generated_tokens if out else 0)
         stats = unit_stats(
             unit, len(rows), out, self.config.speculative, self.where, started, engine_seconds, self.disabled_by_guard,
         )
+        stats.trial_arm = arm
         await self._verdict_passed()
         # Off the event loop: the other units in flight keep the engine busy meanwhile.
         return await asyncio.to_thread(self._commit, unit_id, out, batch.column("metadata"), stats, received)
@@ -165,6 +175,24 @@ class Generator:
                 await self._probe_once()
         if self.verdict["refusal"]:
             raise DrafterRefused(self.verdict["refusal"])
+
+    async def _restart_engine(self, speculative: bool) -> float:
+        """The speculation trial's switch, with no unit in the engine: this engine stops, and one
+        with the configured speculation (or none) starts in its place; returns its start's seconds."""
+        _stop_output_handler(self.engine)
+        self.engine.shutdown()
+        self.processes.end(grace_seconds=10.0)
+        self.config = self.as_configured if speculative else self.as_configured.without_speculation()
+        began = time.time()
+        self.engine = await asyncio.to_thread(start_engine, self.config, self.processes, self.vllm_classes)
+        self.requests = EngineRequests(self.engine, self.location, lora_requests(self.config), self.processes.end, **self.where)
+        self.identity = dataclasses.replace(self.identity, drafter_id=self.drafter_id if speculative else None)
+        ready = time.time()
+        if self.board is not None:  # the job's engine starts count this one
+            start = {**self.start, "init_started_at": began, "vllm_imported_at": began, "engine_ready_at": ready,
+                     "engine_core_started_at": None}
+            await self.board.check_in.remote(start)
+        return ready - began
 
     def _suspects(self, unit_id: str) -> dict | None:
         """Starts the unit's attempt; its suspects once it was in flight at enough engine deaths."""

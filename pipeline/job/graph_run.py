@@ -17,12 +17,12 @@ from pipeline.cluster import WATCH_SECONDS, ClusterWatch, SchedulingStalled, Sta
 from pipeline.cluster.startup import start_cost
 from pipeline.commit.units import WorkUnit
 from pipeline.job.breaker import ErrorBreaker
-from pipeline.job.console import STEADY_MIN_SECONDS, print_progress, progress_line
+from pipeline.job.console import STEADY_MIN_SECONDS, print_progress, progress_line, say
 from pipeline.job.manifest import now, plain_text
 from pipeline.speculation.guard import AcceptanceGuard, AcceptanceTooLow
 from pipeline.speculation.probe import DrafterRejected
 from pipeline.stages.stats import busy_seconds
-from schemas import GuardEvent, NodeLoss, ProbeResult
+from schemas import GuardEvent, NodeLoss, ProbeResult, TrialVerdict
 
 log = logging.getLogger("specbatch")
 # The driver writes its stats file at least this often: a killed driver leaves the next
@@ -122,6 +122,7 @@ def run_graph(dataset, todo: list[WorkUnit], heed: AttemptProgress, board) -> Gr
             if time.time() - looked > WATCH_SECONDS:
                 losses.note()
                 looked = time.time()
+            _heed_trial(attempt, board)
             if heed.observe(stats):
                 return GraphOutcome.SPECULATION_OFF
         losses.note()
@@ -229,7 +230,31 @@ def _record_board(attempt, board) -> None:
     record.start = start_cost(attempt.clock, [*(e.model_dump() for e in known), *new], verdict)
     if verdict and verdict.get("result"):
         attempt.manifest.probe = ProbeResult.model_validate(verdict["result"])
+    _take_trial_verdict(attempt, read.get("trial"))
     attempt.save()
+
+
+def _heed_trial(attempt, board) -> None:
+    """The speculation trial's verdict, once its engine posts it: into `_job.json` and one console line."""
+    manifest = attempt.manifest
+    if manifest.trial is not None or not attempt.config.speculative.enabled or not attempt.config.speculative.trial:
+        return
+    import ray
+
+    try:
+        verdict = ray.get(board.trial_verdict.remote(), timeout=30)
+    except Exception:  # the board went with a lost node: the graph's end says so
+        return
+    if _take_trial_verdict(attempt, verdict):
+        attempt.save()
+
+
+def _take_trial_verdict(attempt, verdict: Optional[dict]) -> bool:
+    if verdict is None or attempt.manifest.trial is not None:
+        return False
+    attempt.manifest.trial = TrialVerdict.model_validate(verdict)
+    say(attempt.options.progress, attempt.manifest.trial.reason)
+    return True
 
 
 def _probe_refusal(attempt, board) -> Optional[DrafterRejected]:

@@ -70,6 +70,7 @@ def new_manifest(config: JobConfig, plan: JobPlan, cluster: Optional[str], probe
         attempts=[*(previous.attempts if previous else []), attempt],
         guard_events=previous.guard_events if previous else [],
         probe=probe,
+        trial=previous.trial if previous else None,  # a resume keeps the verdict and does not trial again
     )
 
 

@@ -36,6 +36,7 @@ from pipeline.job.plan import (
 )
 from pipeline.speculation.guard import AcceptanceGuard, speculation_verdict
 from pipeline.speculation.probe import job_probe_rows, refusal, rejudged
+from pipeline.speculation.trial import too_few_units
 from pipeline.stages.stats import billed_replicas, totals_from_stats
 from schemas import Attempt, EngineDeath, JobManifest, Lease, ProbeResult
 
@@ -193,6 +194,7 @@ class JobAttempt:
         probe's rows go to the first graph's board; later graphs have the verdict already."""
         # The engine actor's module imports Ray's metrics: only a run with work imports it.
         from pipeline.graph import build_dataset
+        from pipeline.graph.engine_trial import trial_plan
         from pipeline.graph.generator import EngineActorArgs
 
         config, todo, manifest = self.config, self.plan.todo, self.manifest
@@ -203,11 +205,15 @@ class JobAttempt:
         guard = AcceptanceGuard(guard_config, self.record.number) if guard_config and drafter and not disabled else None
         heed = AttemptProgress(self, sum(u.rows for u in todo) + self.record.skipped_rows, guard)
         probe_rows = self.probe_rows
+        self._skip_a_trial_too_small(drafter is not None and not disabled)
         while todo:
-            if disabled:
-                config, drafter, heed.guard, probe_rows = _without_speculation(config), None, None, ([], 0)
+            trial = None
+            if disabled or (manifest.trial and manifest.trial.outcome == "turned-off"):
+                config, drafter, heed.guard, probe_rows = config.without_speculation(), None, None, ([], 0)
+            elif drafter and config.speculative.trial and manifest.trial is None:
+                trial = trial_plan(config, sum(u.rows for u in todo))
             board = start_board(*probe_rows)
-            engines = EngineActorArgs(model_id(self.plan.target), drafter, manifest.job_id, disabled, board, self.lease.fence)
+            engines = EngineActorArgs(model_id(self.plan.target), drafter, manifest.job_id, disabled, board, self.lease.fence, trial)
             outcome = run_graph(build_dataset(config, todo, engines), todo, heed, board)
             probe_rows = ([], 0)  # judged by this graph, or refused (and then the job has stopped)
             if outcome is GraphOutcome.FINISHED:
@@ -215,6 +221,16 @@ class JobAttempt:
             disabled = disabled or outcome is GraphOutcome.SPECULATION_OFF
             committed = self.location.committed_units()  # what the stopped engines committed
             todo = [u for u in todo if u.unit_id not in committed]
+
+    def _skip_a_trial_too_small(self, speculating: bool) -> None:
+        """A job of too few units skips the speculation trial before any engine, and says why."""
+        config, manifest = self.config, self.manifest
+        if not (speculating and config.speculative.trial and manifest.trial is None):
+            return
+        manifest.trial = too_few_units(config, len(self.plan.todo))
+        if manifest.trial is not None:
+            say(self.options.progress, manifest.trial.reason)
+            self.save()
 
     # ------------------------------------------------------------ close
 
@@ -238,7 +254,9 @@ class JobAttempt:
         manifest.ended_at = record.ended_at
         wall = sum(a.wall_seconds for a in manifest.attempts)
         manifest.totals = totals_from_stats(stats, plan.inputs.rows, wall, billed_replicas(config, stats))
-        manifest.speculation = speculation_verdict(config, manifest.totals, manifest.guard_events, read_calibration(location))
+        manifest.speculation = speculation_verdict(
+            config, manifest.totals, manifest.guard_events, read_calibration(location), manifest.trial
+        )
         if manifest.status == "succeeded":
             record.status = manifest.status = finished_status(manifest.totals, config)
         self.save()
@@ -263,6 +281,3 @@ class JobAttempt:
         location.write_stats(record.number, list(self.heard.values()))
         self.save()
 
-
-def _without_speculation(config: JobConfig) -> JobConfig:
-    return config.model_copy(update={"speculative": config.speculative.model_copy(update={"enabled": False})})

@@ -16,7 +16,7 @@ from typing import Optional
 
 from pipeline.config import GuardConfig, JobConfig
 from pipeline.stages.stats import Acceptance
-from schemas import GuardEvent, JobTotals, SpeculationVerdict
+from schemas import GuardEvent, JobTotals, SpeculationVerdict, TrialVerdict
 from schemas.report import CalibrationReport
 
 
@@ -93,11 +93,13 @@ def depth_at(config: JobConfig, concurrency: int) -> int:
 
 
 def speculation_verdict(
-    config: JobConfig, totals: JobTotals, events: list[GuardEvent], calibration: Optional[CalibrationReport] = None
+    config: JobConfig, totals: JobTotals, events: list[GuardEvent], calibration: Optional[CalibrationReport] = None,
+    trial: Optional[TrialVerdict] = None,
 ) -> Optional[SpeculationVerdict]:
-    """Did speculation pay over the committed units? None when the job did not speculate. A
-    calibration of the job (OUTPUT_URI/calibration) decides whether its depth at the job's
-    steady concurrency (the highest measured) was slower than off."""
+    """Did speculation pay over the committed units? None when the job did not speculate. The
+    job's own speculation trial decides whether it cost more than it saved; without one, a
+    calibration of the job (OUTPUT_URI/calibration) at the job's steady concurrency (the
+    highest measured)."""
     spec = config.speculative
     if not spec.enabled:
         return None
@@ -119,18 +121,7 @@ def speculation_verdict(
         )
     below = bool(flags)
     flags += [f"the acceptance guard acted ({e.action}): {e.message}" for e in events]
-    cost = True if below else None
-    if calibration and not below:
-        top = max(calibration.concurrencies)
-        depth = depth_at(config, top)
-        row = next((r for r in calibration.rows if r.concurrency == top and r.depth == depth), None)
-        if row and row.speedup_vs_off is not None:
-            cost = row.speedup_vs_off < 1
-            if cost:
-                flags.append(
-                    f"the job's calibration measured depth {depth} at {top} sequences at once at {row.speedup_vs_off:.2f}x "
-                    "the speed of speculation off: it cost more than it saved (apply the calibrated schedule)"
-                )
+    cost, unknown = _paid(config, below, flags, calibration, trial)
     if mal is None and totals.units:
         flags.append("speculation was on but nothing was drafted (a depth schedule with k=0 at the job's concurrency?)")
     return SpeculationVerdict(
@@ -140,5 +131,31 @@ def speculation_verdict(
         tokens_per_target_pass=tpp,
         below_floor=below,
         cost_more_than_saved=cost,
+        cost_unknown_because=unknown,
         flags=flags,
     )
+
+
+def _paid(config: JobConfig, below: bool, flags: list[str], calibration: Optional[CalibrationReport],
+          trial: Optional[TrialVerdict]) -> tuple[Optional[bool], Optional[str]]:
+    """Did speculation cost more than it saved, and if not known, why: the job's own trial
+    decides, else a calibration at the job's steady concurrency (the highest measured)."""
+    if below:
+        return True, None
+    if trial is not None and trial.speedup_vs_off is not None:
+        if trial.outcome == "turned-off":
+            flags.append(trial.reason)
+        return trial.speedup_vs_off < 1, None
+    if calibration:
+        top = max(calibration.concurrencies)
+        depth = depth_at(config, top)
+        row = next((r for r in calibration.rows if r.concurrency == top and r.depth == depth), None)
+        if row and row.speedup_vs_off is not None:
+            if row.speedup_vs_off < 1:
+                flags.append(
+                    f"the job's calibration measured depth {depth} at {top} sequences at once at {row.speedup_vs_off:.2f}x "
+                    "the speed of speculation off: it cost more than it saved (apply the calibrated schedule)"
+                )
+            return row.speedup_vs_off < 1, None
+    why = trial.reason if trial is not None else "the job ran no speculation trial"
+    return None, f"{why}; the output location has no calibration (specbatch calibrate measures one)"

@@ -1,0 +1,111 @@
+"""One engine actor's part in the speculation trial (pipeline/speculation/trial.py).
+
+Every unit passes `enter` before it goes into the engine and `leave` after. The first engine
+with work claims the trial at the job board and measures: its first `units` units with the
+engine as started (speculation on), then, when the off arm is worth an engine start, it waits
+for those units to leave, restarts its engine without the drafter and measures `units` more;
+then it decides, restarts with the drafter if speculation won, and posts the verdict. Units
+that arrive while an arm drains or the engine restarts wait in `enter`, one lock for all, so
+an arm's units have the engine to themselves. The other engines follow the posted verdict:
+an engine told `turned-off` drains its units and restarts without the drafter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from typing import Any, Awaitable, Callable, Optional
+
+from pipeline.config import JobConfig
+from pipeline.speculation.trial import ArmClock, decide, setting_text, worth_measuring_off
+
+
+class EngineTrial:
+    """`plan`: {"rows": the job's rows to run, "engines": its replicas} or None (no trial in this
+    graph); `restart(speculative)` restarts the actor's engine and returns its start's seconds."""
+
+    def __init__(self, config: JobConfig, plan: Optional[dict], board, actor_id: str,
+                 restart: Callable[[bool], Awaitable[float]], start_seconds: float):
+        self.config, self.plan, self.board, self.actor_id = config, plan, board, actor_id
+        self.restart, self.start_seconds = restart, start_seconds
+        self.done = plan is None or board is None or not config.speculative.enabled
+        self.measuring: Optional[bool] = None  # None: not asked yet; False: follows the verdict
+        self.arms: list[ArmClock] = []
+        self.entered = 0  # units entered into the current arm
+        self.restarts = 0
+        self.in_flight = 0
+        self.idle = asyncio.Condition()
+        self.turn = asyncio.Lock()
+
+    async def enter(self) -> Optional[str]:
+        """Waits for this unit's turn; returns the arm it measures ('on', 'off') or None."""
+        async with self.turn:
+            arm = None if self.done else await self._next_arm()
+            self.in_flight += 1
+            return arm
+
+    async def leave(self, arm: Optional[str], started: float, engine_seconds: float, rows: int, tokens: int) -> None:
+        if arm is not None:
+            self.arms[-1].add(started, engine_seconds, rows, tokens)
+        async with self.idle:
+            self.in_flight -= 1
+            self.idle.notify_all()
+
+    async def _next_arm(self) -> Optional[str]:
+        if self.measuring is None:
+            self.measuring = await self.board.claim_trial.remote(self.actor_id)
+            if self.measuring:
+                self.arms.append(ArmClock(setting_text(self.config)))
+        if not self.measuring:
+            await self._follow()
+            return None
+        units = self.config.speculative.trial.units
+        if self.entered < units:
+            self.entered += 1
+            return "on" if len(self.arms) == 1 else "off"
+        await self._drained()
+        on = self.arms[0].figures()
+        rows = self.plan["rows"] - 2 * on.rows
+        if len(self.arms) == 1:
+            skip = worth_measuring_off(self.config, on, rows, self.plan["engines"], self.start_seconds)
+            if skip is not None:
+                return await self._post(skip)
+            await self._switch(False)
+            self.arms.append(ArmClock("off"))
+            self.entered = 1
+            return "off"
+        verdict = decide(self.config, on, self.arms[1].figures(), rows, self.plan["engines"], self.start_seconds)
+        if verdict.outcome == "kept":
+            await self._switch(True)
+        return await self._post(verdict)
+
+    async def _follow(self) -> None:
+        verdict = await self.board.trial_verdict.remote()
+        if verdict is None:
+            return
+        self.done = True
+        if verdict["outcome"] == "turned-off":
+            await self._drained()
+            await self._switch(False)
+
+    async def _post(self, verdict) -> None:
+        verdict.engine_restarts, verdict.actor_id, verdict.decided_at = self.restarts, self.actor_id, dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        await self.board.post_trial.remote(verdict.model_dump(mode="json"))
+        self.done = True
+        return None
+
+    async def _drained(self) -> None:
+        async with self.idle:
+            await self.idle.wait_for(lambda: self.in_flight == 0)
+
+    async def _switch(self, speculative: bool) -> None:
+        began = time.time()
+        seconds = await self.restart(speculative)
+        self.restarts += 1
+        self.start_seconds = seconds or (time.time() - began)
+
+
+def trial_plan(config: JobConfig, rows: int) -> dict[str, Any]:
+    """What the engines of a graph that runs the trial are told: the job's rows left, its replicas."""
+    return {"rows": rows, "engines": config.resources.max_replicas}

