@@ -1,8 +1,9 @@
 """One engine actor's part in the speculation trial (pipeline/speculation/trial.py).
 
 Every unit passes `enter` before it goes into the engine and `leave` after. The first engine
-with work claims the trial at the job board and measures: its first `units` units with the
-engine as started (speculation on), then, when the off arm is worth an engine start, it waits
+with work claims the trial at the job board; unless the probe's rate already says the job is
+too small for it, it measures: its first `units` units with the engine as started
+(speculation on), then, when the off arm is worth an engine start, it waits
 for those units to leave, restarts its engine without the drafter and measures `units` more;
 then it decides, restarts with the drafter if speculation won, and posts the verdict. Units
 that arrive while an arm drains or the engine restarts wait in `enter`, one lock for all, so
@@ -18,17 +19,22 @@ import time
 from typing import Any, Awaitable, Callable, Optional
 
 from pipeline.config import JobConfig
-from pipeline.speculation.trial import ArmClock, decide, setting_text, worth_measuring_off
+from pipeline.speculation.trial import ArmClock, decide, setting_text, worth_a_trial, worth_measuring_off
+
+Restart = Callable[[bool], Awaitable[float]]
 
 
 class EngineTrial:
     """`plan`: {"rows": the job's rows to run, "engines": its replicas} or None (no trial in this
-    graph); `restart(speculative)` restarts the actor's engine and returns its start's seconds."""
+    graph); `metrics`: the replica's (pipeline/stages/metrics.py), which names it. `enter` is
+    given the actor's `restart(speculative)`, which restarts its engine and returns its start's
+    seconds: held by the trial, it would make a reference cycle, and the actor's __del__, which
+    stops its engine before Ray ends the actor's processes, would not run when Ray drops it."""
 
-    def __init__(self, config: JobConfig, plan: Optional[dict], board, actor_id: str,
-                 restart: Callable[[bool], Awaitable[float]], start_seconds: float):
-        self.config, self.plan, self.board, self.actor_id = config, plan, board, actor_id
-        self.restart, self.start_seconds = restart, start_seconds
+    def __init__(self, config: JobConfig, plan: Optional[dict], board, metrics, start_seconds: float):
+        self.config, self.plan, self.board, self.metrics = config, plan, board, metrics
+        self.actor_id = metrics.tags["replica"]
+        self.start_seconds = start_seconds
         self.done = plan is None or board is None or not config.speculative.enabled
         self.measuring: Optional[bool] = None  # None: not asked yet; False: follows the verdict
         self.arms: list[ArmClock] = []
@@ -38,10 +44,10 @@ class EngineTrial:
         self.idle = asyncio.Condition()
         self.turn = asyncio.Lock()
 
-    async def enter(self) -> Optional[str]:
+    async def enter(self, restart: Restart) -> Optional[str]:
         """Waits for this unit's turn; returns the arm it measures ('on', 'off') or None."""
         async with self.turn:
-            arm = None if self.done else await self._next_arm()
+            arm = None if self.done else await self._next_arm(restart)
             self.in_flight += 1
             return arm
 
@@ -52,13 +58,16 @@ class EngineTrial:
             self.in_flight -= 1
             self.idle.notify_all()
 
-    async def _next_arm(self) -> Optional[str]:
+    async def _next_arm(self, restart: Restart) -> Optional[str]:
         if self.measuring is None:
             self.measuring = await self.board.claim_trial.remote(self.actor_id)
             if self.measuring:
+                skip = await self._too_small()
+                if skip is not None:
+                    return await self._post(skip)
                 self.arms.append(ArmClock(setting_text(self.config)))
         if not self.measuring:
-            await self._follow()
+            await self._follow(restart)
             return None
         units = self.config.speculative.trial.units
         if self.entered < units:
@@ -71,27 +80,38 @@ class EngineTrial:
             skip = worth_measuring_off(self.config, on, rows, self.plan["engines"], self.start_seconds)
             if skip is not None:
                 return await self._post(skip)
-            await self._switch(False)
+            await self._switch(restart, False)
             self.arms.append(ArmClock("off"))
             self.entered = 1
             return "off"
         verdict = decide(self.config, on, self.arms[1].figures(), rows, self.plan["engines"], self.start_seconds)
         if verdict.outcome == "kept":
-            await self._switch(True)
+            await self._switch(restart, True)
         return await self._post(verdict)
 
-    async def _follow(self) -> None:
+    async def _too_small(self):
+        """The skipped verdict when the probe's rate says the job is too small for a trial."""
+        probe = ((await self.board.read.remote())["verdict"] or {}).get("result")
+        if not probe:
+            return None
+        trial, rows_per_unit = self.config.speculative.trial, self.config.resources.rows_per_unit
+        rows_left = self.plan["rows"] - 2 * trial.units * rows_per_unit
+        return worth_a_trial(self.config, probe["tokens_per_second"], rows_left, self.plan["engines"], self.start_seconds)
+
+    async def _follow(self, restart: Restart) -> None:
         verdict = await self.board.trial_verdict.remote()
         if verdict is None:
             return
         self.done = True
         if verdict["outcome"] == "turned-off":
             await self._drained()
-            await self._switch(False)
+            await self._switch(restart, False)
 
     async def _post(self, verdict) -> None:
         verdict.engine_restarts, verdict.actor_id, verdict.decided_at = self.restarts, self.actor_id, dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         await self.board.post_trial.remote(verdict.model_dump(mode="json"))
+        if verdict.speedup_vs_off is not None:
+            self.metrics.record_trial(verdict.speedup_vs_off)
         self.done = True
         return None
 
@@ -99,9 +119,9 @@ class EngineTrial:
         async with self.idle:
             await self.idle.wait_for(lambda: self.in_flight == 0)
 
-    async def _switch(self, speculative: bool) -> None:
+    async def _switch(self, restart: Restart, speculative: bool) -> None:
         began = time.time()
-        seconds = await self.restart(speculative)
+        seconds = await restart(speculative)
         self.restarts += 1
         self.start_seconds = seconds or (time.time() - began)
 

@@ -99,7 +99,7 @@ class Generator:
         self.probed: Optional[asyncio.Future] = None  # this engine's claim of the probe (and its measuring)
         self.verdict: Optional[dict] = None  # once in, not asked for again
         self.as_configured = self.config
-        self.trial = EngineTrial(self.config, engines.trial, self.board, self.where["actor_id"], self._restart_engine, ready - imported)
+        self.trial = EngineTrial(self.config, engines.trial, self.board, self.metrics, ready - imported)
 
     def __del__(self) -> None:
         # Ray Data's pool shutdown frees the actor (__ray_shutdown__) before Ray kills the
@@ -120,7 +120,7 @@ class Generator:
 
         await self._probe_once()
         suspects = await asyncio.to_thread(self._suspects, unit_id)
-        arm = await self.trial.enter()
+        arm = await self.trial.enter(self._restart_engine)
         started, engine_seconds, out = time.time(), 0.0, None
         try:
             results = await self.requests.run(unit_id, rows, todo, suspects)
@@ -179,9 +179,12 @@ class Generator:
     async def _restart_engine(self, speculative: bool) -> float:
         """The speculation trial's switch, with no unit in the engine: this engine stops, and one
         with the configured speculation (or none) starts in its place; returns its start's seconds."""
-        _stop_output_handler(self.engine)
+        handler = getattr(self.engine, "output_handler", None)
+        if handler is not None and not handler.done():  # before EngineCore stops: no EngineDeadError in the log
+            handler.cancel()
+            await asyncio.gather(handler, return_exceptions=True)
         self.engine.shutdown()
-        self.processes.end(grace_seconds=10.0)
+        await asyncio.to_thread(self.processes.end, 10.0, 10.0)  # a worker still exiting is given time first
         self.config = self.as_configured if speculative else self.as_configured.without_speculation()
         began = time.time()
         self.engine = await asyncio.to_thread(start_engine, self.config, self.processes, self.vllm_classes)

@@ -146,13 +146,16 @@ class EngineProcesses:
         except psutil.Error:  # a child that ended while listed
             pass
 
-    def end(self, grace_seconds: float = 5.0) -> list[int]:
-        """SIGKILL each engine process still running, and wait up to `grace_seconds` for them
-        to be gone; returns the pids that had to be killed."""
+    def end(self, grace_seconds: float = 5.0, patience: float = 0.0) -> list[int]:
+        """SIGKILL each engine process still running (after up to `patience` seconds for them to
+        exit on their own), and wait up to `grace_seconds` for them to be gone; returns the pids
+        that had to be killed."""
         import psutil
 
         self.look()
         running = [p for p in self.seen.values() if p.is_running() and not _is_resource_tracker(p)]
+        if patience and running:
+            _, running = psutil.wait_procs(running, timeout=patience)
         titles = [f"{p.pid} ({process_title(p)[:60]})" for p in running]
         for proc in running:
             try:

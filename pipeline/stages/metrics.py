@@ -32,6 +32,10 @@ GAUGES = {
         "Generated tokens per target decode pass of the replica's last committed unit that drafted: what speculation "
         "saved, the drafts a grammar cut included."
     ),
+    "trial_speedup_vs_off": (
+        "The speculation trial's measured tokens/s with the configured speculation / without it, on the replica that ran "
+        "it (below 1: speculation cost more than it saved, and the job turned it off)."
+    ),
 }
 
 
@@ -42,6 +46,9 @@ class ReplicaMetrics:
         self.gauges = {name: Gauge(f"specbatch_{name}", text, TAG_KEYS) for name, text in GAUGES.items()}
         self.first_unit_started: Optional[float] = None
         self.generated_tokens = 0
+
+    def record_trial(self, speedup_vs_off: float) -> None:
+        self.gauges["trial_speedup_vs_off"].set(speedup_vs_off, tags=self.tags)
 
     def record(self, stats: UnitStats) -> None:
         increments = {
