@@ -397,7 +397,7 @@ class TrialArm(Contract):
     units: int
     rows: int
     generated_tokens: int
-    seconds: float = Field(description="Engine time: from the arm's first unit into the engine to its last one out.")
+    seconds: float = Field(description="Engine time: the union of the arm's units' intervals in the engine.")
     tokens_per_second: float = Field(description="generated_tokens / seconds.")
     unit_tokens_per_second: list[float] = Field(description="Each unit's own rate (it overlapped the others): the spread.")
 

@@ -82,6 +82,15 @@ class JobFigures(Contract):
         default_factory=list,
         description="Acceptance below the floor, guard actions, or speculation slower than off: one sentence each.",
     )
+    trial: Optional[str] = Field(None, description="The job's speculation trial, as its console line said (_job.json trial).")
+    trial_outcome: Optional[str] = Field(None, description="kept, turned-off or skipped; null: no trial.")
+    trial_concurrency: Optional[int] = Field(None, description="Sequences at once in the trial's arms.")
+    trial_tokens_per_second_on: Optional[float] = Field(None, description="The trial engine's tok/s with the configured speculation.")
+    trial_tokens_per_second_off: Optional[float] = Field(None, description="The trial engine's tok/s without the drafter.")
+    trial_cost_per_million_on: Optional[float] = Field(
+        None, description="Price per replica-hour / (trial tok/s on x 3600) x 1M: a generated million's cost with speculation."
+    )
+    trial_cost_per_million_off: Optional[float] = Field(None, description="The same without the drafter.")
 
 
 class ReportTotals(Contract):

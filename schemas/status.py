@@ -70,6 +70,9 @@ class StatusReport(Contract):
     error_units: int = Field(description="Committed units with error rows.")
     error_units_read: int = Field(description="Of those, units whose error file was read for errors_by_kind.")
     errors_by_kind_complete: bool = Field(description="Every error unit was read: errors_by_kind sums to error_rows.")
+    speculation_trial: Optional[str] = Field(
+        None, description="The speculation trial's verdict as the console printed it (_job.json trial.reason); null: none yet."
+    )
     generated_tokens: int
     tokens_per_second: float = Field(description="Generated tokens / the attempts' wall time so far: wall-time speed.")
     engine_tokens_per_second: float = Field(

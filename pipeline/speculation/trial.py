@@ -11,8 +11,9 @@ measures the job's first units twice, on its own engine at the job's concurrency
        and the rest of the job pays back that start
 
 Each arm's units run back to back with the engine otherwise idle, so an arm's rate is its
-tokens over the time from its first unit in to its last one out (one ramp-up and one drain
-each). Every unit of the trial is committed like any other (greedy output is the same either
+tokens over the engine time its units spanned (the union of their intervals in the engine: one
+ramp-up and one drain each, and no gap between units, which the pipeline's dispatch would add
+to whichever arm had more of them). Every unit of the trial is committed like any other (greedy output is the same either
 way). The other engines keep the configured setting until the verdict is in, then follow it.
 This module decides; pipeline/graph/engine_trial.py runs the engine's part.
 """
@@ -24,6 +25,7 @@ from typing import Optional
 
 from pipeline.config import JobConfig
 from pipeline.stages.engine import schedule_text
+from pipeline.stages.stats import busy_seconds
 from schemas import TrialArm, TrialVerdict
 
 # A job with fewer units than this many times trial.units skips the trial: its two arms
@@ -70,9 +72,7 @@ class ArmClock:
         self.units.append((started, engine_seconds, rows, tokens))
 
     def figures(self) -> TrialArm:
-        begin = min(u[0] for u in self.units)
-        end = max(u[0] + u[1] for u in self.units)
-        seconds = max(end - begin, 1e-9)
+        seconds = max(busy_seconds(("", u[0], u[1]) for u in self.units), 1e-9)
         tokens = sum(u[3] for u in self.units)
         return TrialArm(
             setting=self.setting, units=len(self.units), rows=sum(u[2] for u in self.units), generated_tokens=tokens,
@@ -88,17 +88,32 @@ def rest_seconds(arm: TrialArm, rows_left: int, engines: int) -> float:
     return rows_left * (arm.generated_tokens / arm.rows) / arm.tokens_per_second / max(engines, 1)
 
 
+def worth_a_trial(config: JobConfig, probed_tokens_per_second: float, rows_left: int, engines: int,
+                  start_seconds: float) -> Optional[TrialVerdict]:
+    """Before the trial, from the drafter probe's rate (its rows at once, with the drafter) and
+    rows x max_tokens (at most what is left to generate): the skipped verdict when even that
+    cannot pay back an engine start, so that a small job skips the trial without measuring."""
+    if probed_tokens_per_second <= 0:
+        return None
+    rest = rows_left * config.sampling.max_tokens / probed_tokens_per_second / max(engines, 1)
+    return _too_short(config, rest, start_seconds)
+
+
 def worth_measuring_off(config: JobConfig, on: TrialArm, rows_left: int, engines: int, start_seconds: float) -> Optional[TrialVerdict]:
     """After the speculation arm: None when the off arm is worth an engine start, else the
     skipped verdict saying why. `rows_left`: the job's rows after this arm and an off arm like it."""
-    rest, payback = rest_seconds(on, rows_left, engines), config.speculative.trial.payback_starts
+    return _too_short(config, rest_seconds(on, rows_left, engines), start_seconds, speculation=on)
+
+
+def _too_short(config: JobConfig, rest: float, start_seconds: float, **figures) -> Optional[TrialVerdict]:
+    payback = config.speculative.trial.payback_starts
     if rest >= payback * start_seconds:
         return None
     return skipped(
         config,
         f"the rest of the job is about {rest:.0f} s of generation per engine, too short to pay back an engine start of "
         f"{start_seconds:.0f} s ({payback:g} starts at least: speculative.trial.payback_starts)",
-        speculation=on, engine_start_seconds=round(start_seconds, 3),
+        engine_start_seconds=round(start_seconds, 3), **figures,
     )
 
 

@@ -22,7 +22,7 @@ from pipeline.stages.stats import Acceptance
 from pipeline.stages.stats import busy_seconds as engine_busy_seconds
 from pipeline.storage import Storage
 from pipeline.tools.prices import Prices
-from schemas import JobManifest
+from schemas import JobManifest, TrialVerdict
 from schemas.report import CalibrationReport, CostReport, JobFigures, ReportTotals, SpeculationComparison
 
 MILLION = 1_000_000
@@ -97,6 +97,8 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
     cost = gpu_hours * price if price is not None else None
     speculative = bool(spec.get("enabled", any(r["speculative"] for r in stats)))
     flags = list(m.speculation.flags) if m.speculation else []
+    if m.speculation and m.speculation.cost_unknown_because:
+        flags.append(f"whether speculation paid is not known: {m.speculation.cost_unknown_because}")
     mal = acceptance.mean_acceptance_length
     if not m.speculation and mal is not None and mal < ACCEPTANCE_FLOOR:  # a job written before verdicts were
         flags.append(f"mean acceptance length {mal:.2f} is below the floor {ACCEPTANCE_FLOOR}: speculation cost more than it saved")
@@ -144,7 +146,23 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
         tokens_per_target_pass=acceptance.tokens_per_target_pass(generated_tokens, sum(r["samples"] for r in stats))
         if all("samples" in r for r in stats) else None,
         speculation_flags=flags,
+        **_trial_figures(m.trial, price, units),
     )
+
+
+def _trial_figures(trial: Optional[TrialVerdict], price: Optional[float], units: float) -> dict[str, Any]:
+    """The job's own speculation trial: each setting's engine rate and what a generated million costs at it."""
+    if trial is None:
+        return {}
+    on = trial.speculation.tokens_per_second if trial.speculation else None
+    off = trial.off.tokens_per_second if trial.off else None
+
+    def per_million_at(rate: Optional[float]) -> Optional[float]:
+        return price * units / (rate * 3600) * 1e6 if price is not None and rate else None
+
+    return dict(trial=trial.reason, trial_outcome=trial.outcome, trial_concurrency=trial.concurrency,
+                trial_tokens_per_second_on=on, trial_tokens_per_second_off=off,
+                trial_cost_per_million_on=per_million_at(on), trial_cost_per_million_off=per_million_at(off))
 
 
 def totals(jobs: Sequence[JobFigures]) -> ReportTotals:

@@ -107,6 +107,16 @@ def tables(report: CostReport) -> dict[str, Table]:
           _num(s.saving_per_million_generated_tokens, 4), f"{s.saving_fraction:+.1%}",
           f"{s.tokens_per_second_per_gpu_on:,.1f} / {s.tokens_per_second_per_gpu_off:,.1f}"] for s in report.speculation],
     )
+    trials = [j for j in jobs if j.trial_outcome]
+    out["Speculation trial (each job on its own first units)"] = (
+        ["job", "speculation", "sequences at once", "tok/s on", "tok/s off", "on / off", f"{c} / 1M on", f"{c} / 1M off",
+         "outcome"],
+        [[j.job_id, _depth(j), _num(j.trial_concurrency), _num(j.trial_tokens_per_second_on, 1),
+          _num(j.trial_tokens_per_second_off, 1),
+          _num(j.trial_tokens_per_second_on / j.trial_tokens_per_second_off, 2)
+          if j.trial_tokens_per_second_on and j.trial_tokens_per_second_off else "",
+          _num(j.trial_cost_per_million_on, 4), _num(j.trial_cost_per_million_off, 4), j.trial] for j in trials],
+    )
     out["Speculation flags"] = (
         ["job", "speculation", "mean acceptance length", "flag"],
         [[j.job_id, _depth(j), _num(j.mean_acceptance_length, 2), flag] for j in jobs for flag in j.speculation_flags],
@@ -133,6 +143,7 @@ DEFINITIONS = [
     "Acceptance rate: accepted / draft tokens. Mean acceptance length: 1 + accepted / drafts. Position i: share of drafts whose i-th token was accepted. Overall: every job's drafts pooled.",
     "Tokens per target pass: generated tokens per target decode pass (passes: generated - accepted - completions, at least the drafting steps): what speculation saved, counting the drafts a grammar cut, which vLLM's acceptance counters leave out.",
     "Speculation on vs off: jobs on the same target model, accelerator kind, prompts and sampling, pooled per side; a negative saving means speculation cost money.",
+    "Speculation trial: one engine of the job ran its first units with the configured speculation, then as many without the drafter, back to back; tok/s is that engine's generated tokens over each setting's engine time, and the cost per 1M is the price of one replica-hour at that rate.",
 ]
 
 

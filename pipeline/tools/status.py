@@ -249,6 +249,7 @@ def job_status(
         error_units=error_units,
         error_units_read=error_units_read,
         errors_by_kind_complete=error_units_read == error_units,
+        speculation_trial=manifest.trial.reason if manifest.trial else None,
         generated_tokens=totals.generated_tokens,
         tokens_per_second=totals.tokens_per_second,
         engine_tokens_per_second=totals.engine_tokens_per_second,
@@ -332,6 +333,8 @@ def render(report: StatusReport) -> str:
         lines.append(f"  acceptance: rate {r.acceptance_rate:.3f}, mean acceptance length {r.mean_acceptance_length:.2f}")
     else:
         lines.append("  acceptance: none (no drafts)")
+    if r.speculation_trial:
+        lines.append(f"  trial:     {r.speculation_trial}")
     lines.append(f"  generated: {r.generated_tokens:,} tokens, {r.tokens_per_second:,.1f} tok/s of wall time")
     if r.engine_tokens_per_second:
         busy = f", engines busy {r.engine_busy_share:.0%} of the billed time" if r.engine_busy_share is not None else ""
