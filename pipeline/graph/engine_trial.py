@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import time
 from typing import Any, Awaitable, Callable, Optional
+
+from ray.exceptions import RayActorError
 
 from pipeline.config import JobConfig
 from pipeline.speculation.trial import ArmClock, decide, setting_text, worth_a_trial, worth_measuring_off
 
 Restart = Callable[[bool], Awaitable[float]]
+logger = logging.getLogger(__name__)
 
 
 class EngineTrial:
@@ -47,7 +51,11 @@ class EngineTrial:
     async def enter(self, restart: Restart) -> Optional[str]:
         """Waits for this unit's turn; returns the arm it measures ('on', 'off') or None."""
         async with self.turn:
-            arm = None if self.done else await self._next_arm(restart)
+            try:
+                arm = None if self.done else await self._next_arm(restart)
+            except RayActorError as exc:  # the board went with a lost node: the units go on, the trial ends here
+                logger.warning("speculation trial: the job board is gone (%s); this engine keeps its setting", type(exc).__name__)
+                self.done, arm = True, None
             self.in_flight += 1
             return arm
 
