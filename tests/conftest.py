@@ -9,6 +9,7 @@ selection that starts one without the mark (in a whole run, it warns).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -162,6 +163,22 @@ def trained_kit() -> dict[str, str]:
 
     kit = kit_paths()
     return {"target": kit["target"], "drafter": kit["drafter_eagle31"]}
+
+
+@pytest.fixture(scope="session")
+def stripped_drafter(tmp_path_factory) -> str:
+    """drafter-mismatched as public drafters ship: no declared target."""
+    from pipeline.tinykit import kit_paths
+
+    src, dst = Path(kit_paths()["drafter_mismatched"]), tmp_path_factory.mktemp("stripped") / "drafter"
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name == "config.json":
+            config = {k: v for k, v in json.loads(f.read_text()).items() if not k.startswith("specbatch_")}
+            (dst / "config.json").write_text(json.dumps(config))
+        else:
+            os.symlink(f.resolve(), dst / f.name)
+    return str(dst)
 
 
 @pytest.fixture(scope="session")

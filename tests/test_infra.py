@@ -22,8 +22,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 import hcl2  # noqa: E402  (python-hcl2, from the test extra)

@@ -16,6 +16,7 @@ runs in a test of its own.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -196,6 +197,11 @@ def test_readme_demo_runs_as_written(tmp_path):
     assert "specbatch demo: succeeded" in out.stdout
     assert "ERROR" not in console and "Warning" not in console, console[-4000:]  # no deprecation warning of ours either
     assert "Ray's and vLLM's logs:" in out.stderr and f"{rows}/{rows} rows" in out.stderr
+    # too small for the speculation trial: it says why and starts one engine
+    (manifest_path,) = tmp_path.rglob("_job.json")
+    manifest = json.loads(manifest_path.read_text())
+    assert manifest["trial"]["outcome"] == "skipped" and manifest["trial"]["reason"] in out.stderr
+    assert len(manifest["attempts"][0]["start"]["engine_starts"]) == 1
     # every line is specbatch's: none of Ray's (its core worker's once-per-process line that
     # Ray Data's actors have constructor arguments in the object store included), vLLM's or Triton's
     foreign = [line for line in console.splitlines() if line.strip() and not line.startswith(("specbatch", "[specbatch]", "  "))]

@@ -10,8 +10,6 @@ drafters ship."""
 
 from __future__ import annotations
 
-import json
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -30,20 +28,6 @@ from tests.conftest import job_config, write_prompts
 KIT = kit_paths()
 BIG, SMALL = 64, 2  # rows of the two input files
 LOW_CONCURRENCY = 4  # the schedule drafts at up to this many running sequences, never above
-
-
-@pytest.fixture(scope="module")
-def stripped_drafter(tmp_path_factory) -> str:
-    """drafter-mismatched as public drafters ship: no declared target."""
-    src, dst = Path(KIT["drafter_mismatched"]), tmp_path_factory.mktemp("stripped") / "drafter"
-    dst.mkdir()
-    for f in src.iterdir():
-        if f.name == "config.json":
-            config = {k: v for k, v in json.loads(f.read_text()).items() if not k.startswith("specbatch_")}
-            (dst / "config.json").write_text(json.dumps(config))
-        else:
-            os.symlink(f.resolve(), dst / f.name)
-    return str(dst)
 
 
 @pytest.fixture(scope="module")
