@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import os
 import random
 import statistics

@@ -151,7 +151,7 @@ def main(argv=None) -> int:
         print_row(runs[-len(res) - 1:], header=(len(runs) == len(res) + 1))
 
     base_tps = {n: base[n]["tokens"] / base[n]["seconds"] for n in base}
-    print(f"\nno-drafter throughput (tok/s, warm, this CPU): "
+    print("\nno-drafter throughput (tok/s, warm, this CPU): "
           + ", ".join(f"{n} {v:.0f}" for n, v in base_tps.items()))
     print(f"benchmark wall time {time.time() - t_all:.0f}s")
     print("\n=== full table ===")
