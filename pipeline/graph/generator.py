@@ -179,10 +179,7 @@ class Generator:
     async def _restart_engine(self, speculative: bool) -> float:
         """The speculation trial's switch, with no unit in the engine: this engine stops, and one
         with the configured speculation (or none) starts in its place; returns its start's seconds."""
-        handler = getattr(self.engine, "output_handler", None)
-        if handler is not None and not handler.done():  # before EngineCore stops: no EngineDeadError in the log
-            handler.cancel()
-            await asyncio.gather(handler, return_exceptions=True)
+        await _cancel_output_handler(self.engine)
         self.engine.shutdown()
         await asyncio.to_thread(self.processes.end, 10.0, 10.0)  # a worker still exiting is given time first
         self.config = self.as_configured if speculative else self.as_configured.without_speculation()
@@ -231,12 +228,15 @@ def _stop_output_handler(engine) -> None:
     if on_its_loop or not loop.is_running():
         handler.cancel()
         return
+    asyncio.run_coroutine_threadsafe(_cancel_output_handler(engine), loop).result(timeout=30)
 
-    async def cancel() -> None:
+
+async def _cancel_output_handler(engine) -> None:
+    """On the handler's own loop: cancels it and waits for its end, before EngineCore stops."""
+    handler = getattr(engine, "output_handler", None)
+    if handler is not None and not handler.done():
         handler.cancel()
         await asyncio.gather(handler, return_exceptions=True)
-
-    asyncio.run_coroutine_threadsafe(cancel(), loop).result(timeout=30)
 
 
 def _import_vllm_apart() -> tuple[type, type]:

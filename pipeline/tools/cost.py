@@ -158,7 +158,7 @@ def _trial_figures(trial: Optional[TrialVerdict], price: Optional[float], units:
     off = trial.off.tokens_per_second if trial.off else None
 
     def per_million_at(rate: Optional[float]) -> Optional[float]:
-        return price * units / (rate * 3600) * 1e6 if price is not None and rate else None
+        return price * units / (rate * 3600) * MILLION if price is not None and rate else None
 
     return dict(trial=trial.reason, trial_outcome=trial.outcome, trial_concurrency=trial.concurrency,
                 trial_tokens_per_second_on=on, trial_tokens_per_second_off=off,
