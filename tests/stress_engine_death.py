@@ -66,8 +66,8 @@ def main() -> None:
         elif when == "worker loading":
             wait_for_worker(before, proc)
         dying = {pid: p for pid, p in vllm_processes().items() if pid not in before}
-        killed = kill_engine_cores()
-        wait_for_new_engine_core(set(before) | set(dying), proc)
+        killed = len([p for p in dying.values() if "EngineCore" in p.name()])
+        wait_for_new_engine_core(kill_engine_cores(spare=before), proc)
         left = alive(dying.values())
         outlived += left
         print(f"kill {kill + 1}/{args.kills} ({when}): {killed} EngineCore killed, {len(dying)} processes of the "

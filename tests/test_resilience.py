@@ -100,21 +100,25 @@ def engine_actor_pids() -> list[int]:
     ]
 
 
-def kill_engine_cores(wait_seconds: float = 60) -> int:
-    """SIGKILL every vLLM EngineCore process, found by its title, as a GPU fault, a CUDA OOM
-    or the OOM killer ends it; the engine actor's own process stays alive. Looks again until
-    one is there (up to `wait_seconds`): once, in a whole-suite run on a loaded machine, the
-    look right after a commit found none while the engine went on to its next unit (the cause
-    is not known; a process table read racing the title is the likeliest)."""
+def kill_engine_cores(spare: dict[int, psutil.Process] | None = None, wait_seconds: float = 60) -> float:
+    """SIGKILL every vLLM EngineCore process but those in `spare` (other tests' engines, alive
+    before the job; a psutil.Process is its pid and start time, so a reused pid is not spared),
+    found by its title, as a GPU fault, a CUDA OOM or the OOM killer ends it;
+    the engine actor's own process stays alive. Looks again until one is there (up to
+    `wait_seconds`): once, in a whole-suite run on a loaded machine, the look right after a commit
+    found none while the engine went on to its next unit (a process table read racing the title
+    is the likeliest). Returns when it killed, for `wait_for_new_engine_core`."""
     deadline = time.time() + wait_seconds
     while True:
-        cores = list(titled_processes("VLLM::EngineCore").values())
+        cores = [p for p in titled_processes("VLLM::EngineCore").values() if p not in set((spare or {}).values())]
         if cores or time.time() > deadline:
             break
         time.sleep(0.2)
+    assert cores, "no EngineCore of the job's to kill"
+    killed_at = time.time()
     for proc in cores:
         proc.send_signal(signal.SIGKILL)
-    return len(cores)
+    return killed_at
 
 
 def titled_processes(*marks: str) -> dict[int, psutil.Process]:
@@ -149,9 +153,13 @@ def assert_none_left(before: dict, within: float = 10) -> None:
     assert not left, [(pid, psutil.Process(pid).cmdline()) for pid in left if psutil.pid_exists(pid)]
 
 
-def wait_for_new_engine_core(known: set[int], proc, timeout: float = 300) -> None:
+def wait_for_new_engine_core(killed_at: float, proc, timeout: float = 300) -> None:
+    """Until an EngineCore started after `killed_at` runs. By start time, not by pids unseen
+    before: a whole suite spawns more processes than pid_max (32768 on CI), and a CI run once
+    missed a replacement whose job then ended, restarted engine and all; a pid reused from
+    before the job is the likeliest cause."""
     deadline = time.time() + timeout
-    while not any("EngineCore" in p.name() for pid, p in vllm_processes().items() if pid not in known):
+    while not any("EngineCore" in p.name() and p.create_time() >= killed_at - 1 for p in vllm_processes().values()):
         assert proc.poll() is None, proc.stdout.read()[-4000:]
         assert time.time() < deadline, "no replacement engine started"
         time.sleep(0.1)
@@ -346,10 +354,10 @@ def test_storage_down_then_engine_core_then_engine_actor_killed_one_job(tmp_path
     boto3.client("s3", endpoint_url=s3_endpoint).head_bucket(Bucket="specbatch")
     committed = len(location.committed_units())
     wait_for_commits(location, committed + 1, proc)
-    dying = {pid: p for pid, p in vllm_processes().items() if pid not in before}  # its EngineCore and workers
-    assert kill_engine_cores() >= 1  # then vLLM's EngineCore dies (a GPU fault, the OOM killer)...
-    wait_for_new_engine_core(set(before) | set(dying), proc)
-    assert not alive(dying.values())  # ...and none of its processes outlives it into the replacement's start
+    dying = [p for p in vllm_processes().values() if p not in before.values()]  # its EngineCore and workers
+    killed_at = kill_engine_cores(spare=before)  # then vLLM's EngineCore dies (a GPU fault, the OOM killer)...
+    wait_for_new_engine_core(killed_at, proc)
+    assert not alive(dying)  # ...and none of its processes outlives it into the replacement's start
     committed = len(location.committed_units())
     wait_for_commits(location, committed + 1, proc)  # ...the restarted engine commits...
     pids = engine_actor_pids()
