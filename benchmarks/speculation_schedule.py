@@ -267,7 +267,7 @@ def main() -> None:
 
     runs: dict[str, tuple[str, dict]] = {"a": ("(a) speculation off", {"enabled": False})}
     from pipeline.stages.engine import schedule_text
-    from pipeline.tools.calibrate import best_depths
+    from pipeline.tools.calibration_choice import best_depths
 
     depth = best_depths(report.rows)[max(report.concurrencies)]  # the sweep's best static depth (vLLM alone)
     if depth == 0:

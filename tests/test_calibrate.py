@@ -12,20 +12,9 @@ import yaml
 from pipeline.config import load_config, parse_config
 from pipeline.storage import Storage
 from pipeline.tinykit import kit_paths
-from pipeline.tools.calibrate import (
-    CalibrationError,
-    apply_depth,
-    best_depths,
-    calibration_rows,
-    parse_concurrencies,
-    parse_depths,
-    sample_prompts,
-    schedule_from,
-    schedule_pays,
-)
-from pipeline.tools.calibrate import (
-    main as calibrate_main,
-)
+from pipeline.tools.calibrate import CalibrationError, parse_concurrencies, parse_depths, sample_prompts
+from pipeline.tools.calibrate import main as calibrate_main
+from pipeline.tools.calibration_choice import apply_depth, best_depths, calibration_rows, schedule_from, schedule_pays
 from pipeline.tools.demo import sample_prompts as stdlib_lines
 from schemas.report import CalibrationReport
 from tests.conftest import job_config, write_prompts

@@ -18,7 +18,7 @@ import s3fs
 import yaml
 
 from pipeline.cli import main
-from pipeline.tools.plan import NO_CALIBRATION, SAMPLE_ROWS
+from pipeline.tools.estimates import NO_CALIBRATION, SAMPLE_ROWS
 from schemas.plan import DryRunPlan
 from schemas.report import CalibrationReport, CalibrationRow
 from tests.conftest import job_config, record_s3_requests, write_prompts

@@ -102,7 +102,7 @@ def test_guard_is_on_by_default_and_needs_a_floor():
 
 def test_the_verdict_flags_acceptance_below_the_floor_and_a_measured_loss():
     from pipeline.speculation.guard import speculation_verdict
-    from pipeline.tools.calibrate import calibration_rows
+    from pipeline.tools.calibration_choice import calibration_rows
     from schemas import JobTotals
     from schemas.report import CalibrationReport
 
