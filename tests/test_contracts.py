@@ -123,10 +123,10 @@ def test_null_and_empty_ids_pass_the_input_check(tmp_path):
 def test_rows_a_footer_cannot_check_become_row_errors():
     """Null, empty and blank ids and ids repeated within a unit: row errors naming the row, its
     file and the field."""
-    from pipeline.stages.preprocess import Preprocessor
+    from pipeline.stages.preprocess import PreprocessSettings, Preprocessor
     from pipeline.tinykit import kit_paths
 
-    pre = Preprocessor(kit_paths()["target"], 256, {})
+    pre = Preprocessor(PreprocessSettings(kit_paths()["target"], 256))
     rows = {"id": ["a", "  ", "a", "b", None, ""], "prompt": ["x = 1"] * 6}
     n = len(rows["id"])
     unit = pa.table({
@@ -209,16 +209,16 @@ def test_acceptance_from_per_request_histogram():
 
 
 def test_max_tokens_beyond_the_room_left_is_clipped_visibly_or_refused():
-    from pipeline.stages.preprocess import Preprocessor, RowError
+    from pipeline.stages.preprocess import PreprocessSettings, Preprocessor, RowError
     from pipeline.tinykit import kit_paths
 
     row = {"prompt": "x = 1\n" * 4, "max_tokens": 500}
-    clipping = Preprocessor(kit_paths()["target"], 64, {"max_tokens": 16})
+    clipping = Preprocessor(PreprocessSettings(kit_paths()["target"], 64, {"max_tokens": 16}))
     prepared = clipping.prepare(row, "prompt")
     sampling = json.loads(prepared["sampling"])
     assert prepared["max_tokens_clipped"] and sampling["max_tokens"] == 64 - len(prepared["prompt_token_ids"])
     assert not clipping.prepare({"prompt": "x = 1"}, "prompt")["max_tokens_clipped"]
-    strict = Preprocessor(kit_paths()["target"], 64, {"max_tokens": 16, "clip_max_tokens": False})
+    strict = Preprocessor(PreprocessSettings(kit_paths()["target"], 64, {"max_tokens": 16, "clip_max_tokens": False}))
     with pytest.raises(RowError) as err:
         strict.prepare(row, "prompt")
     assert (err.value.kind, err.value.field) == ("max_tokens_too_long", "max_tokens") and "does not fit" in err.value.message

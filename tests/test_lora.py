@@ -45,7 +45,7 @@ def test_a_local_adapter_on_a_cluster_must_be_on_a_shared_mount(kit):
 
 
 def test_the_probe_and_calibrate_prepare_a_rows_adapter_as_the_job_does(tmp_path, kit):
-    """One Preprocessor for the job, the probe, the dry run and calibrate (preprocess.preprocessor_args):
+    """One Preprocessor for the job, the probe, the dry run and calibrate (preprocess.PreprocessSettings.for_job):
     calibrate's copy left the adapters out and its reader the `lora` column, so it skipped every row
     that names one and measured the others without theirs."""
     from pipeline.commit.units import plan_units

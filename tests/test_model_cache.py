@@ -192,9 +192,9 @@ def test_the_driver_copies_no_weights_and_configs_keep_uris(s3_endpoint, s3_requ
     assert folder.parent == tmp_path / "cache" and folder.name.endswith(".config")
     assert "model.safetensors" not in entry_files(folder) and "tokenizer.json" in entry_files(folder)
     assert "model.safetensors" not in s3_requests.gets(f"/{uri.removeprefix('s3://')}/")
-    from pipeline.stages.preprocess import Preprocessor
+    from pipeline.stages.preprocess import PreprocessSettings, Preprocessor
 
-    assert Preprocessor(uri, 256, {}, storage=storage).tokenizer.encode("def f(x):") == Preprocessor(KIT["target"], 256, {}).tokenizer.encode("def f(x):")
+    assert Preprocessor(PreprocessSettings(uri, 256), storage).tokenizer.encode("def f(x):") == Preprocessor(PreprocessSettings(KIT["target"], 256)).tokenizer.encode("def f(x):")
 
     config = job_config("s3://specbatch/in", "out", {"target": uri, "drafter": "drafter"}, model={"path": uri, "tokenizer": "tok"})
     (tmp_path / "job.yaml").write_text(json.dumps(config))

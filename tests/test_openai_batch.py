@@ -224,7 +224,7 @@ def test_unsupported_requests_errors_makes_each_such_line_its_error_row(tmp_path
     from openai.types import BatchError
 
     from pipeline.commit.units import plan_units, read_unit
-    from pipeline.stages.preprocess import Preprocessor
+    from pipeline.stages.preprocess import PreprocessSettings, Preprocessor
     from pipeline.tinykit import kit_paths
     from pipeline.tools.export import error_line
 
@@ -242,7 +242,7 @@ def test_unsupported_requests_errors_makes_each_such_line_its_error_row(tmp_path
 
     write_jsonl(tmp_path / "in" / "bad.jsonl", [lines[0], *lines[4:]])
     report = inspect_job_inputs(config, Storage())
-    preprocess = Preprocessor(kit_paths()["target"], 256, {})
+    preprocess = Preprocessor(PreprocessSettings(kit_paths()["target"], 256))
     rows = [r for unit in plan_units(report.files, 100) for r in preprocess(read_unit(Storage(), unit)).to_pylist()]
     by_id = {r["id"]: r for r in rows}
     fields = {"get": "method", "emb": "url", "streamed": "body.stream", "tooled": "body.tools",

@@ -185,9 +185,9 @@ def test_a_format_or_reasoning_parser_vllm_cannot_use_is_refused_before_any_engi
 
 
 def test_a_rows_format_vllm_cannot_compile_is_its_error(trained_kit):
-    from pipeline.stages.preprocess import Preprocessor
+    from pipeline.stages.preprocess import PreprocessSettings, Preprocessor
 
-    pre = Preprocessor(trained_kit["target"], 256, {})
+    pre = Preprocessor(PreprocessSettings(trained_kit["target"], 256))
     bad = {"prompt": "x = ", "response_format": json.dumps({"type": "grammar", "grammar": "root ::= ("})}
     with pytest.raises(RowError) as err:
         pre.prepare(bad, "prompt")

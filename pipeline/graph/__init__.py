@@ -25,7 +25,7 @@ def build_dataset(config: JobConfig, units: list[WorkUnit], engines: EngineActor
     from ray.data import ActorPoolStrategy
 
     from pipeline.graph.datasource import UnitDatasource
-    from pipeline.stages.preprocess import Preprocessor, preprocessor_args
+    from pipeline.stages.preprocess import PreprocessSettings, Preprocessor
 
     storage = Storage.from_config(config.storage)
     context = ray.data.DataContext.get_current()
@@ -39,7 +39,7 @@ def build_dataset(config: JobConfig, units: list[WorkUnit], engines: EngineActor
                                  concurrency=read_concurrency(config))
     ds = ds.map_batches(
         Preprocessor,
-        fn_constructor_kwargs=preprocessor_args(config, storage),  # a tokenizer in storage: copied on the actor's node
+        fn_constructor_kwargs={"settings": PreprocessSettings.for_job(config), "storage": storage},  # a tokenizer in storage: copied on the actor's node
         batch_format="pyarrow",
         batch_size=None,
         compute=ActorPoolStrategy(size=resources.preprocess_concurrency),

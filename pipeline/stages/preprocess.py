@@ -9,6 +9,7 @@ its resolved sampling parameters, pipeline/stages/sampling.py) or marked with an
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,15 +84,29 @@ def check_id(row: dict[str, Any]) -> None:
         raise RowError("invalid_id", "id", f"id {row['id']!r} is blank at row {row['row']} of {row['source']}")
 
 
-def preprocessor_args(config: JobConfig, storage=None) -> dict[str, Any]:
-    """The job's Preprocessor arguments, in one place: the preprocess actors, the probe, the dry
-    run and calibrate prepare a row alike (its adapter included)."""
-    return dict(
-        tokenizer_path=config.model.tokenizer or config.model.path, max_model_len=config.engine.max_model_len,
-        sampling=config.sampling.model_dump(), chat=config.chat.model_dump(), speculation=config.speculation,
-        structured_backend=structured_backend(config), storage=storage,
-        lora_adapters=sorted(config.lora.adapters) if config.lora else (),
-    )
+@dataclass(frozen=True)
+class PreprocessSettings:
+    """What a row is prepared with. `speculation`: None (off), "gpu" or "cpu" (vLLM's CPU
+    build), and `structured_backend`, the engine's: what a row's parameters must run with;
+    `lora_adapters`: the names a row's `lora` may give."""
+
+    tokenizer_path: str
+    max_model_len: int
+    sampling: dict[str, Any] = field(default_factory=dict)
+    chat: dict[str, Any] = field(default_factory=dict)
+    speculation: str | None = None
+    structured_backend: str = "auto"
+    lora_adapters: tuple[str, ...] = ()
+
+    @classmethod
+    def for_job(cls, config: JobConfig) -> "PreprocessSettings":
+        """The job's, in one place: the preprocess actors, the probe, the dry run and calibrate
+        prepare a row alike (its adapter included)."""
+        return cls(
+            tokenizer_path=config.model.tokenizer or config.model.path, max_model_len=config.engine.max_model_len,
+            sampling=config.sampling.model_dump(), chat=config.chat.model_dump(), speculation=config.speculation,
+            structured_backend=structured_backend(config), lora_adapters=tuple(sorted(config.lora.adapters)) if config.lora else (),
+        )
 
 
 class Preprocessor:
@@ -100,25 +115,20 @@ class Preprocessor:
 
     @classmethod
     def for_job(cls, config: JobConfig, storage=None) -> "Preprocessor":
-        return cls(**preprocessor_args(config, storage))
+        return cls(PreprocessSettings.for_job(config), storage)
 
-    def __init__(
-        self, tokenizer_path: str, max_model_len: int, sampling: dict[str, Any], chat: dict[str, Any] | None = None,
-        speculation: str | None = None, structured_backend: str = "auto", storage=None, lora_adapters=(),
-    ):
-        """`speculation`: None (off), "gpu" or "cpu" (vLLM's CPU build), and the engine's
-        structured-output backend: what a row's parameters must run with. `storage` reaches a
-        tokenizer in object storage; `lora_adapters` are the names a row's `lora` may give."""
+    def __init__(self, settings: PreprocessSettings, storage=None):
+        """`storage` reaches a tokenizer in object storage."""
         from pipeline.storage.model_cache import localize  # a tokenizer in object storage: this node's cached copy
 
-        self.tokenizer = load_tokenizer(localize(tokenizer_path, storage, weights=False))
-        self.max_model_len = max_model_len
-        self.sampling = SamplingConfig.model_validate(sampling)
+        self.tokenizer = load_tokenizer(localize(settings.tokenizer_path, storage, weights=False))
+        self.max_model_len = settings.max_model_len
+        self.sampling = SamplingConfig.model_validate(settings.sampling)
         self.sampling_values = self.sampling.model_dump()
-        self.chat = ChatConfig.model_validate(chat or {})
+        self.chat = ChatConfig.model_validate(settings.chat)
         self.formats_checked: dict[str, str | None] = {}  # response_format JSON -> why vLLM refuses it
-        self.speculation, self.structured_backend = speculation, structured_backend
-        self.lora_adapters = set(lora_adapters)
+        self.speculation, self.structured_backend = settings.speculation, settings.structured_backend
+        self.lora_adapters = set(settings.lora_adapters)
 
     def render(self, row: dict[str, Any], text_column: str) -> list[int]:
         if text_column == "messages":
