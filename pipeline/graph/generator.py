@@ -19,9 +19,11 @@ nothing more.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import dataclasses
 import threading
 import time
+import weakref
 from typing import Any, Optional
 
 import pyarrow as pa
@@ -72,6 +74,8 @@ class Generator:
         self.processes = EngineProcesses()
         self.engine = start_engine(self.config, self.processes, self.vllm_classes)
         ready = time.time()
+        self.stopped = False
+        atexit.register(_stop_at_exit, weakref.ref(self))
         self.location = OutputLocation(Storage.from_config(self.config.storage), self.config.output_uri)
         self.disabled_by_guard = engines.disabled_by_guard
         context = ray.get_runtime_context()
@@ -105,8 +109,13 @@ class Generator:
         # Ray Data's pool shutdown frees the actor (__ray_shutdown__) before Ray kills the
         # actor's child processes: the engine stops first, and its client does not find
         # EngineCore gone and log an error.
+        self.stop()
+
+    def stop(self) -> None:
+        """Stops the engine, once: its output handler first, then EngineCore and its workers."""
         requests = getattr(self, "requests", None)
-        if requests is not None and not requests.dying:
+        if requests is not None and not requests.dying and not getattr(self, "stopped", True):
+            self.stopped = True
             _stop_output_handler(self.engine)
             self.engine.shutdown()
             self.processes.end()  # a worker that shutdown left behind
@@ -211,6 +220,16 @@ class Generator:
         self.location.finish_attempt(unit_id)
         self.metrics.record(marker.stats)
         return pa.Table.from_pylist([marker.stats.model_dump()], schema=arrow_schema(UnitStats))
+
+
+def _stop_at_exit(generator: weakref.ref) -> None:
+    """At the actor process's exit, the engine of an actor that Ray Data's pool shutdown did not
+    free (something still held it, so `__del__` did not run): stopped before vLLM's own exit
+    hooks kill EngineCore under a live output handler, which then logs EngineDeadError (seen in
+    one whole-suite run's demo). Registered after the engine's start, so it runs before them."""
+    alive = generator()
+    if alive is not None:
+        alive.stop()
 
 
 def _stop_output_handler(engine) -> None:
