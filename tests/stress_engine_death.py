@@ -65,10 +65,10 @@ def main() -> None:
             wait_for_commits(location, len(location.committed_units()) + 1, proc, timeout=600)
         elif when == "worker loading":
             wait_for_worker(before, proc)
-        dying = {pid: p for pid, p in vllm_processes().items() if pid not in before}
-        killed = len([p for p in dying.values() if "EngineCore" in p.name()])
+        dying = [p for p in vllm_processes().values() if p not in before.values()]  # by pid and start time
+        killed = len([p for p in dying if "EngineCore" in p.name()])
         wait_for_new_engine_core(kill_engine_cores(spare=before), proc)
-        left = alive(dying.values())
+        left = alive(dying)
         outlived += left
         print(f"kill {kill + 1}/{args.kills} ({when}): {killed} EngineCore killed, {len(dying)} processes of the "
               f"dead engine, alive when the replacement started: {left or 'none'}", flush=True)

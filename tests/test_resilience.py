@@ -108,9 +108,9 @@ def kill_engine_cores(spare: dict[int, psutil.Process] | None = None, wait_secon
     `wait_seconds`): once, in a whole-suite run on a loaded machine, the look right after a commit
     found none while the engine went on to its next unit (a process table read racing the title
     is the likeliest). Returns when it killed, for `wait_for_new_engine_core`."""
-    deadline = time.time() + wait_seconds
+    deadline, spared = time.time() + wait_seconds, set((spare or {}).values())
     while True:
-        cores = [p for p in titled_processes("VLLM::EngineCore").values() if p not in set((spare or {}).values())]
+        cores = [p for p in titled_processes("VLLM::EngineCore").values() if p not in spared]
         if cores or time.time() > deadline:
             break
         time.sleep(0.2)
