@@ -67,7 +67,7 @@ def main() -> None:
             wait_for_worker(before, proc)
         dying = [p for p in vllm_processes().values() if p not in before.values()]  # by pid and start time
         killed = len([p for p in dying if "EngineCore" in p.name()])
-        wait_for_new_engine_core(kill_engine_cores(spare=before), proc)
+        wait_for_new_engine_core(kill_engine_cores(proc), proc)
         left = alive(dying)
         outlived += left
         print(f"kill {kill + 1}/{args.kills} ({when}): {killed} EngineCore killed, {len(dying)} processes of the "

@@ -100,40 +100,47 @@ def engine_actor_pids() -> list[int]:
     ]
 
 
-def kill_engine_cores(spare: dict[int, psutil.Process] | None = None, wait_seconds: float = 60) -> float:
-    """SIGKILL every vLLM EngineCore process but those in `spare` (other tests' engines, alive
-    before the job; a psutil.Process is its pid and start time, so a reused pid is not spared),
-    found by its title, as a GPU fault, a CUDA OOM or the OOM killer ends it;
-    the engine actor's own process stays alive. Looks again until one is there (up to
-    `wait_seconds`): once, in a whole-suite run on a loaded machine, the look right after a commit
-    found none while the engine went on to its next unit (a process table read racing the title
-    is the likeliest). Returns when it killed, for `wait_for_new_engine_core`."""
-    deadline, spared = time.time() + wait_seconds, set((spare or {}).values())
-    while True:
-        cores = [p for p in titled_processes("VLLM::EngineCore").values() if p not in spared]
-        if cores or time.time() > deadline:
-            break
+def kill_engine_cores(job: subprocess.Popen, wait_seconds: float = 180) -> float:
+    """SIGKILL the job's vLLM EngineCore processes, found by title among the processes of the
+    job's session (`start_job` gives the run a session of its own, which its Ray and engines
+    stay in: no other test's engine is touched), as a GPU fault, a CUDA OOM or the OOM killer
+    ends it; the engine actor's own process stays alive. Looks again until one is there, while
+    the job runs (twice a whole-suite run's look found none: the message then lists every vLLM
+    process with its session). Returns when it killed, for `wait_for_new_engine_core`."""
+    deadline = time.time() + wait_seconds
+    while not (cores := list(titled_processes("VLLM::EngineCore", session=job.pid).values())):
+        assert job.poll() is None, f"the job ended before its EngineCore was killed: {job.stdout.read()[-3000:]}"
+        assert time.time() < deadline, ("no EngineCore in the job's session", [
+            (p.pid, p.name(), session_of(p.pid), p.create_time()) for p in titled_processes("VLLM::").values()
+        ])
         time.sleep(0.2)
-    assert cores, "no EngineCore of the job's to kill"
     killed_at = time.time()
     for proc in cores:
         proc.send_signal(signal.SIGKILL)
     return killed_at
 
 
-def titled_processes(*marks: str) -> dict[int, psutil.Process]:
-    """Every live process whose title holds one of `marks`, by pid."""
+def session_of(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
+def titled_processes(*marks: str, session: int | None = None) -> dict[int, psutil.Process]:
+    """Every live process whose title holds one of `marks` (of one session, when given), by pid."""
     found = {}
     for p in psutil.process_iter(["name", "cmdline", "status"]):
         title = (p.info["name"] or "") + " ".join(p.info["cmdline"] or [])
         if any(mark in title for mark in marks) and p.info["status"] != psutil.STATUS_ZOMBIE:
-            found[p.pid] = p
+            if session is None or session_of(p.pid) == session:
+                found[p.pid] = p
     return found
 
 
-def vllm_processes() -> dict[int, psutil.Process]:
-    """Every live process vLLM titled (VLLM::EngineCore, VLLM::Worker), by pid."""
-    return titled_processes("VLLM::")
+def vllm_processes(session: int | None = None) -> dict[int, psutil.Process]:
+    """Every live process vLLM titled (VLLM::EngineCore, VLLM::Worker), of one session when given, by pid."""
+    return titled_processes("VLLM::", session=session)
 
 
 def alive(procs) -> list[int]:
@@ -159,7 +166,7 @@ def wait_for_new_engine_core(killed_at: float, proc, timeout: float = 300) -> No
     missed a replacement whose job then ended, restarted engine and all; a pid reused from
     before the job is the likeliest cause."""
     deadline = time.time() + timeout
-    while not any("EngineCore" in p.name() and p.create_time() >= killed_at - 1 for p in vllm_processes().values()):
+    while not any("EngineCore" in p.name() and p.create_time() >= killed_at - 1 for p in vllm_processes(proc.pid).values()):
         assert proc.poll() is None, proc.stdout.read()[-4000:]
         assert time.time() < deadline, "no replacement engine started"
         time.sleep(0.1)
@@ -354,8 +361,8 @@ def test_storage_down_then_engine_core_then_engine_actor_killed_one_job(tmp_path
     boto3.client("s3", endpoint_url=s3_endpoint).head_bucket(Bucket="specbatch")
     committed = len(location.committed_units())
     wait_for_commits(location, committed + 1, proc)
-    dying = [p for p in vllm_processes().values() if p not in before.values()]  # its EngineCore and workers
-    killed_at = kill_engine_cores(spare=before)  # then vLLM's EngineCore dies (a GPU fault, the OOM killer)...
+    dying = list(vllm_processes(proc.pid).values())  # its EngineCore and workers
+    killed_at = kill_engine_cores(proc)  # then vLLM's EngineCore dies (a GPU fault, the OOM killer)...
     wait_for_new_engine_core(killed_at, proc)
     assert not alive(dying)  # ...and none of its processes outlives it into the replacement's start
     committed = len(location.committed_units())
