@@ -18,7 +18,7 @@ from pipeline.commit.outputs import OutputLocation
 from pipeline.config import parse_config
 from pipeline.job.runner import run_job
 from pipeline.speculation.guard import speculation_verdict
-from pipeline.speculation.trial import ArmClock, decide, too_few_units, worth_a_trial, worth_measuring_off
+from pipeline.speculation.trial import ArmClock, arm_wants_more, decide, too_few_units, worth_a_trial, worth_measuring_off
 from pipeline.storage import Storage
 from pipeline.tinykit import kit_paths
 from schemas import JobTotals, TrialArm
@@ -60,6 +60,23 @@ def test_an_arm_rate_is_its_tokens_over_its_time_in_the_engine():
     figures = clock.figures()
     assert figures.seconds == 7.0 and figures.tokens_per_second == round(6000 / 7, 1)
     assert figures.unit_tokens_per_second == [500.0, 600.0, 1000.0] and figures.rows == 192
+
+
+def test_an_arm_takes_its_units_then_more_until_min_seconds_in_the_engine_up_to_a_quarter_of_the_job():
+    config = config_with(speculative={"trial": {"units": 2, "min_seconds": 10}}, resources={"rows_per_unit": 4})
+    clock = ArmClock("k=3")
+    assert arm_wants_more(config, 0, clock, 1000) and arm_wants_more(config, 1, clock, 1000)
+    clock.add(100.0, 3.0, 4, 400)
+    clock.add(103.0, 3.0, 4, 400)
+    assert arm_wants_more(config, 2, clock, 1000)  # 6 s in the engine: fewer than 10
+    clock.add(106.0, 4.0, 4, 400)
+    assert not arm_wants_more(config, 3, clock, 1000)  # 10 s
+    short = ArmClock("k=3")
+    short.add(100.0, 1.0, 4, 100)
+    short.add(101.0, 1.0, 4, 100)
+    assert arm_wants_more(config, 2, short, 40)  # 8 rows in: fewer than a quarter of the job's 40
+    assert not arm_wants_more(config, 3, short, 40)  # 12 rows: the arm stops short of its 10 s
+    assert not arm_wants_more(config_with(speculative={"trial": {"units": 2, "min_seconds": 0}}), 2, short, 1000)
 
 
 def test_the_off_arm_runs_only_when_the_rest_pays_back_an_engine_start():

@@ -121,12 +121,20 @@ class ProbeConfig(Section):
 class TrialConfig(Section):
     """Speculation against speculation off on the job's own first units, on its own engine at the
     job's concurrency (pipeline/speculation/trial.py): the first engine with work measures
-    `units` units with the configured depth, restarts its engine without the drafter, measures
-    `units` more, and the job keeps the faster setting for the rest. A job with fewer than
+    `units` units (and `min_seconds` of engine time) with the configured depth, restarts its
+    engine without the drafter, measures as much again, and the job keeps the faster setting
+    for the rest. A job with fewer than
     four times `units` units to run, or whose rest would not pay back engine starts
     (`payback_starts`), skips it and says why."""
 
     units: int = Field(4, ge=1, description="Units measured with each setting (one engine's; at least engine units in flight).")
+    min_seconds: float = Field(
+        20.0, ge=0,
+        description=(
+            "Engine seconds each setting is measured for, at least (after `units` units, more units until then, "
+            "up to a quarter of the job's rows): a few short units measure the host's noise more than the setting."
+        ),
+    )
     margin: float = Field(
         0.05, ge=0, le=1,
         description=(

@@ -2,9 +2,10 @@
 
 Every unit passes `enter` before it goes into the engine and `leave` after. The first engine
 with work claims the trial at the job board; unless the probe's rate already says the job is
-too small for it, it measures: its first `units` units with the engine as started
-(speculation on), then, when the off arm is worth an engine start, it waits
-for those units to leave, restarts its engine without the drafter and measures `units` more;
+too small for it, it measures: its first units with the engine as started (speculation on;
+`units` of them and `min_seconds` of engine time), then, when the off arm is worth an engine
+start, it waits for those units to leave, restarts its engine without the drafter and measures
+as many again;
 then it decides, restarts with the drafter if speculation won, and posts the verdict. Units
 that arrive while an arm drains or the engine restarts wait in `enter`, one lock for all, so
 an arm's units have the engine to themselves. The other engines follow the posted verdict:
@@ -22,7 +23,7 @@ from typing import Any, Awaitable, Callable, Optional
 from ray.exceptions import RayActorError
 
 from pipeline.config import JobConfig
-from pipeline.speculation.trial import ArmClock, decide, setting_text, worth_a_trial, worth_measuring_off
+from pipeline.speculation.trial import ArmClock, arm_wants_more, decide, setting_text, worth_a_trial, worth_measuring_off
 
 Restart = Callable[[bool], Awaitable[float]]
 logger = logging.getLogger(__name__)
@@ -77,8 +78,7 @@ class EngineTrial:
         if not self.measuring:
             await self._follow(restart)
             return None
-        units = self.config.speculative.trial.units
-        if self.entered < units:
+        if arm_wants_more(self.config, self.entered, self.arms[-1], self.plan["rows"]):
             self.entered += 1
             return "on" if len(self.arms) == 1 else "off"
         await self._drained()

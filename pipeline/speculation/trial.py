@@ -5,8 +5,9 @@ high concurrency a verify pass over k+1 tokens per sequence can cost more than t
 saves (docs/speculation.md measures both sides on one machine). So the first engine with work
 measures the job's first units twice, on its own engine at the job's concurrency:
 
-    `units` units with the configured depth (the engine as started; the probe ran on it)
-    -> drain, restart the engine without the drafter -> `units` units off
+    `units` units with the configured depth (the engine as started; the probe ran on it),
+       more until they spent `min_seconds` in the engine (at most a quarter of the job's rows)
+    -> drain, restart the engine without the drafter -> as many units off, by the same rule
     -> keep off, or restart with the drafter when it measured faster by more than `margin`
        and the rest of the job pays back that start
 
@@ -71,14 +72,30 @@ class ArmClock:
     def add(self, started: float, engine_seconds: float, rows: int, tokens: int) -> None:
         self.units.append((started, engine_seconds, rows, tokens))
 
+    def seconds(self) -> float:
+        """Engine time of the units that left: the union of their intervals."""
+        return busy_seconds(("", u[0], u[1]) for u in self.units) if self.units else 0.0
+
     def figures(self) -> TrialArm:
-        seconds = max(busy_seconds(("", u[0], u[1]) for u in self.units), 1e-9)
+        seconds = max(self.seconds(), 1e-9)
         tokens = sum(u[3] for u in self.units)
         return TrialArm(
             setting=self.setting, units=len(self.units), rows=sum(u[2] for u in self.units), generated_tokens=tokens,
             seconds=round(seconds, 3), tokens_per_second=round(tokens / seconds, 1),
             unit_tokens_per_second=[round(u[3] / u[1], 1) if u[1] > 0 else 0.0 for u in self.units],
         )
+
+
+def arm_wants_more(config: JobConfig, entered: int, clock: ArmClock, job_rows: int) -> bool:
+    """Whether the next unit joins the arm being measured: until it has trial.units units, then
+    until its units spent trial.min_seconds in the engine, but never past a quarter of the job's
+    rows. A unit of 4 rows at 4 sequences took 0.6-0.9 s here and unit rates spread by 25%
+    within one arm: four of them (3 s) once measured k=3 at 0.89x of off in a job where k=3
+    ran 1.25x faster than off (docs/speculation.md)."""
+    trial = config.speculative.trial
+    if entered < trial.units:
+        return True
+    return clock.seconds() < trial.min_seconds and entered * config.resources.rows_per_unit < job_rows / MIN_UNITS_PER_TRIAL_UNIT
 
 
 def rest_seconds(arm: TrialArm, rows_left: int, engines: int) -> float:
