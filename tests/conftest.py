@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import threading
 import time
@@ -21,6 +20,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+from tests.ray_cluster import free_port  # noqa: F401 (the tests import it from here)
 
 # Dummy credentials for moto's S3 server, from the environment like real ones; set before Ray
 # starts so that its workers inherit them. No real endpoint is ever contacted.
@@ -34,12 +35,6 @@ os.environ.update(
     RAY_DATA_DISABLE_PROGRESS_BARS="1",
     VLLM_HOST_IP="127.0.0.1",
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ray_head_command(gcs_port: int, dashboard_port: int, *extra: str, agent_port: int = 0) -> list[str]:

@@ -34,12 +34,22 @@ sys.exit(main())
 """
 
 
-def _free_port() -> int:
+_HANDED_OUT: set[int] = set()
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now, and never one this process handed out before: the kernel
+    may give a port just closed again, and `ray start` refuses two of its components on one
+    port (a run failed so: dashboard_agent_grpc and dashboard_agent_http both got 58507)."""
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 @dataclass
@@ -59,7 +69,7 @@ class LocalCluster:
         self.object_store_bytes = object_store_mb * 1024 * 1024
         token = Path(self.temp_dir, "token")
         token.write_text(secrets.token_hex(32))
-        self.port = _free_port()
+        self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.env = {
             **{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
@@ -74,20 +84,20 @@ class LocalCluster:
         }
         self.nodes: dict[str, Node] = {}
         self._start("head", ["--head", "--node-ip-address=127.0.0.1", f"--port={self.port}",
-                             "--include-dashboard=false", f"--ray-client-server-port={_free_port()}"],
+                             "--include-dashboard=false", f"--ray-client-server-port={free_port()}"],
                     {"head": 1}, head_cpus)
 
     def add_node(self, name: str, resources: dict, cpus: int = 2) -> Node:
         return self._start(name, [f"--address={self.address}"], resources, cpus)
 
     def _start(self, name: str, args: list[str], resources: dict, cpus: int) -> Node:
-        node = Node(name, _free_port(), {**resources, f"node_{name}": 1})
+        node = Node(name, free_port(), {**resources, f"node_{name}": 1})
         command = [
             sys.executable, "-c", LOOPBACK_START, "start", *args, f"--num-cpus={cpus}", "--num-gpus=0",
             f"--resources={json.dumps(node.resources)}", f"--node-manager-port={node.manager_port}",
             f"--object-store-memory={self.object_store_bytes}", "--disable-usage-stats",
-            f"--metrics-export-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
-            f"--dashboard-agent-grpc-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}",
+            f"--metrics-export-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+            f"--dashboard-agent-grpc-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
         ]
         done = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=180)
         if done.returncode:
