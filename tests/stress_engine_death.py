@@ -65,7 +65,7 @@ def main() -> None:
             wait_for_commits(location, len(location.committed_units()) + 1, proc, timeout=600)
         elif when == "worker loading":
             wait_for_worker(before, proc)
-        dying = [p for p in vllm_processes().values() if p not in before.values()]  # by pid and start time
+        dying = list(vllm_processes(proc.pid).values())  # the job's session, as test_resilience does
         killed = len([p for p in dying if "EngineCore" in p.name()])
         wait_for_new_engine_core(kill_engine_cores(proc), proc)
         left = alive(dying)

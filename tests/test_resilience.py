@@ -111,7 +111,7 @@ def kill_engine_cores(job: subprocess.Popen, wait_seconds: float = 180) -> float
     while not (cores := list(titled_processes("VLLM::EngineCore", session=job.pid).values())):
         assert job.poll() is None, f"the job ended before its EngineCore was killed: {job.stdout.read()[-3000:]}"
         assert time.time() < deadline, ("no EngineCore in the job's session", [
-            (p.pid, p.name(), session_of(p.pid), p.create_time()) for p in titled_processes("VLLM::").values()
+            (p.pid, p.info["name"], session_of(p.pid), p.create_time()) for p in titled_processes("VLLM::").values()
         ])
         time.sleep(0.2)
     killed_at = time.time()

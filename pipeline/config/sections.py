@@ -123,9 +123,8 @@ class TrialConfig(Section):
     job's concurrency (pipeline/speculation/trial.py): the first engine with work measures
     `units` units (and `min_seconds` of engine time) with the configured depth, restarts its
     engine without the drafter, measures as much again, and the job keeps the faster setting
-    for the rest. A job with fewer than
-    four times `units` units to run, or whose rest would not pay back engine starts
-    (`payback_starts`), skips it and says why."""
+    for the rest. A job with fewer than four times `units` units to run, or whose rest would
+    not pay back engine starts (`payback_starts`), skips it and says why."""
 
     units: int = Field(4, ge=1, description="Units measured with each setting (one engine's; at least engine units in flight).")
     min_seconds: float = Field(
