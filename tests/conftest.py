@@ -61,7 +61,9 @@ def stop_ray_head(temp_dir: str) -> None:
     procs = [p for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or [])]
     for proc in procs:
         proc.terminate()
-    _, alive = psutil.wait_procs(procs, timeout=5)  # some of Ray's daemons outlive SIGTERM by far longer
+    # Most go within a second; some of Ray's daemons outlive SIGTERM by far longer, and a test's
+    # head has nothing to save (waiting 5 s here was most of a stop)
+    _, alive = psutil.wait_procs(procs, timeout=1)
     for proc in alive:
         proc.kill()
 

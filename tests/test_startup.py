@@ -13,7 +13,7 @@ from pipeline.cluster import job_board
 from pipeline.cluster.job_board import NO_PROBE, JobBoard
 from pipeline.cluster.startup import StartClock, start_cost
 from pipeline.job.console import progress_line, summary
-from pipeline.stages.stats import busy_seconds, totals_from_stats
+from pipeline.stages.stats import EngineBusyTime, busy_seconds, totals_from_stats
 from schemas import Attempt, JobManifest, JobTotals, ModelFingerprint
 
 
@@ -84,6 +84,23 @@ def test_busy_time_is_the_union_of_each_engines_units():
     assert totals.engine_busy_seconds == pytest.approx(17.0)
     assert totals.engine_tokens_per_second == pytest.approx(20.0) and totals.tokens_per_second == pytest.approx(17.0)
     assert totals.engine_busy_share == pytest.approx(17.0 / 40.0)
+
+
+def test_busy_time_kept_unit_by_unit_is_the_union_so_far():
+    """The progress line's engine time, kept as units are heard in any order: a unit that
+    bridges two spans joins them, one inside a span adds nothing, one that only touches merges."""
+    busy = EngineBusyTime()
+    for (actor, start, seconds), expected in [
+        (("a", 10.0, 2.0), 2.0),   # a: [10, 12]
+        (("a", 0.0, 3.0), 5.0),    # a: [0, 3] [10, 12], heard late
+        (("a", 5.0, 1.0), 6.0),    # a: [0, 3] [5, 6] [10, 12]
+        (("b", 5.0, 1.0), 7.0),    # another engine's time adds up
+        (("a", 2.0, 9.0), 13.0),   # a: [0, 12], bridging all three
+        (("a", 4.0, 1.0), 13.0),   # inside: nothing new
+        (("a", 12.0, 3.0), 16.0),  # touching the end: a: [0, 15]
+    ]:
+        busy.add(actor, start, seconds)
+        assert busy.seconds == pytest.approx(expected), (actor, start, seconds)
 
 
 def test_the_console_labels_its_speeds_and_waits_for_a_pace_before_an_eta():

@@ -21,7 +21,7 @@ from pipeline.job.console import STEADY_MIN_SECONDS, print_progress, progress_li
 from pipeline.job.manifest import now, plain_text
 from pipeline.speculation.guard import AcceptanceGuard, AcceptanceTooLow
 from pipeline.speculation.probe import DrafterRejected
-from pipeline.stages.stats import busy_seconds
+from pipeline.stages.stats import EngineBusyTime
 from schemas import GuardEvent, NodeLoss, ProbeResult, TrialVerdict
 
 log = logging.getLogger("specbatch")
@@ -48,7 +48,7 @@ class AttemptProgress:
         self.tokens = self.drafted = self.accepted = 0
         self.rows = sum(r["rows"] for r in self.heard.values())  # kept as units are heard, not summed per batch
         self.first_commit: Optional[tuple[float, int]] = None  # (when, rows done then)
-        self.busy, self.busy_at = 0.0, 0.0
+        self.busy = self._busy_time()
 
     def observe(self, stats: pa.Table) -> bool:
         """Takes one batch of stats rows; True when the guard turned speculation off. LeaseLost
@@ -61,6 +61,10 @@ class AttemptProgress:
             self.rows += row["rows"] - (before["rows"] if before else 0)
             self.heard[row["unit_id"]] = row
             self.breaker.observe(row)
+            if before:  # a unit heard again (a retry): its earlier interval leaves the union
+                self.busy = self._busy_time()
+            else:
+                self.busy.add(row["actor_id"], row["started_at"], row["engine_seconds"])
         record.processed_rows = self.rows
         self.tokens += sum(r["generated_tokens"] for r in rows)
         self.drafted += sum(r["draft_tokens"] for r in rows)
@@ -82,17 +86,20 @@ class AttemptProgress:
             raise AcceptanceTooLow(event.message)
         log.warning("acceptance guard: %s", event.message)
 
+    def _busy_time(self) -> EngineBusyTime:
+        busy = EngineBusyTime()
+        for r in self.heard.values():
+            busy.add(r["actor_id"], r["started_at"], r["engine_seconds"])
+        return busy
+
     def _print(self, done: int) -> None:
         now_ = time.time()
         if self.first_commit is None:
             self.first_commit = (now_, done)
-        if now_ - self.busy_at > 5 or done >= self.total_rows:  # a union over every unit heard: not per batch
-            self.busy = busy_seconds((r["actor_id"], r["started_at"], r["engine_seconds"]) for r in self.heard.values())
-            self.busy_at = now_
         since, done_then = self.first_commit
         steady = (done - done_then) / (now_ - since) if now_ - since >= STEADY_MIN_SECONDS and done > done_then else None
         eta = (self.total_rows - done) / steady if steady else (0.0 if done >= self.total_rows else None)
-        engine_rate = self.tokens / self.busy if self.busy else 0.0
+        engine_rate = self.tokens / self.busy.seconds if self.busy.seconds else 0.0
         wall_rate = self.tokens / (now_ - self.started) if now_ > self.started else 0.0
         acceptance = self.accepted / self.drafted if self.drafted else None
         print_progress(progress_line(done, self.total_rows, engine_rate, wall_rate, acceptance, eta), done >= self.total_rows)

@@ -7,6 +7,7 @@ were accepted (index j = j tokens accepted). Acceptance is a prefix, so draft po
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
@@ -83,25 +84,35 @@ class Acceptance:
         )
 
 
+class EngineBusyTime:
+    """Engine-busy seconds summed over engines, kept as units are heard: units overlap inside
+    one engine, so each engine's time is the union of its [started_at, started_at +
+    engine_seconds] intervals. Each engine's merged spans stay sorted, so adding a unit costs a
+    binary search and the spans it joins, not a new union over every unit heard (a progress
+    line per unit of a 100k-unit job)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._starts: dict[str, list[float]] = defaultdict(list)
+        self._ends: dict[str, list[float]] = defaultdict(list)
+
+    def add(self, actor: str, start: float, seconds: float) -> None:
+        starts, ends, end = self._starts[actor], self._ends[actor], start + seconds
+        first = bisect.bisect_left(ends, start)  # the first span that ends at or after this one starts
+        last = bisect.bisect_right(starts, end)  # spans from `first` up to here overlap or touch it
+        if first < last:
+            start, end = min(start, starts[first]), max(end, ends[last - 1])
+            self.seconds -= sum(e - s for s, e in zip(starts[first:last], ends[first:last]))
+        starts[first:last], ends[first:last] = [start], [end]
+        self.seconds += end - start
+
+
 def busy_seconds(intervals: Iterable[tuple[str, float, float]]) -> float:
-    """Engine-busy seconds summed over engines, from (actor_id, started_at, engine_seconds) of
-    each unit. Units overlap inside one engine, so each engine's time is the union of its
-    [started_at, started_at + engine_seconds] intervals."""
-    by_actor: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    """Engine-busy seconds of (actor_id, started_at, engine_seconds) units (EngineBusyTime)."""
+    busy = EngineBusyTime()
     for actor, start, seconds in intervals:
-        by_actor[actor].append((start, start + seconds))
-    total = 0.0
-    for spans in by_actor.values():
-        spans.sort()
-        start, end = spans[0]
-        for s, e in spans[1:]:
-            if s > end:
-                total += end - start
-                start, end = s, e
-            else:
-                end = max(end, e)
-        total += end - start
-    return total
+        busy.add(actor, start, seconds)
+    return busy.seconds
 
 
 def totals_from_stats(stats: pa.Table, input_rows: int, wall_seconds: float, replicas: int = 1) -> JobTotals:
