@@ -3,7 +3,7 @@
     python benchmarks/lora_speculation.py [--prompts 32] [--max-tokens 64] [--rank 8] [--k 3]
 
 1. A random LoRA adapter (q_proj, v_proj, lora_B nonzero) for the kit's target, written by
-   pipeline/tinykit/lora.py `write_lora_adapter` into a temporary folder (no peft, no download).
+   tinykit/lora.py `write_lora_adapter` into a temporary folder (no peft, no download).
 2. Two engines from `engine_kwargs(load_config("jobs/configs/local.yaml"))` plus
    `enable_lora=True, max_lora_rank=R, max_loras=1`: `spec` with the kit's EAGLE-3.1 drafter
    (k=3), `plain` without. Each generates the same prompts greedily with and without
@@ -92,7 +92,7 @@ def main() -> None:
     from pipeline.config import load_config
     from pipeline.stages.engine import engine_kwargs
     from pipeline.stages.stats import Acceptance
-    from pipeline.tinykit.lora import write_lora_adapter
+    from tinykit.lora import write_lora_adapter
     from pipeline.tools.demo import sample_prompts
 
     config = load_config(args.config)

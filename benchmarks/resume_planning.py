@@ -76,7 +76,7 @@ def cpu_seconds() -> float:
 def job_config(endpoint: str, rows_per_unit: int):
     """The job whose finished output location is planned: the tiny kit, as the tests run it."""
     from pipeline.config import parse_config
-    from pipeline.tinykit import kit_paths
+    from tinykit import kit_paths
 
     kit = kit_paths()
     return parse_config({

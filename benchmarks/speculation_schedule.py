@@ -81,7 +81,7 @@ def build_input(folder: Path, n: int, seed: int, short: int, long: int, long_fra
 
 def job_config(input_uri: str, output_uri: str, args: argparse.Namespace) -> dict:
     """Like tests/conftest.py `job_config`, on the trained kit at this benchmark's settings."""
-    from pipeline.tinykit import kit_paths
+    from tinykit import kit_paths
 
     kit = kit_paths()
     return {

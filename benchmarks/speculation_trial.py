@@ -50,7 +50,7 @@ def build_input(folder: Path, rows: int) -> str:
 
 
 def config_for(run: str, concurrency: int, input_uri: str, output_uri: str) -> dict:
-    from pipeline.tinykit import kit_paths
+    from tinykit import kit_paths
 
     kit = kit_paths()
     speculative = {"enabled": run != "off", "drafter": kit["drafter_eagle31"], "num_speculative_tokens": 3}

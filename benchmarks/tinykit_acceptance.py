@@ -35,7 +35,7 @@ PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 def make_prompts(tokenizer, n_heldout: int, n_perturbed: int, prompt_len: int, seed: int) -> dict:
     """{set name: list of token-id lists}. Held-out files only (every 10th stdlib file)."""
-    from pipeline.tinykit import corpus
+    from tinykit import corpus
 
     _, held_files = corpus.split_files(corpus.stdlib_files())
     rng = random.Random(seed)
@@ -107,7 +107,7 @@ def run_engine(target: str, drafter: str | None, k: int, sets: dict, max_tokens:
 
 
 def main(argv=None) -> int:
-    from pipeline.tinykit import KIT_DIR, kit_paths
+    from tinykit import KIT_DIR, kit_paths
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kit", default=KIT_DIR)

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             take_over=args.take_over, retry_errors=args.retry_errors, verbose=args.verbose, address=args.address,
         )
     if args.command == "tiny-models":
-        from pipeline.tinykit.build import main as build_main
+        from tinykit.build import main as build_main
 
         return build_main(args.rest)
     return 2

@@ -156,7 +156,7 @@ def ray_local():
 @pytest.fixture(scope="session")
 def trained_kit() -> dict[str, str]:
     """The kit's trained target and its EAGLE-3.1 drafter."""
-    from pipeline.tinykit import kit_paths
+    from tinykit import kit_paths
 
     kit = kit_paths()
     return {"target": kit["target"], "drafter": kit["drafter_eagle31"]}
@@ -165,7 +165,7 @@ def trained_kit() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def stripped_drafter(tmp_path_factory) -> str:
     """drafter-mismatched as public drafters ship: no declared target."""
-    from pipeline.tinykit import kit_paths
+    from tinykit import kit_paths
 
     src, dst = Path(kit_paths()["drafter_mismatched"]), tmp_path_factory.mktemp("stripped") / "drafter"
     dst.mkdir()
@@ -181,7 +181,7 @@ def stripped_drafter(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def random_kit(tmp_path_factory) -> dict[str, str]:
     """Random weights: the drafter accepts nothing (acceptance 0)."""
-    from pipeline.tinykit.random_kit import build_random_kit
+    from tinykit.random_kit import build_random_kit
 
     return build_random_kit(str(tmp_path_factory.mktemp("random-kit")))
 
@@ -189,7 +189,7 @@ def random_kit(tmp_path_factory) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def zero_kit(tmp_path_factory) -> dict[str, str]:
     """lm_head of target and drafter zeroed: both always pick token 0, acceptance exactly 1."""
-    from pipeline.tinykit.random_kit import build_random_kit
+    from tinykit.random_kit import build_random_kit
 
     return build_random_kit(str(tmp_path_factory.mktemp("zero-kit")), zero_lm_head=True)
 

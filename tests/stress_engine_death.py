@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pipeline.commit.outputs import OutputLocation
 from pipeline.storage import Storage
-from pipeline.tinykit.random_kit import build_random_kit
+from tinykit.random_kit import build_random_kit
 from tests.test_resilience import (
     alive,
     assert_exactly_once,

@@ -11,7 +11,7 @@ import yaml
 
 from pipeline.config import load_config, parse_config
 from pipeline.storage import Storage
-from pipeline.tinykit import kit_paths
+from tinykit import kit_paths
 from pipeline.tools.calibrate import CalibrationError, parse_concurrencies, parse_depths, sample_prompts
 from pipeline.tools.calibrate import main as calibrate_main
 from pipeline.tools.calibration_choice import apply_depth, best_depths, calibration_rows, schedule_from, schedule_pays

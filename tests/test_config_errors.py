@@ -225,7 +225,7 @@ def run_refusal(tmp_path, capsys, data: dict) -> str:
 
 
 def test_a_missing_model_names_the_field(tmp_path, capsys):
-    from pipeline.tinykit import kit_paths
+    from tinykit import kit_paths
 
     kit = kit_paths()
     missing = str(tmp_path / "x" / "y")

@@ -124,7 +124,7 @@ def test_rows_a_footer_cannot_check_become_row_errors():
     """Null, empty and blank ids and ids repeated within a unit: row errors naming the row, its
     file and the field."""
     from pipeline.stages.preprocess import PreprocessSettings, Preprocessor
-    from pipeline.tinykit import kit_paths
+    from tinykit import kit_paths
 
     pre = Preprocessor(PreprocessSettings(kit_paths()["target"], 256))
     rows = {"id": ["a", "  ", "a", "b", None, ""], "prompt": ["x = 1"] * 6}
@@ -148,7 +148,7 @@ def test_rows_a_footer_cannot_check_become_row_errors():
 LOADS_WITHOUT_TORCH = """
 import json, shutil, sys
 from pipeline.stages.preprocess import load_tokenizer
-from pipeline.tinykit import kit_paths
+from tinykit import kit_paths
 tokenizer = load_tokenizer(kit_paths()["target"])
 print(json.dumps({"torch": "torch" in sys.modules, "auto": "transformers.models.auto.tokenization_auto" in sys.modules}))
 shutil.copytree(kit_paths()["target"], sys.argv[1], ignore=shutil.ignore_patterns("*.safetensors"))
@@ -169,7 +169,7 @@ def test_a_plain_fast_tokenizer_loads_as_autotokenizer_does_without_torch(tmp_pa
     from transformers import AutoTokenizer
 
     from pipeline.stages.preprocess import load_tokenizer
-    from pipeline.tinykit import kit_paths
+    from tinykit import kit_paths
 
     out = subprocess.run([sys.executable, "-c", LOADS_WITHOUT_TORCH, str(tmp_path / "custom")], capture_output=True,
                          text=True, check=True).stdout.splitlines()
@@ -210,7 +210,7 @@ def test_acceptance_from_per_request_histogram():
 
 def test_max_tokens_beyond_the_room_left_is_clipped_visibly_or_refused():
     from pipeline.stages.preprocess import PreprocessSettings, Preprocessor, RowError
-    from pipeline.tinykit import kit_paths
+    from tinykit import kit_paths
 
     row = {"prompt": "x = 1\n" * 4, "max_tokens": 500}
     clipping = Preprocessor(PreprocessSettings(kit_paths()["target"], 64, {"max_tokens": 16}))

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from pipeline import cli
 from pipeline.speculation.drafter_check import CHECKS, DrafterMismatch, check_drafter, inspect_drafter
-from pipeline.tinykit import KIT_DIR, kit_paths
+from tinykit import KIT_DIR, kit_paths
 from pipeline.tools.check_drafter import main
 from schemas.drafter import DrafterReport
 

@@ -199,7 +199,7 @@ def test_on_s3_the_dry_run_only_reads(tmp_path, capsys, monkeypatch, s3_endpoint
 def test_a_refused_job_exits_2_with_the_real_runs_message(tmp_path, capsys, job_input):
     """The kit's mismatched drafter: the real run refuses it before any engine; the dry run
     says the same words, exits 2, and names the failed check in its plan."""
-    from pipeline.tinykit import kit_paths
+    from tinykit import kit_paths
 
     folder, _, _ = job_input
     kit = kit_paths()

@@ -73,7 +73,7 @@ def run_installed(site: Path, cwd: Path, *args: str, kit_dir: Path | None = None
 def test_the_wheel_holds_the_package_data_and_no_weights(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert not [n for n in names if n.endswith(WEIGHTS)], "model weights in the wheel"
-    assert {n.split("/")[0] for n in names} == {"pipeline", "schemas", wheel.name.split("-py3")[0] + ".dist-info"}
+    assert {n.split("/")[0] for n in names} == {"pipeline", "schemas", "tinykit", wheel.name.split("-py3")[0] + ".dist-info"}
     assert {"pipeline/tools/prices.yaml", "pipeline/tools/demo.yaml"} <= set(names)
     schemas = {f"schemas/json/{p.name}" for p in (ROOT / "schemas" / "json").glob("*.schema.json")}
     assert schemas and schemas <= set(names)
@@ -162,7 +162,7 @@ def test_local_yaml_is_the_demo_settings_with_the_checkouts_paths():
     """One set of demo settings: the package's demo.yaml, and jobs/configs/local.yaml, the
     example config, which is demo.yaml with this checkout's paths."""
     from pipeline.config import load_config
-    from pipeline.tinykit import kit_paths
+    from tinykit import kit_paths
 
     local = yaml.safe_load((ROOT / "jobs" / "configs" / "local.yaml").read_text())
     paths = {"input_uri": local.pop("input_uri"), "output_uri": local.pop("output_uri"),
@@ -188,7 +188,7 @@ def test_the_dockerfile_ships_what_the_demo_needs():
                 copies[source] = dest
     for source in copies:
         assert (ROOT / source).exists(), f"COPY {source}: not in the checkout"
-    assert {"pyproject.toml", "README.md", "pipeline", "schemas", "jobs", "models/tinykit"} <= set(copies), copies
+    assert {"pyproject.toml", "README.md", "pipeline", "schemas", "tinykit", "jobs", "models/tinykit"} <= set(copies), copies
     kit_in_image = os.path.normpath(os.path.join(workdir, copies["models/tinykit"]))
     env = " ".join(ln for ln in instructions if ln.startswith("ENV "))
     assert re.search(rf"\bSPECBATCH_KIT_DIR={re.escape(kit_in_image)}/?(\s|$)", env), (kit_in_image, env)

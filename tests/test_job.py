@@ -274,7 +274,7 @@ def test_zeroed_lm_heads_accept_everything(tmp_path, ray_local, zero_kit):
 
 def test_job_refuses_a_drafter_of_another_target_before_any_engine(tmp_path):
     from pipeline.speculation.drafter_check import DrafterMismatch
-    from pipeline.tinykit import kit_paths
+    from tinykit import kit_paths
 
     kit = kit_paths()
     write_prompts(tmp_path / "in" / "p.parquet", {"id": ["a"], "prompt": ["x = 1"]})

@@ -268,7 +268,7 @@ def test_chat_input_without_a_chat_template_is_refused_naming_model_and_file(tmp
     import json
     import shutil
 
-    from pipeline.tinykit import kit_paths
+    from tinykit import kit_paths
 
     kit = kit_paths()
     target = shutil.copytree(kit["target"], tmp_path / "target-no-template")
@@ -288,7 +288,7 @@ def test_chat_input_without_a_chat_template_is_refused_naming_model_and_file(tmp
 def test_lengths_the_model_cannot_hold_are_refused(tmp_path, capsys, overrides, expected):
     import re
 
-    from pipeline.tinykit import kit_paths
+    from tinykit import kit_paths
 
     kit = kit_paths()
     path = write_job(tmp_path, {"target": kit["target"], "drafter": kit["drafter_eagle31"]}, {"id": ["p"], "prompt": ["x = 1"]},
@@ -299,7 +299,7 @@ def test_lengths_the_model_cannot_hold_are_refused(tmp_path, capsys, overrides, 
 def test_malformed_yaml_and_a_file_as_output_are_refused_by_name(tmp_path, capsys):
     import re
 
-    from pipeline.tinykit import kit_paths
+    from tinykit import kit_paths
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("job_name: x\nmodel:\n  path: [unclosed\n")
@@ -317,7 +317,7 @@ def test_a_changed_setting_blocks_a_resume_only_when_something_was_committed(tmp
     naming the setting and the flag that starts over."""
     from pipeline.job.manifest import versions
     from pipeline.job.plan import model_fingerprint
-    from pipeline.tinykit import kit_paths
+    from tinykit import kit_paths
     from schemas import LAYOUT_VERSION, JobManifest, JobTotals
 
     kit = kit_paths()

@@ -70,7 +70,7 @@ def test_the_probe_and_calibrate_prepare_a_rows_adapter_as_the_job_does(tmp_path
 
 @pytest.mark.engine
 def test_rows_name_their_adapter_and_get_its_output(tmp_path, ray_local, kit):
-    from pipeline.tinykit.lora import write_lora_adapter
+    from tinykit.lora import write_lora_adapter
 
     adapter = write_lora_adapter(kit["target"], str(tmp_path / "style"), rank=8, seed=1)
     n = len(PROMPTS)

@@ -23,7 +23,7 @@ from pipeline.config import ConfigError, load_config, parse_config
 from pipeline.job.plan import model_fingerprint, results_fingerprint
 from pipeline.storage import Storage
 from pipeline.storage.model_cache import MANIFEST, localize, remote_files
-from pipeline.tinykit import kit_paths
+from tinykit import kit_paths
 from tests import conftest
 from tests.conftest import job_config
 

@@ -225,7 +225,7 @@ def test_unsupported_requests_errors_makes_each_such_line_its_error_row(tmp_path
 
     from pipeline.commit.units import plan_units, read_unit
     from pipeline.stages.preprocess import PreprocessSettings, Preprocessor
-    from pipeline.tinykit import kit_paths
+    from tinykit import kit_paths
     from pipeline.tools.export import error_line
 
     lines = bad_lines()
@@ -414,7 +414,7 @@ def test_a_batch_file_runs_through_the_engine_and_exports(tmp_path, ray_local, c
     from openai.types.chat import ChatCompletion
 
     from pipeline.job.runner import run_job
-    from pipeline.tinykit import kit_paths
+    from tinykit import kit_paths
 
     schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"],
               "additionalProperties": False}

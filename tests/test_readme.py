@@ -222,7 +222,7 @@ def test_readme_demo_runs_as_written(tmp_path):
 
 # ---------------------------------------------------------------- what the docs point at
 
-REPO_PATH = re.compile(r"`((?:jobs|docs|pipeline|schemas|infra|tests|benchmarks|models)/[^`\s*<>{}]*)`")
+REPO_PATH = re.compile(r"`((?:jobs|docs|pipeline|schemas|infra|tests|benchmarks|models|tinykit)/[^`\s*<>{}]*)`")
 LINK = re.compile(r"\]\((?!https?://)([^)#\s]*)(?:#([^)\s]*))?\)")
 
 

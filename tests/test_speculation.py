@@ -21,7 +21,7 @@ from pipeline.job.runner import run_job
 from pipeline.speculation.drafter_check import inspect_drafter
 from pipeline.speculation.probe import DrafterRejected
 from pipeline.storage import Storage
-from pipeline.tinykit import kit_paths
+from tinykit import kit_paths
 from pipeline.tools.check_drafter import format_report
 from tests.conftest import job_config, write_prompts
 

@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pipeline.fingerprint import target_config_fingerprint  # noqa: E402
-from pipeline.tinykit import KIT_DIR, kit_paths  # noqa: E402
-from pipeline.tinykit.random_kit import build_random_kit  # noqa: E402
+from tinykit import KIT_DIR, kit_paths  # noqa: E402
+from tinykit.random_kit import build_random_kit  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PATHS = kit_paths()
@@ -126,8 +126,8 @@ def test_committed_kit_layout_and_manifest():
 def test_committed_kit_is_built_from_the_current_recipe():
     """The kit is cached by a content hash of the recipe (RECIPE, the stdlib corpus and the
     training code). A different hash means the committed kit is stale: rebuild it with
-    `python -m pipeline.tinykit.build models/tinykit` and re-run the benchmark."""
-    from pipeline.tinykit import build, corpus
+    `python -m tinykit.build models/tinykit` and re-run the benchmark."""
+    from tinykit import build, corpus
 
     m = json.loads((Path(KIT_DIR) / "RECIPE.json").read_text())
     assert m["recipe"] == build.RECIPE
@@ -139,7 +139,7 @@ def test_committed_kit_is_built_from_the_current_recipe():
 
 def test_the_recipe_hash_follows_training_code_not_its_prose(tmp_path):
     """A docstring, comment or `--help` edit leaves the committed kit current; a code change does not."""
-    from pipeline.tinykit import build
+    from tinykit import build
 
     source = Path(build.__file__).read_text()
     assert '"""Build the whole tiny model kit' in source and r"example:\n" in source
@@ -184,7 +184,7 @@ def test_mismatched_drafter_records_another_target():
 
 # ------------------------------------------------------------------ mirror of vLLM's drafter
 def _mirror(target, *drafters) -> dict:
-    out = subprocess.run([sys.executable, "-m", "pipeline.tinykit.mirror_check", target, *drafters],
+    out = subprocess.run([sys.executable, "-m", "tinykit.mirror_check", target, *drafters],
                          cwd=REPO, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("MIRROR_CHECK ")]
@@ -234,8 +234,8 @@ def test_vllm_acceptance_equals_offline_simulation(engine31):
     from transformers import AutoTokenizer
     from vllm import SamplingParams
 
-    from pipeline.tinykit.layout import load_drafter, load_target
-    from pipeline.tinykit.simulate import simulate
+    from tinykit.layout import load_drafter, load_target
+    from tinykit.simulate import simulate
 
     tok = AutoTokenizer.from_pretrained(PATHS["target"])
     prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]

@@ -20,7 +20,7 @@ from pipeline.job.runner import run_job
 from pipeline.speculation.guard import speculation_verdict
 from pipeline.speculation.trial import ArmClock, arm_wants_more, decide, too_few_units, worth_a_trial, worth_measuring_off
 from pipeline.storage import Storage
-from pipeline.tinykit import kit_paths
+from tinykit import kit_paths
 from schemas import JobTotals, TrialArm
 from tests.conftest import job_config, write_prompts
 

@@ -3,7 +3,7 @@ and vLLM's CPU build (with vLLM's CUDA build, one GPU), through exactly the code
 cluster runs.
 
 It needs nothing of a checkout: its settings ship in the package (demo.yaml beside this file),
-and the kit is the trained one at ``KIT_DIR`` (pipeline/tinykit: ``SPECBATCH_KIT_DIR``, else a
+and the kit is the trained one at ``KIT_DIR`` (tinykit: ``SPECBATCH_KIT_DIR``, else a
 checkout's models/tinykit), else, for a wheel installed without the checkout, a random-weight
 kit built on the spot."""
 
@@ -46,7 +46,7 @@ def vllm_cuda_build() -> bool:
 
 def trained_kit() -> Optional[dict[str, str]]:
     """The trained tiny kit at KIT_DIR, or None when it is not there."""
-    from pipeline import tinykit
+    import tinykit
 
     paths = tinykit.kit_paths()
     if not Path(paths["target"], "config.json").is_file():
@@ -62,7 +62,7 @@ def demo_models(workdir: Path) -> tuple[dict[str, str], bool]:
     kit = trained_kit()
     if kit is not None:
         return kit, True
-    from pipeline.tinykit.random_kit import build_random_kit
+    from tinykit.random_kit import build_random_kit
 
     return build_random_kit(str(workdir / "random-kit")), False
 
@@ -121,7 +121,7 @@ def run_demo(workdir: str, rows: int = 256) -> int:
     if trained:
         print(f"specbatch demo: kit: the trained tiny kit in {kit}", flush=True)
     else:
-        from pipeline.tinykit import KIT_DIR
+        from tinykit import KIT_DIR
 
         print(f"specbatch demo: kit: random weights, built in {kit}: there is no trained kit at {KIT_DIR} (set "
               "SPECBATCH_KIT_DIR to a checkout's models/tinykit). A random drafter accepts almost nothing: the drafter "

@@ -9,7 +9,7 @@
                 and tokenizer are kept, in other-target/) -- for drafter-compatibility checks
   6. RECIPE.json: the recipe, its hash, training stats, build time
 
-    python -m pipeline.tinykit.build OUT [--seed 0] [--threads 2] [--smoke]
+    python -m tinykit.build OUT [--seed 0] [--threads 2] [--smoke]
 
 The committed kit (models/tinykit/) was made by this command with the defaults.
 """
@@ -72,7 +72,7 @@ def smoke(recipe: dict) -> dict:
 HERE = Path(__file__).parent
 # The code the kit is built by; the fingerprint is the runtime's own (pipeline/fingerprint.py).
 SOURCES = tuple(HERE / n for n in ("corpus.py", "model.py", "drafter.py", "train.py", "layout.py", "build.py")) + (
-    HERE.parent / "fingerprint.py",
+    HERE.parent / "pipeline" / "fingerprint.py",
 )
 
 
@@ -179,7 +179,7 @@ def build(out_dir: str, recipe: dict, threads: int) -> dict:
     layout.save_target(other, lambda d: write_tok(d, ocfg.max_position_embeddings), odir, store)
     (odir / "model.safetensors").unlink()  # keep the kit small: config + tokenizer only
     (odir / "README.txt").write_text("Config and tokenizer of the target drafter-mismatched was trained for; "
-                                     "weights not kept (kit size). Rebuild with pipeline.tinykit.build.\n")
+                                     "weights not kept (kit size). Rebuild with tinykit.build.\n")
     od = m["drafter_data"]
     odata = make_drafter_data(other, stream, n=od["n"], prompt_len=od["prompt_len"], gen_len=od["gen_len"],
                               aux_layer_ids=m["drafter"]["aux_layer_ids"], seed=seed + 101, topk=od["topk"])

@@ -4,14 +4,14 @@ its EAGLE-3.1 and plain EAGLE-3 drafters, and a mismatched drafter (issue 3).
 ``KIT_DIR`` is the committed kit: `models/tinykit/` of the checkout, outside the package so its
 17 MB of weights are not in the wheel (``SPECBATCH_KIT_DIR`` points elsewhere, e.g. in an image);
 ``kit_paths()`` gives its model directories.
-Rebuild with ``python -m pipeline.tinykit.build OUT`` (see build.py).
+Rebuild with ``python -m tinykit.build OUT`` (see build.py).
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-KIT_DIR = os.environ.get("SPECBATCH_KIT_DIR") or str(Path(__file__).resolve().parents[2] / "models" / "tinykit")
+KIT_DIR = os.environ.get("SPECBATCH_KIT_DIR") or str(Path(__file__).resolve().parents[1] / "models" / "tinykit")
 
 
 def kit_paths(kit_dir: str | None = None) -> dict:

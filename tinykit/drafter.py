@@ -202,9 +202,6 @@ class Eagle3Drafter(nn.Module):
         h, prenorm = self.norm(h, residual)
         return h, (h if self.c.norm_output else prenorm)
 
-    def draft_logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(h)
-
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Logits over the target vocab, -inf outside the draft vocab (vLLM's compute_logits)."""
         logits = self.lm_head(h)

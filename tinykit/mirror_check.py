@@ -11,7 +11,7 @@ fc_norm, hidden_norm/residual order, rotary embedding, fused norms, norm_output,
 compute_logits) is vLLM's code. The engine itself is compared in tests/test_tinykit.py.
 
 Runs in its own process (it initialises torch.distributed):
-    python -m pipeline.tinykit.mirror_check TARGET DRAFTER [DRAFTER...] [--steps 4]  -> JSON on stdout
+    python -m tinykit.mirror_check TARGET DRAFTER [DRAFTER...] [--steps 4]  -> JSON on stdout
 """
 from __future__ import annotations
 
