@@ -26,7 +26,7 @@ from typing import Optional
 
 from pipeline.config import JobConfig
 from pipeline.stages.engine import schedule_text
-from pipeline.stages.stats import busy_seconds
+from pipeline.stages.stats import EngineBusyTime
 from schemas import TrialArm, TrialVerdict
 
 # A job with fewer units than this many times trial.units skips the trial: its two arms
@@ -68,13 +68,15 @@ class ArmClock:
 
     setting: str
     units: list[tuple[float, float, int, int]] = dataclasses.field(default_factory=list)
+    busy: EngineBusyTime = dataclasses.field(default_factory=EngineBusyTime)
 
     def add(self, started: float, engine_seconds: float, rows: int, tokens: int) -> None:
         self.units.append((started, engine_seconds, rows, tokens))
+        self.busy.add("", started, engine_seconds)
 
     def seconds(self) -> float:
         """Engine time of the units that left: the union of their intervals."""
-        return busy_seconds(("", u[0], u[1]) for u in self.units) if self.units else 0.0
+        return self.busy.seconds
 
     def figures(self) -> TrialArm:
         seconds = max(self.seconds(), 1e-9)
