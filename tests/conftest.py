@@ -34,6 +34,9 @@ os.environ.update(
     TOKENIZERS_PARALLELISM="false",
     RAY_DATA_DISABLE_PROGRESS_BARS="1",
     VLLM_HOST_IP="127.0.0.1",
+    # The suite runs in two processes (pytest-xdist), each starting engines; vLLM's default
+    # binding ("auto") pins every engine worker on the machine to the same first core
+    VLLM_CPU_OMP_THREADS_BIND="nobind",
 )
 
 
@@ -274,8 +277,19 @@ class EngineSpotter(threading.Thread):
         import psutil
 
         for proc in psutil.process_iter(["cmdline", "create_time"]):
-            if "VLLM::EngineCore" in " ".join(proc.info["cmdline"] or ()):
+            if "VLLM::EngineCore" in " ".join(proc.info["cmdline"] or ()) and self.ours(proc):
                 self.seen.add((proc.pid, proc.info["create_time"]))
+
+    @staticmethod
+    def ours(proc) -> bool:
+        """Started by this test process, not by the other one running beside it: every process
+        a test starts (Ray workers included) inherits the test process's environment."""
+        import psutil
+
+        try:
+            return proc.environ().get("PYTEST_XDIST_WORKER") == os.environ.get("PYTEST_XDIST_WORKER")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return False
 
     def started_since(self, since: float) -> int:
         return sum(1 for _, created in self.seen if created >= since)
@@ -287,6 +301,31 @@ ENGINE_CHECK_SINCE = pytest.StashKey[float]()
 
 def pytest_configure(config):
     SPOTTER.start()
+
+
+# ---------------------------------------------------------------- two test processes
+
+# `make test` runs the suite in two processes (pytest -n 2 --dist loadgroup): an engine's
+# start-up is mostly one process importing vLLM at a time (the engine actor, then EngineCore,
+# then its worker), which leaves the other core idle. A module's tests stay in one process (they
+# share its job runs); the modules that kill engines, drivers and nodes run one after another in
+# one process, so that the other process never runs two of them at once. The longest go first.
+GROUPS = {"test_resilience.py": "faults", "test_multinode.py": "faults"}
+LONGEST_FIRST = ("test_resilience.py", "test_multinode.py", "test_calibrate.py", "test_speculation.py", "test_trial.py",
+                 "test_readme.py", "test_job.py", "test_sampling.py", "test_guard.py", "test_ray_job_submit.py")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    with_engines = {item.path.name for item in items if item.get_closest_marker("engine")}
+
+    def rank(item) -> tuple[int, int]:  # the module's, so that its tests keep their order
+        name = item.path.name
+        return (LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)), name not in with_engines
+
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(GROUPS.get(item.path.name, item.path.name)))
+    items.sort(key=rank)  # stable: a module's tests keep their order
 
 
 @pytest.hookimpl(hookwrapper=True)

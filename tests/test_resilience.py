@@ -93,11 +93,9 @@ def assert_exactly_once(location: OutputLocation, ids: list[str]) -> None:
     assert sum(stats.column("generated_tokens").to_pylist()) == sum(outputs.column("generated_tokens").to_pylist())
 
 
-def engine_actor_pids() -> list[int]:
-    return [
-        p.pid for p in psutil.process_iter(["cmdline"])
-        if "MapBatches(Generator)" in " ".join(p.info["cmdline"] or [])
-    ]
+def engine_actor_pids(job: subprocess.Popen) -> list[int]:
+    """The job's engine actor processes (Ray workers titled after the map stage), from its session."""
+    return list(titled_processes("MapBatches(Generator)", session=job.pid))
 
 
 def kill_engine_cores(job: subprocess.Popen, wait_seconds: float = 180) -> float:
@@ -147,15 +145,15 @@ def alive(procs) -> list[int]:
     return [p.pid for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
-def job_processes() -> dict[int, psutil.Process]:
-    """Every live engine process (VLLM::) and Ray worker (ray::), by pid."""
-    return titled_processes("VLLM::", "ray::")
+def job_processes(*jobs: subprocess.Popen) -> dict[int, psutil.Process]:
+    """Every live engine process (VLLM::) and Ray worker (ray::) of the jobs' sessions, by pid."""
+    return {pid: p for job in jobs for pid, p in titled_processes("VLLM::", "ray::", session=job.pid).items()}
 
 
-def assert_none_left(before: dict, within: float = 10) -> None:
-    """No engine process or Ray worker but those alive before the job, `within` s after it ended."""
+def assert_none_left(*jobs: subprocess.Popen, within: float = 10) -> None:
+    """No engine process or Ray worker of the jobs (the runs' sessions) `within` s after they ended."""
     deadline = time.time() + within
-    while (left := alive(p for pid, p in job_processes().items() if pid not in before)) and time.time() < deadline:
+    while (left := alive(job_processes(*jobs).values())) and time.time() < deadline:
         time.sleep(0.5)
     assert not left, [(pid, psutil.Process(pid).cmdline()) for pid in left if psutil.pid_exists(pid)]
 
@@ -218,14 +216,13 @@ def test_ctrl_c_a_killed_driver_and_a_lost_lease_land_each_ids_samples_exactly_o
     lease = {"heartbeat_seconds": 1, "stale_after_seconds": 15, "wait_seconds": 60}  # 15 s: a slow machine's start-up reads a fresh lease
     config_path, ids, config = make_job(tmp_path, random_kit, sampling=sampling, speculative={"enabled": False}, lease=lease)
     location = OutputLocation(Storage(), str(tmp_path / "out"))
-    before = job_processes()  # other tests' engines and Ray workers
 
     proc = start_job(config_path)
     wait_for_commits(location, 2, proc)
     os.killpg(proc.pid, signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "Traceback" not in out and "(raylet)" not in out, out[-3000:]
-    assert_none_left(before)
+    assert_none_left(proc)
     interrupted_units = location.committed_units()
     interrupted = location.read_manifest()
     assert interrupted["status"] == "interrupted" and interrupted["totals"]["units"] == len(interrupted_units) >= 2
@@ -236,11 +233,11 @@ def test_ctrl_c_a_killed_driver_and_a_lost_lease_land_each_ids_samples_exactly_o
     assert not location.storage.exists(location.path("_lease.json"))  # released: the rerun needs no --take-over
 
     second_started = time.time()
-    proc = start_job(config_path)
-    wait_for_commits(location, len(interrupted_units) + 2, proc)
-    driver = proc.pid
-    os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray it started
-    proc.wait()
+    second = start_job(config_path)
+    wait_for_commits(location, len(interrupted_units) + 2, second)
+    driver = second.pid
+    os.killpg(second.pid, signal.SIGKILL)  # the driver and the local Ray it started
+    second.wait()
     killed_at = time.time()
     killed_units = location.committed_units()
 
@@ -254,7 +251,7 @@ def test_ctrl_c_a_killed_driver_and_a_lost_lease_land_each_ids_samples_exactly_o
     out, _ = third.communicate(timeout=180)
     fenced_exit_seconds = time.time() - taker.heartbeat_at
     assert third.returncode == 4, out[-4000:]
-    assert_none_left(before)  # neither the fenced run's nor the killed run's
+    assert_none_left(second, third)  # neither the fenced run's nor the killed run's
     assert f"its process {driver} on this host is gone" in out and "taking over" in out
     assert f"specbatch: fenced: {location.uri} is now leased to run {taker.owner}" in out and "succeeded" not in out
     fenced_units = location.committed_units()
@@ -273,7 +270,7 @@ def test_ctrl_c_a_killed_driver_and_a_lost_lease_land_each_ids_samples_exactly_o
     last_beat = beat_elsewhere(location)
     waited = start_job(config_path)
     out = finish(waited)
-    assert_none_left(before)
+    assert_none_left(waited)
     assert "waiting until" in out and "no heartbeat for" in out and time.time() - last_beat >= 15
 
     outputs = location.read_table("outputs").select(["id", "sample_index", "unit_id"]).to_pylist()
@@ -348,7 +345,6 @@ def test_storage_down_then_engine_core_then_engine_actor_killed_one_job(tmp_path
     config_path.write_text(yaml.safe_dump(config))
     location = OutputLocation(Storage(endpoint_url=s3_endpoint), config["output_uri"])
 
-    before = job_processes()  # other tests' engines and Ray workers
     proc = start_job(config_path)
     wait_for_commits(location, 2, proc)
     from tests import conftest
@@ -367,12 +363,12 @@ def test_storage_down_then_engine_core_then_engine_actor_killed_one_job(tmp_path
     assert not alive(dying)  # ...and none of its processes outlives it into the replacement's start
     committed = len(location.committed_units())
     wait_for_commits(location, committed + 1, proc)  # ...the restarted engine commits...
-    pids = engine_actor_pids()
+    pids = engine_actor_pids(proc)
     assert pids, "engine actor process not found"
     for pid in pids:  # ...and then the whole actor process dies (a lost node, an OOM kill of the actor)
         os.kill(pid, signal.SIGKILL)
     finish(proc)
-    assert_none_left(before)  # the job left no engine process or Ray worker
+    assert_none_left(proc)  # the job left no engine process or Ray worker
     assert len(location.committed_units()) == N_ROWS // 8
     assert_engine_death_recovered(location, ids)
     assert len(location.read_manifest()["attempts"]) == 1  # all of it recovered inside the one attempt

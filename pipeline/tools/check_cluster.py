@@ -74,17 +74,29 @@ def _on_this_machine(address: str) -> bool:
 
 
 def _bind_failure() -> Optional[str]:
-    """The last 'Failed to bind' line of this machine's newest Ray session's agent log, if any:
-    a head on this machine whose agent gave up on its port (it tries for about 3 s)."""
-    logs = sorted(glob.glob("/tmp/ray*/session_*/logs/dashboard_agent.log"), key=os.path.getmtime)
-    if not logs:
-        return None
-    with open(logs[-1], errors="replace") as f:
-        lines = [line for line in f if "Failed to bind to port" in line]
-    if not lines:
-        return None
-    match = re.search(r"Failed to bind to port \d+.*", lines[-1].strip())
-    return f"{logs[-1]}: {match.group(0)}" if match else None
+    """The last 'Failed to bind' line of the newest agent log on this machine that has one,
+    among the Ray sessions of the last 10 minutes: a head on this machine whose agent gave up on
+    its port (it tries for about 3 s). Not merely the newest session's: another Ray started on
+    the machine since would hide it."""
+    recent = time.time() - 600
+    logs = {log: _mtime(log) for log in glob.glob("/tmp/ray*/session_*/logs/dashboard_agent.log")}
+    for log in sorted((log for log, mtime in logs.items() if mtime > recent), key=logs.get, reverse=True):
+        try:
+            with open(log, errors="replace") as f:
+                lines = [line for line in f if "Failed to bind to port" in line]
+        except OSError:  # a session folder removed since
+            continue
+        match = re.search(r"Failed to bind to port \d+.*", lines[-1].strip()) if lines else None
+        if match:
+            return f"{log}: {match.group(0)}"
+    return None
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return 0.0
 
 
 def _said(exc: BaseException) -> str:
