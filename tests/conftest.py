@@ -305,27 +305,38 @@ def pytest_configure(config):
 
 # ---------------------------------------------------------------- two test processes
 
-# `make test` runs the suite in two processes (pytest -n 2 --dist loadgroup): an engine's
-# start-up is mostly one process importing vLLM at a time (the engine actor, then EngineCore,
-# then its worker), which leaves the other core idle. A module's tests stay in one process (they
-# share its job runs); the modules that kill engines, drivers and nodes run one after another in
-# one process, so that the other process never runs two of them at once. The longest go first.
+# `make test` runs the suite in two processes (pytest -n 2): an engine's start-up is mostly one
+# process importing vLLM at a time (the engine actor, then EngineCore, then its worker), which
+# leaves the other core idle. A module's tests stay in one process (they share its job runs); the
+# modules that kill engines, drivers and nodes run one after another in one process, so that the
+# other process never runs two of them at once. The longest go first.
 GROUPS = {"test_resilience.py": "faults", "test_multinode.py": "faults"}
 LONGEST_FIRST = ("test_resilience.py", "test_multinode.py", "test_calibrate.py", "test_speculation.py", "test_trial.py",
                  "test_readme.py", "test_job.py", "test_sampling.py", "test_guard.py", "test_ray_job_submit.py")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's load-by-scope scheduling, a scope being a module or one of GROUPS. (Its own
+    `--dist loadgroup` marks are lost on pytest 9.2, which no longer reads the node id it sets.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return GROUPS.get(module.rsplit("/", 1)[-1], module)
+
+    return ByModule(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     with_engines = {item.path.name for item in items if item.get_closest_marker("engine")}
 
-    def rank(item) -> tuple[int, int]:  # the module's, so that its tests keep their order
+    def rank(item) -> tuple[int, bool]:  # the module's, so that its tests keep their order
         name = item.path.name
         return (LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)), name not in with_engines
 
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(GROUPS.get(item.path.name, item.path.name)))
-    items.sort(key=rank)  # stable: a module's tests keep their order
+    items.sort(key=rank)  # stable; xdist then hands out modules in this order (--no-loadscope-reorder)
 
 
 @pytest.hookimpl(hookwrapper=True)
