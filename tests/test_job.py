@@ -258,20 +258,6 @@ def test_a_changed_model_in_object_storage_refuses_the_resume(s3_endpoint, s3_mo
     assert rerun.attempts[-1].units_skipped == rerun.attempts[-1].units_planned and rerun.status == "succeeded"
 
 
-@pytest.mark.engine
-def test_zeroed_lm_heads_accept_everything(tmp_path, ray_local, zero_kit):
-    """Target and drafter both always pick token 0: acceptance 1.0, mean length k+1."""
-    write_prompts(tmp_path / "in" / "p.parquet", {"id": [f"z{i}" for i in range(20)], "prompt": GOOD_PROMPTS + GOOD_PROMPTS[:8]})
-    config = parse_config(job_config(str(tmp_path / "in"), str(tmp_path / "out"), zero_kit, sampling={"max_tokens": 13}))
-    run_job(config, progress=False)
-    stats = OutputLocation(Storage(), config.output_uri).read_table("stats").to_pylist()
-    assert sum(r["output_rows"] for r in stats) == 20
-    for row in stats:
-        assert row["acceptance_rate"] == 1.0
-        assert row["mean_acceptance_length"] == 4.0
-        assert row["accepted_per_position"] == [row["num_drafts"]] * 3
-
-
 def test_job_refuses_a_drafter_of_another_target_before_any_engine(tmp_path):
     from pipeline.speculation.drafter_check import DrafterMismatch
     from tinykit import kit_paths

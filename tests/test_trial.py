@@ -208,10 +208,11 @@ def test_a_resume_keeps_the_trial_verdict_and_does_not_trial_again(busy_job):
 
 @pytest.mark.engine
 def test_with_a_drafter_that_is_always_right_the_trial_keeps_speculation(tmp_path, ray_local, zero_kit):
-    """Target and drafter both always pick token 0: every target pass yields k+1 = 4 tokens (at 2
-    sequences k=3 measured 2.12x of off here), a margin no noise on a shared machine erases. With
-    the kit's trained drafter at 2 sequences it measured 1.38x and 1.55x, and once failed to keep it
-    in a whole file's run; at 4 anywhere from 0.62x to 1.58x: a verdict there is a timed assertion."""
+    """Target and drafter both always pick token 0: acceptance 1.0 at every position, so every
+    target pass yields k+1 = 4 tokens (at 2 sequences k=3 measured 2.12x of off here), a margin no
+    noise on a shared machine erases. With the kit's trained drafter at 2 sequences it measured
+    1.38x and 1.55x, and once failed to keep it in a whole file's run; at 4 anywhere from 0.62x to
+    1.58x: a verdict there is a timed assertion."""
     folder = tmp_path / "in"
     folder.mkdir()
     write_prompts(folder / "p.parquet", {"id": [f"r{i:02d}" for i in range(16)], "prompt": [f"def h{i}(x):\n    return" for i in range(16)]})
@@ -229,6 +230,9 @@ def test_with_a_drafter_that_is_always_right_the_trial_keeps_speculation(tmp_pat
     stats = sorted(OutputLocation(Storage(), config.output_uri).read_table("stats").to_pylist(), key=lambda r: r["started_at"])
     assert [r["speculative"] for r in stats] == [True] * 2 + [False] * 2 + [True] * 4
     assert [r["mean_acceptance_length"] for r in stats if r["speculative"]] == [4.0] * 6
+    for row in (r for r in stats if r["speculative"]):  # every draft token accepted, at every position
+        assert row["acceptance_rate"] == 1.0 and row["accepted_per_position"] == [row["num_drafts"]] * 3
+    assert sum(r["output_rows"] for r in stats) == 16
     assert len(manifest.attempts[0].start.engine_starts) == 3  # off for the trial, then on again
     # the report shows the saving: a million tokens cost less with the drafter
     from pipeline.tools.cost import build_report, read_job
