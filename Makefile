@@ -17,12 +17,10 @@ MAKEFLAGS += --jobs=2
 
 install: $(STAMP)
 
-# --no-compile: pip would write bytecode for all of the 29,000 files it installs (about 110 s of
-# one core here); Python writes it at first import instead, for the few thousand modules imported.
 $(STAMP): pyproject.toml
 	mkdir -p $(VENV)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --no-compile -e ".[cpu,test]"
+	$(BIN)/pip install -q -e ".[cpu,test]"
 	# pip pulls CUDA builds of these; each breaks `from vllm import LLM` on a CPU machine.
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $(STAMP)
@@ -33,7 +31,7 @@ demo: $(STAMP)
 $(CHECKOV_STAMP):
 	mkdir -p $(VENV)
 	$(PYTHON) -m venv $(CHECKOV_VENV)
-	$(CHECKOV_VENV)/bin/pip install -q --no-compile "checkov==$(CHECKOV_VERSION)"
+	$(CHECKOV_VENV)/bin/pip install -q "checkov==$(CHECKOV_VERSION)"
 	touch $(CHECKOV_STAMP)
 
 # tests/test_report.py opens the HTML report in a real headless Chromium (Debian's package).
