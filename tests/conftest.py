@@ -139,7 +139,7 @@ def s3_endpoint():
     S3_SERVER.stop()
 
 
-RAY_METRICS_PORT = None  # where the local Ray serves Prometheus metrics (test_guard.py reads them)
+RAY_METRICS_PORT = None  # where the local Ray serves Prometheus metrics (scrape_job_metrics reads them)
 
 
 @pytest.fixture(scope="session")
@@ -207,7 +207,7 @@ def write_prompts(path: Path | str, columns: dict, filesystem=None) -> None:
 def job_config(input_uri: str, output_uri: str, kit: dict, **overrides) -> dict:
     """A job config on the tiny models in eager fp32 (what the tests run). The drafter probe and
     the acceptance guard are off: the random kit accepts nothing, a probe costs an engine start
-    per job, and both have their own tests (test_probe.py, test_guard.py)."""
+    per job, and both have their own tests (test_speculation.py, test_guard.py)."""
     config = {
         "job_name": "test",
         "input_uri": input_uri,
@@ -227,6 +227,75 @@ def job_config(input_uri: str, output_uri: str, kit: dict, **overrides) -> dict:
         else:
             config[key] = value
     return config
+
+
+# ---------------------------------------------------------------- one small job, read by two modules
+
+# test_status.py reads it as a finished job, test_guard.py for the guard's `warn` and the metrics
+# (GROUPS below keeps the two modules in one process, so the job runs once).
+RANDOM_JOB_ROWS = 28  # 4 units of 8, 8, 8, 4 rows
+RANDOM_JOB_NULL_ID = 26  # a row with a good prompt and a null id: a row error too, not a refusal of the input
+# row -> (prompt, max_tokens): 2 empty_prompt, 1 invalid_sampling, 1 invalid_id
+RANDOM_JOB_BAD = {1: ("   ", None), 10: (None, None), 20: ("ok", 0), RANDOM_JOB_NULL_ID: ("def f(x):", None)}
+RANDOM_JOB_ERRORS = {"empty_prompt": 2, "invalid_sampling": 1, "invalid_id": 1}
+RANDOM_JOB_GUARD = {"min_acceptance_rate": 0.5, "window_units": 2, "action": "warn"}
+
+
+@pytest.fixture(scope="session")
+def random_kit_job(tmp_path_factory, ray_local, random_kit):
+    """28 rows on the random kit (its drafter accepts nothing) in 4 units, 4 of them bad, one in
+    each unit, under a `warn` guard that its acceptance of 0 sets off. Returns the folder (job.yaml,
+    in/, out/), the manifest, and the local Ray's metrics text once the job's rows are counted
+    there, read right after the job: a gauge leaves the endpoint soon after its actor is gone."""
+    from pipeline.config import parse_config
+    from pipeline.job.runner import run_job
+
+    import yaml
+
+    root = tmp_path_factory.mktemp("random-kit-job")
+    bad = RANDOM_JOB_BAD
+    write_prompts(root / "in" / "p.parquet", {
+        "id": [None if i == RANDOM_JOB_NULL_ID else f"r{i}" for i in range(RANDOM_JOB_ROWS)],
+        "prompt": [bad[i][0] if i in bad else f"def function_{i}(x):\n    return" for i in range(RANDOM_JOB_ROWS)],
+        "max_tokens": pa.array([bad[i][1] if i in bad else None for i in range(RANDOM_JOB_ROWS)], pa.int64()),
+    })
+    data = job_config(
+        str(root / "in"), str(root / "out"), random_kit, sampling={"max_tokens": 8}, resources={"rows_per_unit": 8},
+        retries={"max_error_fraction": 0.5}, speculative={"guard": RANDOM_JOB_GUARD},
+    )
+    (root / "job.yaml").write_text(yaml.safe_dump(data))
+    manifest = run_job(parse_config(data), progress=False)
+    assert manifest.status == "succeeded"
+    return root, manifest, scrape_job_metrics(manifest.job_id, manifest.totals.output_rows)
+
+
+def job_metric(text: str, name: str, job_id: str) -> dict[str, float]:
+    """Values of the Prometheus metric `name` for this job, by replica."""
+    import re
+
+    pattern = re.compile(rf'^{name}{{(?P<labels>[^}}]*)}} (?P<value>\S+)$', re.M)
+    values = {}
+    for match in pattern.finditer(text):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match["labels"]))
+        if labels.get("job_id") == job_id:
+            values[labels["replica"]] = float(match["value"])
+    return values
+
+
+def scrape_job_metrics(job_id: str, output_rows: int) -> str:
+    """The local Ray's metrics text once the job's rows are all counted there (Ray exports
+    periodically), or after a minute."""
+    import urllib.request
+
+    deadline = time.time() + 60
+    while True:
+        with urllib.request.urlopen(f"http://127.0.0.1:{RAY_METRICS_PORT}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        rows = job_metric(text, "ray_specbatch_rows_done_total", job_id)
+        gauges = job_metric(text, "ray_specbatch_acceptance_rate", job_id)
+        if (sum(rows.values()) == output_rows and gauges) or time.time() > deadline:
+            return text
+        time.sleep(1)
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -309,8 +378,11 @@ def pytest_configure(config):
 # process importing vLLM at a time (the engine actor, then EngineCore, then its worker), which
 # leaves the other core idle. A module's tests stay in one process (they share its job runs); the
 # modules that kill engines, drivers and nodes run one after another in one process, so that the
-# other process never runs two of them at once. The longest go first.
-GROUPS = {"test_resilience.py": "faults", "test_multinode.py": "faults"}
+# other process never runs two of them at once; modules that share a session fixture that starts
+# engines or a Ray run in one process too, or each process would start its own. The longest go first.
+GROUPS = {"test_resilience.py": "faults", "test_multinode.py": "faults",
+          "test_status.py": "random-kit-job", "test_guard.py": "random-kit-job",
+          "test_readme.py": "ray-head", "test_ray_job_submit.py": "ray-head"}
 LONGEST_FIRST = ("test_resilience.py", "test_multinode.py", "test_calibrate.py", "test_speculation.py", "test_trial.py",
                  "test_readme.py", "test_job.py", "test_sampling.py", "test_guard.py", "test_ray_job_submit.py")
 

@@ -1,15 +1,13 @@
 """The acceptance guard and the Prometheus metrics, on real jobs: a random drafter accepts
-nothing, so a floor on acceptance fires within its window. A job run for `warn` (also the one
-whose metrics are read back from the local Ray's metrics endpoint) and one for `fail`, plus
-unit tests of the window logic without any engine. `disable-speculation`, the default, is
-tested on a real job in tests/test_speculation.py, where a same-shape drafter of another target
-slips past the probe."""
+nothing, so a floor on acceptance fires within its window. `warn` and the metrics are read from
+the session's small job on the random kit (`random_kit_job` in tests/conftest.py, which
+test_status.py reads too); `fail` has a job of its own. Unit tests of the window logic run
+without any engine. `disable-speculation`, the default, is tested on a real job in
+tests/test_speculation.py, where a same-shape drafter of another target slips past the probe."""
 
 from __future__ import annotations
 
 import re
-import time
-import urllib.request
 from collections import Counter
 
 import pytest
@@ -20,7 +18,7 @@ from pipeline.job.runner import run_job
 from pipeline.speculation.guard import AcceptanceGuard, AcceptanceTooLow
 from pipeline.stages.stats import Acceptance
 from pipeline.storage import Storage
-from tests.conftest import job_config, write_prompts
+from tests.conftest import RANDOM_JOB_BAD, RANDOM_JOB_GUARD, RANDOM_JOB_NULL_ID, RANDOM_JOB_ROWS, job_config, job_metric, write_prompts
 
 N_ROWS, ROWS_PER_UNIT, WINDOW = 96, 8, 2
 
@@ -160,14 +158,6 @@ def run_guarded(root, kit, action: str):
 
 
 @pytest.fixture(scope="module")
-def warn_run(tmp_path_factory, ray_local, random_kit):
-    """Also scrapes the metrics right after the job: a gauge leaves the endpoint soon after
-    its actor is gone."""
-    ids, location, error = run_guarded(tmp_path_factory.mktemp("guard-warn"), random_kit, "warn")
-    return ids, location, error, scrape_job(location.read_manifest()["job_id"])
-
-
-@pytest.fixture(scope="module")
 def fail_run(tmp_path_factory, ray_local, random_kit):
     return run_guarded(tmp_path_factory.mktemp("guard-fail"), random_kit, "fail")
 
@@ -179,14 +169,15 @@ def assert_exactly_once(location: OutputLocation, ids: list[str]) -> None:
 
 
 @pytest.mark.engine
-def test_warn_records_one_event_and_the_job_goes_on(warn_run):
-    ids, location, error, _ = warn_run
-    manifest = location.read_manifest()
-    assert error is None and manifest["status"] == "succeeded"
-    (event,) = manifest["guard_events"]  # acceptance stays at 0: one event, not one per unit
-    assert event["action"] == "warn" and event["value"] == 0.0 and len(event["unit_ids"]) == WINDOW
+def test_warn_records_one_event_and_the_job_goes_on(random_kit_job):
+    root, manifest, _ = random_kit_job
+    location = OutputLocation(Storage(), str(root / "out"))
+    assert manifest.status == location.read_manifest()["status"] == "succeeded"
+    (event,) = location.read_manifest()["guard_events"]  # acceptance stays at 0 over 4 units: one event, not one per unit
+    assert event["action"] == "warn" and event["value"] == 0.0 and len(event["unit_ids"]) == RANDOM_JOB_GUARD["window_units"]
     stats = location.read_table("stats").to_pylist()
-    assert all(r["speculative"] and not r["speculation_disabled_by_guard"] for r in stats)
+    assert len(stats) == 4 and all(r["speculative"] and not r["speculation_disabled_by_guard"] for r in stats)
+    ids = ["" if i == RANDOM_JOB_NULL_ID else f"r{i}" for i in range(RANDOM_JOB_ROWS)]  # a null id lands in errors/ as ""
     assert_exactly_once(location, ids)
 
 
@@ -206,46 +197,16 @@ def test_fail_stops_the_job_and_says_why(fail_run):
 # ---------------------------------------------------------------- Prometheus metrics
 
 
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        return response.read().decode()
-
-
-def job_metric(text: str, name: str, job_id: str) -> dict[str, float]:
-    """Values of `name` for this job, by replica."""
-    pattern = re.compile(rf'^{name}{{(?P<labels>[^}}]*)}} (?P<value>\S+)$', re.M)
-    values = {}
-    for match in pattern.finditer(text):
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', match["labels"]))
-        if labels.get("job_id") == job_id:
-            values[labels["replica"]] = float(match["value"])
-    return values
-
-
-def scrape_job(job_id: str) -> str:
-    """The metrics text once every row of the job is counted there (Ray exports periodically)."""
-    from tests import conftest
-
-    deadline = time.time() + 60
-    while True:
-        text = scrape(conftest.RAY_METRICS_PORT)
-        rows = job_metric(text, "ray_specbatch_rows_done_total", job_id)
-        gauges = job_metric(text, "ray_specbatch_acceptance_rate", job_id)
-        if (sum(rows.values()) == N_ROWS and gauges) or time.time() > deadline:
-            return text
-        time.sleep(1)
-
-
 @pytest.mark.engine
-def test_metrics_are_exported_per_job_and_replica(warn_run):
-    ids, location, _, text = warn_run
-    job_id = location.read_manifest()["job_id"]
-    replicas = {r["actor_id"] for r in location.read_table("stats").to_pylist()}
+def test_metrics_are_exported_per_job_and_replica(random_kit_job):
+    root, manifest, text = random_kit_job
+    job_id, totals = manifest.job_id, manifest.totals
+    replicas = {r["actor_id"] for r in OutputLocation(Storage(), str(root / "out")).read_table("stats").to_pylist()}
     rows = job_metric(text, "ray_specbatch_rows_done_total", job_id)
-    assert sum(rows.values()) == N_ROWS, f"rows done exported: {rows}"
+    assert sum(rows.values()) == totals.output_rows == RANDOM_JOB_ROWS - len(RANDOM_JOB_BAD), f"rows done exported: {rows}"
     assert set(rows) == replicas
-    assert sum(job_metric(text, "ray_specbatch_generated_tokens_total", job_id).values()) == N_ROWS * 16
-    assert sum(job_metric(text, "ray_specbatch_draft_tokens_total", job_id).values()) > 0
+    assert sum(job_metric(text, "ray_specbatch_generated_tokens_total", job_id).values()) == totals.generated_tokens > 0
+    assert sum(job_metric(text, "ray_specbatch_draft_tokens_total", job_id).values()) == totals.draft_tokens > 0
     assert set(job_metric(text, "ray_specbatch_acceptance_rate", job_id).values()) == {0.0}
     assert set(job_metric(text, "ray_specbatch_mean_acceptance_length", job_id).values()) == {1.0}
     assert set(job_metric(text, "ray_specbatch_tokens_per_target_pass", job_id).values()) == {1.0}  # nothing accepted

@@ -1,4 +1,5 @@
-"""`specbatch status`: one small real job (local Ray, the random kit, a few bad rows), read back
+"""`specbatch status`: one small real job (local Ray, the random kit, a few bad rows; the
+session's `random_kit_job`, which test_guard.py reads too), read back
 finished, as a running job whose driver is gone or alive (the state such a job leaves, made
 from the finished one with the project's own manifest and lease code), from moto S3, and where
 no job has run."""
@@ -14,46 +15,29 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 import s3fs
-import yaml
 
 from pipeline.cli import main as cli_main
 from pipeline.commit.lease import OutputLease
 from pipeline.commit.outputs import OutputLocation
-from pipeline.config import LeaseConfig, parse_config
+from pipeline.config import LeaseConfig
 from pipeline.job.console import STEADY_MIN_SECONDS
-from pipeline.job.runner import run_job
 from pipeline.storage import Storage
 from pipeline.tools.status import job_status, main
 from schemas import JobManifest
 from schemas.status import StatusReport
-from tests.conftest import job_config, record_s3_requests, write_prompts
-
-ROWS = 28  # 4 units of 8, 8, 8, 4 rows
-NULL_ID = 26  # a row with a good prompt and a null id: a row error too, not a refusal of the input
-# row -> (prompt, max_tokens): 2 empty_prompt, 1 invalid_sampling, 1 invalid_id
-BAD = {1: ("   ", None), 10: (None, None), 20: ("ok", 0), NULL_ID: ("def f(x):", None)}
-EXPECTED_KINDS = {"empty_prompt": 2, "invalid_sampling": 1, "invalid_id": 1}
+from tests.conftest import RANDOM_JOB_BAD as BAD
+from tests.conftest import RANDOM_JOB_ERRORS as EXPECTED_KINDS
+from tests.conftest import RANDOM_JOB_ROWS as ROWS
+from tests.conftest import record_s3_requests
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory, ray_local, random_kit):
-    """The module's one job: 28 rows in 4 units, 4 of them bad, one in each unit."""
-    root = tmp_path_factory.mktemp("status")
-    prompts = [BAD[i][0] if i in BAD else f"def function_{i}(x):\n    return" for i in range(ROWS)]
-    max_tokens = [BAD[i][1] if i in BAD else None for i in range(ROWS)]
-    write_prompts(root / "in" / "p.parquet", {
-        "id": [None if i == NULL_ID else f"r{i}" for i in range(ROWS)], "prompt": prompts, "max_tokens": pa.array(max_tokens, pa.int64()),
-    })
-    data = job_config(
-        str(root / "in"), str(root / "out"), random_kit, sampling={"max_tokens": 8}, resources={"rows_per_unit": 8},
-        retries={"max_error_fraction": 0.5},
-    )
-    (root / "job.yaml").write_text(yaml.safe_dump(data))
-    manifest = run_job(parse_config(data), progress=False)
-    assert manifest.status == "succeeded"
+def job(random_kit_job):
+    """The session's small job on the random kit (tests/conftest.py): 28 rows in 4 units, 4 of
+    them bad, one in each unit."""
+    root, manifest, _ = random_kit_job
     return root, manifest
 
 
