@@ -5,8 +5,9 @@ checkout, so each run first shows that `pipeline` and `schemas` are imported fro
 
 Docker cannot run here (its client is installed, but no daemon runs), so the image is never
 built: its Dockerfile is read for what the demo needs (the kit and SPECBATCH_KIT_DIR), and the
-demo runs from the installed wheel with SPECBATCH_KIT_DIR set as the image sets it. That demo
-starts engines (the drafter probe's and the job's); nothing else here does.
+demo runs from the installed wheel with SPECBATCH_KIT_DIR set as the image sets it: the README's
+demo block, run as tests/test_readme.py runs the README. That demo starts an engine; nothing
+else here does.
 """
 
 from __future__ import annotations
@@ -123,24 +124,52 @@ def test_the_installed_wheel_runs_outside_the_checkout(installed, tmp_path):
 
 
 @pytest.mark.engine
-def test_the_demo_runs_from_the_installed_wheel_with_the_kit_the_image_ships(installed, tmp_path):
-    """What `docker run IMAGE specbatch demo` runs, less Docker: the installed package, the kit
-    from SPECBATCH_KIT_DIR."""
+def test_the_readmes_demo_runs_from_the_installed_wheel_with_the_kit_the_image_ships(installed, tmp_path):
+    """The README's demo block, run as tests/test_readme.py runs the README (its shell, outside
+    the checkout), by the installed package with the kit from SPECBATCH_KIT_DIR: what `docker run
+    IMAGE specbatch demo` runs, less Docker. A new user's console is quiet: Ray's and vLLM's logs
+    go to their log folder (its path is printed), engines shut down cleanly, and the summary is
+    on stdout."""
     import jsonschema
 
-    work = tmp_path / "demo"
-    out = run_installed(installed, tmp_path, str(installed / "bin" / "specbatch"), "demo", "--workdir", str(work),
-                        "--rows", "16", kit_dir=KIT, timeout=900)
+    from tests.test_readme import readme_blocks, readme_env, run_block
+
+    (block,) = [b for b in readme_blocks() if b.lang == "bash" and "specbatch demo" in b.body]
+    rows = int(re.search(r"--rows (\d+)", block.body).group(1))
+    env = readme_env()
+    env.update(PATH=f"{installed / 'bin'}{os.pathsep}{env['PATH']}", PYTHONPATH=str(installed), SPECBATCH_KIT_DIR=str(KIT))
+    out = run_block(block, tmp_path, env)
     console = out.stdout + out.stderr
-    assert out.returncode == 0, console[-4000:]
     assert f"specbatch demo: kit: the trained tiny kit in {KIT}" in out.stdout
     assert "specbatch demo: succeeded" in out.stdout, console[-4000:]
-    manifest = json.loads((work / "output" / "_job.json").read_text())
+    assert "ERROR" not in console and "Warning" not in console, console[-4000:]  # no deprecation warning of ours either
+    assert "Ray's and vLLM's logs:" in out.stderr and f"{rows}/{rows} rows" in out.stderr
+    # each progress line's engine speed counts the engine time of the units it counts the tokens
+    # of: no line runs ahead of the summary's (one once printed 1,086, 2,172, 3,258, then 2,094)
+    engine_rates = [int(r.replace(",", "")) for r in re.findall(r"([\d,]+) tok/s engine", out.stderr)]
+    summary_rate = int(re.search(r"([\d,]+) tok/s of engine time", out.stdout).group(1).replace(",", ""))
+    assert engine_rates and max(engine_rates) <= 1.25 * summary_rate, (engine_rates, summary_rate)
+    # every line is specbatch's: none of Ray's (its core worker's once-per-process line that
+    # Ray Data's actors have constructor arguments in the object store included), vLLM's or Triton's
+    foreign = [line for line in console.splitlines() if line.strip() and not line.startswith(("specbatch", "[specbatch]", "  "))]
+    assert not foreign, foreign
+
+    (manifest_path,) = tmp_path.rglob("_job.json")
+    manifest = json.loads(manifest_path.read_text())
     jsonschema.validate(manifest, json.loads((installed / "schemas" / "json" / "job_manifest.schema.json").read_text()))
-    assert manifest["status"] == "succeeded" and manifest["totals"]["output_rows"] == 16
+    assert manifest["status"] == "succeeded" and manifest["totals"]["output_rows"] == rows
     assert manifest["model"]["path"] == str(KIT / "target")
-    rows = sum(pq.read_metadata(p).num_rows for p in (work / "output" / "outputs").rglob("*.parquet"))
-    assert rows == 16
+    assert sum(pq.read_metadata(p).num_rows for p in (manifest_path.parent / "outputs").rglob("*.parquet")) == rows
+    # too small for the speculation trial: it says why and starts one engine
+    assert manifest["trial"]["outcome"] == "skipped" and manifest["trial"]["reason"] in out.stderr
+    assert len(manifest["attempts"][0]["start"]["engine_starts"]) == 1
+    # the engine stopped before its actor ended: its client found no EngineCore gone under it
+    logs = Path(re.search(r"Ray's and vLLM's logs: (\S+)", out.stderr).group(1))
+    worker_logs = {path.name: path.read_text(errors="replace") for path in logs.glob("worker-*")}
+    assert any("MPClient: complete" in text for text in worker_logs.values()), sorted(worker_logs)
+    for name, text in worker_logs.items():
+        for sign in ("EngineDeadError", "engine core exited unexpectedly"):
+            assert sign not in text, f"{logs / name}: {sign}"
 
 
 def test_on_vllms_cuda_build_the_demo_asks_for_a_gpu(tmp_path, monkeypatch):
