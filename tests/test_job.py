@@ -5,6 +5,7 @@ shared by the tests that read them."""
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from datetime import datetime
 
@@ -91,6 +92,21 @@ def s3_models_run(s3_endpoint, ray_local, trained_kit, s3_run, tmp_path_factory)
     ))
     manifest = run_job(config, progress=False)
     return config, manifest, OutputLocation(Storage.from_config(config.storage), config.output_uri), cache
+
+
+@pytest.mark.engine
+def test_a_finished_job_leaves_no_actor_behind(s3_run, ray_local):
+    """The job's engine actors and its job board end with it, without waiting for Python's
+    garbage collector (a reference cycle around the dataset held the board, which then sat idle
+    but polling until the collector ran: one more per job run in the same process)."""
+    deadline = time.time() + 30
+    while True:
+        alive = sorted(a["ActorClassName"] for a in ray_local._private.state.actors().values()
+                       if a["State"] != "DEAD" and (a["ActorClassName"] == "JobBoard" or "MapWorker" in a["ActorClassName"]))
+        if not alive or time.time() > deadline:
+            break
+        time.sleep(1)
+    assert not alive, alive
 
 
 @pytest.mark.engine

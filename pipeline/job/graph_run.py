@@ -202,16 +202,19 @@ def _stop_engines(board) -> None:
     """Each engine actor of the graph exits as an actor that is done (its engine stops first,
     in Generator.__del__). Ray Data lets go of its actors and leaves them to reference
     counting, which a graph that failed does not reach while its exception is held (a caller
-    that keeps it, a traceback): their engines would sit idle, holding memory and polling."""
+    that keeps it, a traceback): their engines would sit idle, holding memory and polling.
+    The board ends with its graph too: the dataset holds its handle in a reference cycle, so
+    it lived on, idle but polling, until Python's garbage collector next ran."""
     import ray
 
     try:
         engines = ray.get(board.hand_over_engines.remote(), timeout=30)
     except Exception as exc:  # the board went with a lost node; so did its engines, or Ray stops them with the job
         log.warning("the job board could not be read (%s): engines are left to Ray to stop", type(exc).__name__)
-        return
+        engines = []
     for engine in engines:
         engine.__ray_terminate__.remote()
+    ray.kill(board)
 
 
 def _read_board(board) -> Optional[dict]:
