@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import subprocess
+import sys
 import time
 from collections import Counter
 
@@ -179,3 +181,26 @@ def test_a_small_read_on_s3_is_one_get(s3_endpoint, monkeypatch):
     calls = record_s3_requests(monkeypatch)
     assert json.loads(storage.read_bytes(uri)) == {"status": "running"}
     assert [m for m, _ in calls] == ["get_object"]
+
+
+def test_reading_an_output_location_starts_no_arrow_thread(tmp_path):
+    """What status, report and export read decodes on the calling thread: a process that has
+    started Arrow's thread pool now and then aborts at exit after its work is done
+    (SIGABRT, "terminate called without an active exception"; apache/arrow issue 34314).
+    A fresh process, so that no earlier test has started that pool."""
+    location = OutputLocation(Storage(), str(tmp_path / "out"))
+    for n in range(3):
+        commit_unit(location, f"u{n}", [f"{n}-{i}" for i in range(2000)], failed={f"{n}-7"})
+    location.write_stats(1, [], location.committed_units())
+    script = f"""
+import json, os
+from pipeline.commit.outputs import OutputLocation
+from pipeline.storage import Storage
+threads = lambda: len(os.listdir("/proc/self/task"))
+location = OutputLocation(Storage(), {location.uri!r})
+before = threads()
+rows = [location.read_table(name).num_rows for name in ("outputs", "errors", "stats")]
+print(json.dumps({{"rows": rows, "threads_started": threads() - before}}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(done.stdout) == {"rows": [5997, 3, 3], "threads_started": 0}, done.stdout

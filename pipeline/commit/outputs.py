@@ -141,7 +141,7 @@ class OutputLocation:
         def read(uri: str) -> pa.Table:
             parquet = pq.ParquetFile(pa.BufferReader(self.storage.read_bytes(uri)))
             present = set(parquet.schema_arrow.names)
-            table = parquet.read(columns=[f.name for f in schema if f.name in present])
+            table = parquet.read(columns=[f.name for f in schema if f.name in present], use_threads=False)  # as Storage.read_parquet
             return pa.table({f.name: table.column(f.name) if f.name in present else pa.nulls(table.num_rows) for f in schema}).cast(schema)
 
         return dict(zip(files, self.read_all(read, list(files.values()))))

@@ -275,10 +275,10 @@ class Storage:
         self.write_bytes(uri, sink.getvalue().to_pybytes())
 
     def read_parquet(self, uri: str, columns: Optional[list[str]] = None) -> pa.Table:
-        # ParquetFile, not pq.read_table: with pyarrow 26, a process that read through
-        # read_table's dataset layer after another Parquet read aborted at exit, now and then
-        # ("terminate called without an active exception", exit 134 after its work was done).
-        return pq.ParquetFile(pa.BufferReader(self.read_bytes(uri))).read(columns=columns)
+        # Decoded on this thread: once Arrow's thread pool has started, a process now and then
+        # aborts at interpreter exit after its work is done ("terminate called without an
+        # active exception", exit 134; apache/arrow issue 34314). Files read whole are small.
+        return pq.ParquetFile(pa.BufferReader(self.read_bytes(uri))).read(columns=columns, use_threads=False)
 
     def list_files(self, uri: str, suffix: str = "") -> list[str]:
         """Full URIs of the files directly or recursively under a folder, sorted; [] if absent.

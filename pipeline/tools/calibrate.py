@@ -89,7 +89,7 @@ def sample_prompts(config: JobConfig, storage: Storage, n: int, seed: int = 0) -
                 size = parquet.metadata.row_group(group).num_rows
                 inside = [r for r in local_rows if start <= r < start + size]
                 if inside:
-                    table = parquet.read_row_group(group, columns=columns)
+                    table = parquet.read_row_group(group, columns=columns, use_threads=False)  # as Storage.read_parquet
                     for r in inside:
                         row = table.slice(r - start, 1).to_pylist()[0]
                         try:

@@ -145,7 +145,7 @@ def _sample_kind(
                 size = parquet.metadata.row_group(group).num_rows
                 landed = 1 if picks[f.uri] is None else sum(n for r, n in picks[f.uri].items() if first <= r < first + size)
                 if landed and size:
-                    read = parquet.read_row_group(group, columns=columns)
+                    read = parquet.read_row_group(group, columns=columns, use_threads=False)  # as Storage.read_parquet
                     table = _unit_layout(read, names)
                     if "metadata" in columns:
                         table = table.append_column("metadata", read.column("metadata"))
