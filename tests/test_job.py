@@ -8,6 +8,7 @@ import json
 import time
 from collections import Counter
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 import s3fs
@@ -65,33 +66,28 @@ def mixed_input(write) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def s3_run(s3_endpoint, ray_local, trained_kit):
-    """Spec on with the trained EAGLE-3.1 drafter, reading and writing s3:// on moto."""
-    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_endpoint})
-    ids = mixed_input(lambda name, cols: write_prompts(f"specbatch/mixed/{name}", cols, filesystem=fs))
-    config = parse_config(job_config(
-        "s3://specbatch/mixed/", "s3://specbatch/out-mixed/", trained_kit, storage={"endpoint_url": s3_endpoint},
-        retries={"max_error_fraction": 0.5},  # 8 of its 26 rows are bad on purpose
-    ))
-    manifest = run_job(config, progress=False)
-    return ids, manifest, OutputLocation(Storage.from_config(config.storage), config.output_uri)
-
-
-@pytest.fixture(scope="module")
-def s3_models_run(s3_endpoint, ray_local, trained_kit, s3_run, tmp_path_factory):
-    """s3_run's job with its target and drafter in object storage: each process copies them
-    into the node's model cache (here a folder of the test's own, storage.model_cache_dir)."""
+def s3_config(s3_endpoint, trained_kit, tmp_path_factory):
+    """Spec on with the trained EAGLE-3.1 drafter; its input, its outputs, its target and its
+    drafter in object storage (moto). Each process copies the models into the node's model
+    cache (here a folder of the module's own, storage.model_cache_dir)."""
     from tests.test_model_cache import upload
 
     models = {"target": upload(s3_endpoint, trained_kit["target"], "models-e2e/target"),
               "drafter": upload(s3_endpoint, trained_kit["drafter"], "models-e2e/drafter-eagle31")}
     cache = tmp_path_factory.mktemp("model-cache")
-    config = parse_config(job_config(
-        "s3://specbatch/mixed/", "s3://specbatch/out-s3-models/", models,
-        storage={"endpoint_url": s3_endpoint, "model_cache_dir": str(cache)}, retries={"max_error_fraction": 0.5},
+    return parse_config(job_config(
+        "s3://specbatch/mixed/", "s3://specbatch/out-mixed/", models,
+        storage={"endpoint_url": s3_endpoint, "model_cache_dir": str(cache)},
+        retries={"max_error_fraction": 0.5},  # 8 of its 26 rows are bad on purpose
     ))
-    manifest = run_job(config, progress=False)
-    return config, manifest, OutputLocation(Storage.from_config(config.storage), config.output_uri), cache
+
+
+@pytest.fixture(scope="module")
+def s3_run(s3_endpoint, ray_local, s3_config):
+    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_endpoint})
+    ids = mixed_input(lambda name, cols: write_prompts(f"specbatch/mixed/{name}", cols, filesystem=fs))
+    manifest = run_job(s3_config, progress=False)
+    return ids, manifest, OutputLocation(Storage.from_config(s3_config.storage), s3_config.output_uri)
 
 
 @pytest.mark.engine
@@ -137,16 +133,12 @@ def test_bad_rows_carry_file_row_field_and_reason(s3_run):
 
 
 @pytest.mark.engine
-def test_a_rerun_reads_no_output_file_and_no_input_footer(s3_run, s3_endpoint, trained_kit, monkeypatch):
+def test_a_rerun_reads_no_output_file_and_no_input_footer(s3_run, s3_config, monkeypatch):
     """A finished job rerun: the listings, its own documents and stats, nothing else. Every
     S3 request s3fs sends is recorded at its one entry point."""
     _, manifest, location = s3_run
     calls = record_s3_requests(monkeypatch)
-    config = parse_config(job_config(
-        "s3://specbatch/mixed/", "s3://specbatch/out-mixed/", trained_kit, storage={"endpoint_url": s3_endpoint},
-        retries={"max_error_fraction": 0.5},
-    ))
-    rerun = run_job(config, progress=False)
+    rerun = run_job(s3_config, progress=False)
     assert rerun.attempts[-1].units_skipped == rerun.attempts[-1].units_planned == manifest.attempts[-1].units_planned
     assert rerun.attempts[-1].footers_read == 0 and rerun.totals.output_rows == manifest.totals.output_rows
     read = [key for method, key in calls if method == "get_object"]
@@ -236,32 +228,36 @@ def test_manifest_records_versions_fingerprints_and_no_secrets(s3_run):
 
 
 @pytest.mark.engine
-def test_models_in_object_storage_generate_what_local_models_generate(s3_run, s3_models_run):
-    _, local_manifest, local_location = s3_run
-    config, manifest, location, cache = s3_models_run
-    texts = lambda loc: {r["id"]: (r["text"], r["model"], r["drafter"]) for r in loc.read_table("outputs").to_pylist()}
-    assert texts(location) == texts(local_location) and len(texts(location)) == len(GOOD_PROMPTS) + len(GOOD_CHATS)
-    assert sorted(location.read_table("errors").column("id").to_pylist()) == sorted(BAD_ROWS)
-    assert manifest.status == "succeeded" and manifest.totals.accepted_tokens == local_manifest.totals.accepted_tokens
-    # fingerprinted by the objects' sizes and ETags, the same model as the local one by its config
-    storage = Storage.from_config(config.storage)
-    listed = remote_files(config.model.path, storage)
-    assert manifest.model.path == config.model.path and manifest.model.config_sha256 == local_manifest.model.config_sha256
+def test_models_in_object_storage_are_the_local_models_byte_for_byte_in_each_cache(s3_run, s3_config, trained_kit):
+    """The job above read its models from object storage alone: what it generated is checked
+    by the tests above; here, that its model is the kit's own (the same config, every file
+    fingerprinted by its object's size and ETag) and that the node's cache holds byte-equal
+    copies of what the kit ships, the driver's without the weights."""
+    from pipeline.job.plan import model_fingerprint
+
+    _, manifest, _ = s3_run
+    storage = Storage.from_config(s3_config.storage)
+    listed = remote_files(s3_config.model.path, storage)
+    assert manifest.model.path == s3_config.model.path
+    assert manifest.model.config_sha256 == model_fingerprint(trained_kit["target"]).config_sha256
     assert manifest.model.files == {name: f"{info['size']}:{info['etag']}" for name, info in listed.items()}
-    # the engine's full copies, and the driver's copy of the target without its weights
-    entries = {p.name.rsplit("-", 1)[0] + (".config" if p.name.endswith(".config") else ""): p for p in cache.iterdir() if p.is_dir()}
+    entries = {p.name.rsplit("-", 1)[0] + (".config" if p.name.endswith(".config") else ""): p
+               for p in Path(s3_config.storage.model_cache_dir).iterdir() if p.is_dir()}
     assert set(entries) == {"target", "target.config", "drafter-eagle31"}
-    assert (entries["target"] / "model.safetensors").is_file() and not (entries["target.config"] / "model.safetensors").exists()
+    for name, local in [("target", trained_kit["target"]), ("drafter-eagle31", trained_kit["drafter"])]:
+        shipped = {f.name: f.read_bytes() for f in Path(local).iterdir() if f.is_file()}
+        assert {f.name: f.read_bytes() for f in entries[name].iterdir() if f.name in shipped} == shipped, name
+    assert not (entries["target.config"] / "model.safetensors").exists()
 
 
 @pytest.mark.engine
-def test_a_changed_model_in_object_storage_refuses_the_resume(s3_endpoint, s3_models_run):
+def test_a_changed_model_in_object_storage_refuses_the_resume(s3_endpoint, s3_run, s3_config):
     """The target's weights rewritten in place (a new ETag): the resume is refused before any
     engine, naming the file, as for a local model; the same bytes put back are accepted."""
     from pipeline.job.plan import ResultsChanged
     from tests.test_model_cache import put_object
 
-    config, manifest, _, _ = s3_models_run
+    config = s3_config
     weights = f"{config.model.path}/model.safetensors"
     original = Storage.from_config(config.storage).read_bytes(weights)
     put_object(s3_endpoint, weights, original + b" ")
