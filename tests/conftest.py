@@ -111,6 +111,7 @@ def ray_head():
             if time.time() > deadline:
                 raise TimeoutError(f"the Ray head's first job did not end; its logs: {temp_dir}")
             time.sleep(2)
+        HEADS_TO_STOP.append(temp_dir)
         yield SimpleNamespace(
             address=address, token=token, client=client,
             env={"RAY_ADDRESS": address, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token},
@@ -118,6 +119,11 @@ def ray_head():
     finally:
         stop_ray_head(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+# The session's `ray_head`, stopped once the last module of its group has run (see
+# pytest_runtest_teardown below): idle, a head with its dashboard takes about 5% of a core.
+HEADS_TO_STOP: list[str] = []
 
 
 S3_SERVER = None  # the running moto server; the outage test stops and replaces it
@@ -402,11 +408,16 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items):
-    with_engines = {item.path.name for item in items if item.get_closest_marker("engine")}
+    scope = lambda name: GROUPS.get(name, name)  # noqa: E731
+    module_rank = lambda name: LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)  # noqa: E731
+    with_engines = {scope(item.path.name) for item in items if item.get_closest_marker("engine")}
+    scope_rank = {}
+    for item in items:
+        scope_rank[scope(item.path.name)] = min(scope_rank.get(scope(item.path.name), len(LONGEST_FIRST)), module_rank(item.path.name))
 
-    def rank(item) -> tuple[int, bool]:  # the module's, so that its tests keep their order
+    def rank(item) -> tuple:  # the module's, so that its tests keep their order; a group's modules side by side
         name = item.path.name
-        return (LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)), name not in with_engines
+        return scope_rank[scope(name)], scope(name) not in with_engines, scope(name), module_rank(name)
 
     items.sort(key=rank)  # stable; xdist then hands out modules in this order (--no-loadscope-reorder)
 
@@ -421,8 +432,14 @@ def pytest_runtest_protocol(item, nextitem):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     """In the quick selection (-m "not engine") a test that started an engine fails; in a whole
-    run it is a warning in the summary, so that a mark missed costs no landing."""
+    run it is a warning in the summary, so that a mark missed costs no landing. And after the last
+    test of the `ray_head` group (its modules run side by side, in one process), the head stops."""
     yield
+    group = GROUPS.get(item.path.name)
+    if HEADS_TO_STOP and group == "ray-head" and (nextitem is None or GROUPS.get(nextitem.path.name) != group):
+        for temp_dir in HEADS_TO_STOP:
+            stop_ray_head(temp_dir)
+        HEADS_TO_STOP.clear()
     if item.get_closest_marker("engine") is not None:
         return
     SPOTTER.look()  # an engine still starting is seen now; one that came and went, by the thread
