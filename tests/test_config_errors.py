@@ -1,5 +1,6 @@
-"""What a newcomer meets first: the refusals of a config and of `specbatch run` before any
-engine starts. Each names the field and ends with what to do. No engine, no Ray."""
+"""What a newcomer meets first: a config loading, its refusals, and those of `specbatch run`
+before any engine starts (a model, an input, a chat template, lengths, the YAML itself). Each
+names the field and ends with what to do. No engine, no Ray."""
 
 from __future__ import annotations
 
@@ -111,6 +112,29 @@ def test_a_missing_field_says_what_it_is():
     assert "model: required, and not set: The target model: model.path, a local folder with config.json" in refusal(data)
 
 
+def test_a_refusal_names_its_field():
+    with pytest.raises(ConfigError, match=r"speculative\.num_speculative_tokens"):
+        parse_config(job_config("in", "out", KIT, speculative={"num_speculative_tokens": 0}))
+    with pytest.raises(ConfigError, match=r"drafter is required"):
+        parse_config(job_config("in", "out", KIT, speculative={"drafter": None}))
+    with pytest.raises(ConfigError, match=r"gpus_per_replica"):
+        parse_config(job_config("in", "out", KIT, engine={"tensor_parallel_size": 2}, resources={"gpus_per_replica": 1}))
+
+
+def test_credentials_in_the_config_are_refused():
+    with pytest.raises(ConfigError, match=r"storage\.aws_secret_access_key"):
+        parse_config(job_config("in", "out", KIT, storage={"aws_secret_access_key": "x"}))
+    with pytest.raises(ConfigError, match="must not carry credentials"):
+        parse_config(job_config("in", "out", KIT, storage={"endpoint_url": "http://key:secret@127.0.0.1:9000"}))
+
+
+def test_a_config_loads_from_yaml_with_overrides(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job_config("in", "out", KIT)))
+    config = load_config(str(path), {"output_uri": "s3://b/outputs/2026-11-29/"})
+    assert config.output_uri == "s3://b/outputs/2026-11-29/" and config.engine.max_model_len == 256
+
+
 # ---------------------------------------------------------------- speculative is optional
 
 
@@ -166,6 +190,19 @@ def test_output_inside_input_is_refused_at_load_with_relative_paths(tmp_path):
     load_config(str(path))
 
 
+def test_parameters_speculation_cannot_run_are_refused_in_the_config():
+    kit = {"target": "t", "drafter": "d"}
+    with pytest.raises(ConfigError, match=r"sampling\.min_p with speculative\.enabled: vLLM refuses min_p"):
+        parse_config(job_config("in", "out", kit, sampling={"min_p": 0.1}))
+    with pytest.raises(ConfigError, match=r"sampling\.temperature with speculative\.enabled: vLLM's CPU build samples wrongly"):
+        parse_config(job_config("in", "out", kit, sampling={"temperature": 0.7}))
+    # On GPUs (vLLM's CUDA build) sampling with the drafter is vLLM's own business; without a drafter, anything goes.
+    gpu = parse_config(job_config("in", "out", kit, sampling={"temperature": 0.7}, resources={"gpus_per_replica": 1}))
+    assert gpu.speculation == "gpu"
+    plain = parse_config(job_config("in", "out", kit, sampling={"temperature": 0.7, "min_p": 0.1}, speculative={"enabled": False}))
+    assert plain.speculation is None
+
+
 # ---------------------------------------------------------------- every refusal says what to do
 
 FIX = re.compile(
@@ -215,13 +252,27 @@ def test_every_config_refusal_ends_with_what_to_do(name):
 # ---------------------------------------------------------------- `specbatch run` refusals, before any engine
 
 
-def run_refusal(tmp_path, capsys, data: dict) -> str:
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(data))
-    assert cli.main(["run", str(path)]) == cli.EXIT["refused"]
+def refused_run(capsys, config_path) -> str:
+    assert cli.main(["run", str(config_path)]) == cli.EXIT["refused"]
     err = capsys.readouterr().err
     assert err.startswith("specbatch: refused: ") and "Traceback" not in err
     return err
+
+
+def run_refusal(tmp_path, capsys, data: dict) -> str:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return refused_run(capsys, path)
+
+
+def write_job(tmp_path, kit: dict, columns: dict, **overrides):
+    """A job of one input file with `columns`, its YAML's path."""
+    from tests.conftest import write_prompts
+
+    write_prompts(tmp_path / "in" / "chat.parquet", columns)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job_config(str(tmp_path / "in"), str(tmp_path / "out"), kit, **overrides)))
+    return path
 
 
 def test_a_missing_model_names_the_field(tmp_path, capsys):
@@ -259,5 +310,53 @@ def test_an_input_that_matches_nothing_says_what_input_uri_takes(tmp_path):
     from pipeline.inputs import InputError, inspect_inputs
     from pipeline.storage import Storage
 
-    with pytest.raises(InputError, match="set input_uri to a Parquet file, a folder holding .parquet files or a glob"):
-        inspect_inputs(str(tmp_path / "nothing"), Storage())
+    for uri in (tmp_path / "nothing", tmp_path / "nothing" / "*.parquet"):  # a folder, a glob
+        with pytest.raises(InputError, match="matches no Parquet file.*set input_uri to a Parquet file, a folder holding .parquet files or a glob"):
+            inspect_inputs(str(uri), Storage())
+
+
+def test_chat_input_without_a_chat_template_is_refused_naming_model_and_file(tmp_path, capsys):
+    import json
+    import shutil
+
+    from tinykit import kit_paths
+
+    kit = kit_paths()
+    target = shutil.copytree(kit["target"], tmp_path / "target-no-template")
+    tokenizer_config = target / "tokenizer_config.json"
+    tokenizer_config.write_text(json.dumps({k: v for k, v in json.loads(tokenizer_config.read_text()).items() if k != "chat_template"}))
+    path = write_job(tmp_path, {"target": str(target), "drafter": kit["drafter_eagle31"]},
+                     {"id": ["c1"], "messages": [[{"role": "user", "content": "hi"}]]}, speculative={"enabled": False})
+    err = refused_run(capsys, path)
+    assert "chat.parquet" in err and str(target) in err and "no chat template" in err
+    assert not (tmp_path / "out" / "_job.json").exists()  # nothing started, nothing written
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({"sampling": {"max_tokens": 256}}, r"sampling.max_tokens \(256\) leaves no room .* engine.max_model_len \(256\)"),
+    ({"engine": {"max_model_len": 2048}}, r"engine.max_model_len \(2048\) is above what .* allows \(max_position_embeddings 1024\)"),
+])
+def test_lengths_the_model_cannot_hold_are_refused(tmp_path, capsys, overrides, expected):
+    import re
+
+    from tinykit import kit_paths
+
+    kit = kit_paths()
+    path = write_job(tmp_path, {"target": kit["target"], "drafter": kit["drafter_eagle31"]}, {"id": ["p"], "prompt": ["x = 1"]},
+                     **overrides)
+    assert re.search(expected, refused_run(capsys, path))
+
+
+def test_malformed_yaml_and_a_file_as_output_are_refused_by_name(tmp_path, capsys):
+    import re
+
+    from tinykit import kit_paths
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("job_name: x\nmodel:\n  path: [unclosed\n")
+    assert re.search(rf"{re.escape(str(bad))}, line \d+, column \d+: not valid YAML", refused_run(capsys, bad))
+
+    kit = kit_paths()
+    path = write_job(tmp_path, {"target": kit["target"], "drafter": kit["drafter_eagle31"]}, {"id": ["p"], "prompt": ["x = 1"]})
+    (tmp_path / "out").write_text("not a folder")
+    assert "is a file" in refused_run(capsys, path)

@@ -1,5 +1,6 @@
-"""Config validation, job-level input checks, schema exports and acceptance arithmetic:
-no engine needed."""
+"""The contracts without an engine: schema exports, job-level input checks (files and
+columns; the config's refusals are in test_config_errors.py), row checks, max_tokens clipping,
+acceptance arithmetic and the circuit breaker."""
 
 from __future__ import annotations
 
@@ -9,15 +10,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.config import ConfigError, load_config, parse_config
 from pipeline.inputs import InputError, inspect_inputs
 from pipeline.stages.stats import Acceptance
 from pipeline.storage import Storage
 from schemas import OutputRow, UnitStats, arrow_schema
 from schemas.export import JSON_DIR, json_schemas
-from tests.conftest import job_config
-
-KIT = {"target": "/models/t", "drafter": "/models/d"}
 
 
 def test_exported_json_schemas_match_the_code():
@@ -33,45 +30,9 @@ def test_arrow_schema_is_derived_from_the_model():
     assert arrow_schema(OutputRow, metadata=pa.string()).field("metadata").type == pa.string()
 
 
-def test_config_unknown_key_is_an_error_naming_the_field():
-    data = job_config("in", "out", KIT, engine={"max_model_len": 128, "max_modle_len": 1})
-    with pytest.raises(ConfigError, match=r"engine\.max_modle_len"):
-        parse_config(data)
-
-
-def test_config_errors_name_the_field():
-    with pytest.raises(ConfigError, match=r"speculative\.num_speculative_tokens"):
-        parse_config(job_config("in", "out", KIT, speculative={"num_speculative_tokens": 0}))
-    with pytest.raises(ConfigError, match=r"drafter is required"):
-        parse_config(job_config("in", "out", KIT, speculative={"drafter": None}))
-    with pytest.raises(ConfigError, match=r"gpus_per_replica"):
-        parse_config(job_config("in", "out", KIT, engine={"tensor_parallel_size": 2}, resources={"gpus_per_replica": 1}))
-
-
-def test_config_refuses_credentials(tmp_path):
-    with pytest.raises(ConfigError, match=r"storage\.aws_secret_access_key"):
-        parse_config(job_config("in", "out", KIT, storage={"aws_secret_access_key": "x"}))
-    with pytest.raises(ConfigError, match="must not carry credentials"):
-        parse_config(job_config("in", "out", KIT, storage={"endpoint_url": "http://key:secret@127.0.0.1:9000"}))
-
-
-def test_config_loads_yaml_with_overrides(tmp_path):
-    import yaml
-
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(job_config("in", "out", KIT)))
-    config = load_config(str(path), {"output_uri": "s3://b/outputs/2026-11-29/"})
-    assert config.output_uri == "s3://b/outputs/2026-11-29/" and config.engine.max_model_len == 256
-
-
 def _write(path, columns):
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table(columns), path)
-
-
-def test_input_that_matches_nothing(tmp_path):
-    with pytest.raises(InputError, match="matches no Parquet file"):
-        inspect_inputs(str(tmp_path / "nothing" / "*.parquet"), Storage())
 
 
 def test_corrupt_parquet_names_the_file(tmp_path):

@@ -145,28 +145,6 @@ def test_a_bad_override_is_the_rows_error_naming_the_field(row, field, words):
     assert err.value.kind == "invalid_sampling" and err.value.field == field and words in err.value.message
 
 
-def test_an_unknown_sampling_key_in_the_config_is_refused_by_name():
-    from pipeline.config import ConfigError
-
-    with pytest.raises(ConfigError, match=r"sampling\.top_kk: unknown key; did you mean 'top_k'\?"):
-        parse_config(job_config("in", "out", {"target": "t", "drafter": "d"}, sampling={"top_kk": 3}))
-
-
-def test_parameters_speculation_cannot_run_are_refused_in_the_config():
-    from pipeline.config import ConfigError
-
-    kit = {"target": "t", "drafter": "d"}
-    with pytest.raises(ConfigError, match=r"sampling\.min_p with speculative\.enabled: vLLM refuses min_p"):
-        parse_config(job_config("in", "out", kit, sampling={"min_p": 0.1}))
-    with pytest.raises(ConfigError, match=r"sampling\.temperature with speculative\.enabled: vLLM's CPU build samples wrongly"):
-        parse_config(job_config("in", "out", kit, sampling={"temperature": 0.7}))
-    # On GPUs (vLLM's CUDA build) sampling with the drafter is vLLM's own business; without a drafter, anything goes.
-    gpu = parse_config(job_config("in", "out", kit, sampling={"temperature": 0.7}, resources={"gpus_per_replica": 1}))
-    assert gpu.speculation == "gpu"
-    plain = parse_config(job_config("in", "out", kit, sampling={"temperature": 0.7, "min_p": 0.1}, speculative={"enabled": False}))
-    assert plain.speculation is None
-
-
 def test_a_format_or_reasoning_parser_vllm_cannot_use_is_refused_before_any_engine(tmp_path, trained_kit):
     from pipeline.config import ConfigError
 
