@@ -408,12 +408,15 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items):
-    scope = lambda name: GROUPS.get(name, name)  # noqa: E731
-    module_rank = lambda name: LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)  # noqa: E731
+    def scope(name: str) -> str:
+        return GROUPS.get(name, name)
+
+    def module_rank(name: str) -> int:
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    modules = {item.path.name for item in items}
+    scope_rank = {scope(m): min(module_rank(n) for n in modules if scope(n) == scope(m)) for m in modules}
     with_engines = {scope(item.path.name) for item in items if item.get_closest_marker("engine")}
-    scope_rank = {}
-    for item in items:
-        scope_rank[scope(item.path.name)] = min(scope_rank.get(scope(item.path.name), len(LONGEST_FIRST)), module_rank(item.path.name))
 
     def rank(item) -> tuple:  # the module's, so that its tests keep their order; a group's modules side by side
         name = item.path.name
