@@ -76,7 +76,7 @@ class JobFigures(Contract):
     mean_acceptance_length: Optional[float] = Field(description="1 + accepted / drafts; null without drafts.")
     accepted_per_position: list[float] = Field(description="Share of drafts whose position i (0-based) was accepted.")
     tokens_per_target_pass: Optional[float] = Field(
-        None, description="Generated tokens per target decode pass: what speculation saved, grammar cuts included."
+        None, description="Generated tokens per target decode pass of the units that speculated: what speculation saved, grammar cuts included."
     )
     speculation_flags: list[str] = Field(
         default_factory=list,

@@ -7,6 +7,7 @@ is refused before anything is written."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -35,9 +36,10 @@ def test_a_live_lease_refuses_a_second_run_even_with_take_over(location):
     try:
         time.sleep(1.5)  # longer than stale_after: only the heartbeat keeps it live
         second = OutputLease(location, FAST, "job-1", 2)
-        with pytest.raises(LeaseHeld, match=r"leased to run .*job-1, attempt 1.*alive.*--take-over") as err:
+        with pytest.raises(LeaseHeld, match=r"leased to run .*job-1, attempt 1.*alive") as err:
             second.acquire(take_over=True)
-        assert first.lease.owner in str(err.value)
+        assert first.lease.owner in str(err.value) and f"`kill -INT {os.getpid()}`" in str(err.value)
+        assert "rerun with --take-over" not in str(err.value)
     finally:
         first.release()
     assert first.current() is None  # released: the next run just takes it
@@ -77,6 +79,92 @@ def test_a_dead_process_on_this_host_is_taken_over_at_once_without_a_flag(locati
     reused = OutputLease(location, SLOW, "job-1", 3)
     reused.acquire(say=said.append)  # our pid, another process's start time: that process is gone
     reused.release()
+
+
+@pytest.fixture
+def sleeper():
+    """A live process on this host to own a lease, as a run's driver would: a Python child that
+    sleeps, and ends at an interrupt (Python's own handler, as the driver's: not one inherited as ignored)."""
+    code = "import signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); print('ready', flush=True); time.sleep(600)"
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as child:
+        assert child.stdout.readline() == "ready\n"  # its handler is in place
+        yield child
+        if child.poll() is None:
+            child.kill()  # also ends a stopped one
+
+
+def held_by_process(location, child: subprocess.Popen) -> Lease:
+    """The lease of a run whose driver is `child`, silent for a minute: stale by its heartbeat."""
+    return held_by(location, socket.gethostname(), pid=child.pid, started=psutil.Process(child.pid).create_time(), age=60)
+
+
+def the_command_in(message: str) -> str:
+    """The first command a refusal quotes (between backticks)."""
+    return message.split("`")[1]
+
+
+def test_take_over_of_an_owner_alive_here_names_its_process_and_how_to_end_it(location, sleeper):
+    """Alive here, a heartbeat silent for a minute does not matter; --take-over is refused too,
+    and the refusal names the process and the command that ends it, never the flag just given.
+    The command works: the process ends, and the same run takes the location over at once."""
+    host, pid = socket.gethostname(), sleeper.pid
+    held_by_process(location, sleeper)
+    with pytest.raises(LeaseHeld) as refused:
+        OutputLease(location, SLOW, "job-1", 2).acquire(take_over=True)
+    message = str(refused.value)
+    assert f"its process {pid} on this host ({host}) is " in message
+    assert "--take-over takes a location only from a run that is dead" in message
+    assert the_command_in(message) == f"kill -INT {pid}" and "rerun with --take-over" not in message
+    before = rf"that run is alive \(process {pid} on this host\)\. .*If you know it is dead, rerun with --take-over"
+    with pytest.raises(LeaseHeld, match=before):
+        OutputLease(location, SLOW, "job-1", 2).acquire()  # without the flag, the advice as before
+
+    subprocess.run(["sh", "-c", the_command_in(message)], check=True)
+    sleeper.wait(timeout=60)  # it would sleep for 10 minutes: the interrupt ended it
+    said = []
+    successor = OutputLease(location, SLOW, "job-1", 2)
+    assert successor.acquire(take_over=True, say=said.append).pid == pid
+    successor.release()
+    assert f"its process {pid} on this host is gone" in said[-1], said
+
+
+def test_a_stopped_owner_here_is_refused_with_how_to_continue_and_end_it(location, sleeper):
+    """A driver paused with SIGSTOP is not dead (its engines would hold this host's resources):
+    refused with or without --take-over, and in a dry run; the refusal's command ends it."""
+    pid = sleeper.pid
+    held_by_process(location, sleeper)
+    os.kill(pid, signal.SIGSTOP)
+    _, status = os.waitpid(pid, os.WUNTRACED)  # returns once the child has stopped
+    assert os.WIFSTOPPED(status)
+    with pytest.raises(LeaseHeld) as refused:
+        OutputLease(location, SLOW, "job-1", 2).acquire(take_over=True)
+    message = str(refused.value)
+    assert "that run is stopped, not dead" in message and "is in state 'stopped' (Ctrl-Z or SIGSTOP)" in message
+    assert the_command_in(message) == f"kill -INT {pid} && kill -CONT {pid}" and "rerun with --take-over" not in message
+    with pytest.raises(LeaseHeld, match=f"kill -INT {pid} && kill -CONT {pid}"):
+        OutputLease(location, SLOW, "job-1", 2).check(take_over=True)  # the dry run says the same
+    with pytest.raises(LeaseHeld, match=f"process {pid} on this host, stopped: it makes no progress until continued"):
+        OutputLease(location, SLOW, "job-1", 2).acquire()
+
+    subprocess.run(["sh", "-c", the_command_in(message)], check=True)
+    sleeper.wait(timeout=60)  # continued, it ended at the interrupt
+    successor = OutputLease(location, SLOW, "job-1", 2)
+    assert successor.acquire().pid == pid  # no flag: its process is gone
+    successor.release()
+
+
+def test_an_owner_that_ended_but_was_not_reaped_yet_is_gone(location):
+    """A zombie (a driver that exited, its parent not having waited for it yet) runs no more."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # it has exited; still unreaped
+    assert psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE
+    held_by(location, socket.gethostname(), pid=child.pid, started=psutil.Process(child.pid).create_time(), stale_after=600)
+    successor = OutputLease(location, SLOW, "job-1", 2)
+    try:
+        assert successor.acquire().pid == child.pid
+    finally:
+        successor.release()
+        child.wait()
 
 
 def test_a_silent_owner_elsewhere_is_waited_for_until_stale_then_taken_over(location):

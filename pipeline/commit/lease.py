@@ -6,7 +6,8 @@ it plans, and renews its heartbeat every `lease.heartbeat_seconds` from a backgr
 A second run decides from what it finds, with no flag for what the lease can tell:
 - the owner ran on this host and its process is gone (pid and start time, so a reused pid is
   not taken for it): taken over at once;
-- the owner's process is alive here: refused, naming it;
+- the owner's process is alive here, also stopped (Ctrl-Z, SIGSTOP), also with `--take-over`:
+  refused, naming it and how to end it (`_alive_here`);
 - the owner runs elsewhere: the run watches the heartbeat for up to `lease.wait_seconds`. A
   heartbeat renewed meanwhile is a live run: refused. One older than
   `lease.stale_after_seconds` is a dead run (a killed driver, a lost node): taken over.
@@ -70,18 +71,23 @@ def is_stale(lease: Lease, now: Optional[float] = None) -> bool:
     return heartbeat_age(lease, now) >= lease.stale_after_seconds
 
 
-def owner_alive_here(lease: Lease) -> Optional[bool]:
-    """Whether the owner's process is alive, when it ran on this host; None when it ran
-    elsewhere (or wrote a lease of an older specbatch, without its process)."""
+def owner_status_here(lease: Lease) -> Optional[str]:
+    """The owner's process state on this host as psutil tells it ('running', 'sleeping',
+    'stopped', ...), or 'gone': ended, a zombie (it ran to its end; its parent has not
+    reaped it yet) or its pid reused by another process (another start time). None when it
+    ran elsewhere (or wrote a lease of an older specbatch, without its process)."""
     import psutil
 
     if lease.host != socket.gethostname() or lease.pid is None:
         return None
     try:
-        started = psutil.Process(lease.pid).create_time()
+        process = psutil.Process(lease.pid)
+        started, status = process.create_time(), process.status()
     except psutil.NoSuchProcess:
-        return False
-    return lease.pid_started_at is None or abs(started - lease.pid_started_at) < 1.0
+        return "gone"
+    if status == psutil.STATUS_ZOMBIE or (lease.pid_started_at is not None and abs(started - lease.pid_started_at) >= 1.0):
+        return "gone"
+    return status
 
 
 def describe(lease: Lease, location: OutputLocation, now: Optional[float] = None) -> str:
@@ -249,10 +255,10 @@ class _Watch:
         """True when `held` may be taken over now (`why` says why); False after a pause, to read
         it again; LeaseHeld when its run is alive, or when waiting would outlast wait_seconds."""
         now, where = time.time(), describe(held, location)
-        alive_here = owner_alive_here(held)
-        if alive_here:
-            raise LeaseHeld(f"{where}: that run is alive (process {held.pid} on this host). {_way_out(held)}")
-        if alive_here is False:
+        status = owner_status_here(held)
+        if status not in (None, "gone"):
+            raise LeaseHeld(f"{where}: {_alive_here(held, status, take_over)}")
+        if status == "gone":
             self.why = f"its process {held.pid} on this host is gone"
         elif take_over:
             self.why = "--take-over"
@@ -282,6 +288,32 @@ class _Watch:
             self.seen = held
         time.sleep(min(self.config.heartbeat_seconds / 2, 5.0, max(0.05, stale_at - now)))
         return False
+
+
+def _alive_here(held: Lease, status: str, take_over: bool) -> str:
+    """The refusal of an owner whose process is alive on this host. With --take-over it names
+    the process and how to end it, never the flag just given. A stopped process (Ctrl-Z,
+    SIGSTOP) is refused as well: fencing would keep the location right (continued, it would
+    find the lease gone and its engines would commit nothing more), but it is not dead. SIGSTOP
+    stops its driver alone: its Ray and engine processes keep this host's accelerators and
+    memory, which a second run here would compete for, and nothing would ever end them. Ending
+    it is one command, and then the location is taken over at once."""
+    stopped = status in ("stopped", "tracing-stop")
+    if not take_over:
+        state = ", stopped: it makes no progress until continued" if stopped else ""
+        return f"that run is alive (process {held.pid} on this host{state}). {_way_out(held)}"
+    if stopped:
+        what = (f"that run is stopped, not dead: its process {held.pid} on this host ({held.host}) is in state "
+                f"'{status}' (Ctrl-Z or SIGSTOP), and its engines still hold this host's resources")
+        end = (f"`kill -INT {held.pid} && kill -CONT {held.pid}` (it resumes only to stop, as after Ctrl-C: it ends "
+               "its engines and records its attempt as interrupted)")
+    else:
+        what = f"that run is alive: its process {held.pid} on this host ({held.host}) is {status}"
+        end = (f"`kill -INT {held.pid}` (as Ctrl-C in its terminal: it ends its engines and records its attempt as "
+               "interrupted)")
+    return (f"{what}; --take-over takes a location only from a run that is dead. To end it: {end}; `kill -9 "
+            f"{held.pid}` if it has not ended within a minute. Then run the same command again: a run whose process "
+            "has ended here is taken over at once.")
 
 
 def _way_out(held: Lease) -> str:

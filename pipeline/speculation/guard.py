@@ -6,6 +6,8 @@ and, once the window is full, pools them (vLLM's acceptance by their draft token
 target pass by their tokens) and compares against the floors. Tokens per target pass counts
 what a grammar cut from the drafts, which vLLM's acceptance counters leave out. It fires once when the window falls below a floor, and again only after a full
 window has been back above it: a drafter that stays poor gives one event, not one per unit.
+
+At the end of every attempt `speculation_verdict` judges the job over the units that speculated.
 """
 
 from __future__ import annotations
@@ -96,10 +98,13 @@ def speculation_verdict(
     config: JobConfig, totals: JobTotals, events: list[GuardEvent], calibration: Optional[CalibrationReport] = None,
     trial: Optional[TrialVerdict] = None,
 ) -> Optional[SpeculationVerdict]:
-    """Did speculation pay over the committed units? None when the job did not speculate. The
-    job's own speculation trial decides whether it cost more than it saved; without one, a
-    calibration of the job (OUTPUT_URI/calibration) at the job's steady concurrency (the
-    highest measured)."""
+    """Did speculation pay over the committed units? None when the job did not speculate. Its
+    figures are those of the units that speculated (JobTotals: not the trial's off arm, nor the
+    units after the trial or the guard turned speculation off, which yield one token per pass by
+    definition). What measured speculation against off decides whether it cost more than it
+    saved: the job's own trial, else a calibration of the job (OUTPUT_URI/calibration) at its
+    steady concurrency (the highest measured); only without either does a figure below a floor
+    decide it. Each reason is a flag of its own."""
     spec = config.speculative
     if not spec.enabled:
         return None
@@ -107,21 +112,16 @@ def speculation_verdict(
     floor = guard.min_mean_acceptance_length if guard and guard.min_mean_acceptance_length else spec.probe.min_mean_acceptance_length
     tpp_floor = guard.min_tokens_per_target_pass if guard and guard.min_tokens_per_target_pass else spec.probe.min_tokens_per_target_pass
     mal, tpp = totals.mean_acceptance_length, totals.tokens_per_target_pass
-    flags = []
-    if mal is not None and mal < floor:
-        flags.append(
-            f"mean acceptance length {mal:.2f} is below the floor {floor}: speculation cost more than it saved "
-            "(a drafter trained for another base model looks like this)"
-        )
-    elif mal is not None and tpp is not None and tpp < tpp_floor:
-        flags.append(
-            f"{tpp:.2f} tokens per target pass, below the floor {tpp_floor}, while vLLM's mean acceptance length reads "
-            f"{mal:.2f}: speculation cost more than it saved (a grammar that cuts the drafts looks like this: vLLM's "
-            "counters leave the cut drafts out)"
-        )
+    measured = _measured(config, calibration, trial)
+    flags = _below_floors(mal, tpp, floor, tpp_floor, decides=measured is None)
     below = bool(flags)
     flags += [f"the acceptance guard acted ({e.action}): {e.message}" for e in events]
-    cost, unknown = _paid(config, below, flags, calibration, trial)
+    if measured:
+        (speedup, reason), unknown = measured, None
+        cost = speedup < 1
+        flags += [reason] if reason else []
+    else:
+        cost, unknown = (True, None) if below else (None, _unknown_because(trial))
     if mal is None and totals.units:
         flags.append("speculation was on but nothing was drafted (a depth schedule with k=0 at the job's concurrency?)")
     return SpeculationVerdict(
@@ -136,26 +136,41 @@ def speculation_verdict(
     )
 
 
-def _paid(config: JobConfig, below: bool, flags: list[str], calibration: Optional[CalibrationReport],
-          trial: Optional[TrialVerdict]) -> tuple[Optional[bool], Optional[str]]:
-    """Did speculation cost more than it saved, and if not known, why: the job's own trial
-    decides, else a calibration at the job's steady concurrency (the highest measured)."""
-    if below:
-        return True, None
+def _below_floors(mal: Optional[float], tpp: Optional[float], floor: float, tpp_floor: float, decides: bool) -> list[str]:
+    """The flag of the first floor the units that speculated are below; it says speculation cost
+    more than it saved only when it `decides` that (nothing measured speculation against off)."""
+    cost = ": speculation cost more than it saved" if decides else ""
+    if mal is not None and mal < floor:
+        return [f"mean acceptance length {mal:.2f} over the units that speculated is below the floor {floor}{cost} "
+                "(a drafter trained for another base model looks like this)"]
+    if mal is not None and tpp is not None and tpp < tpp_floor:
+        return [f"{tpp:.2f} tokens per target pass over the units that speculated, below the floor {tpp_floor}, while "
+                f"vLLM's mean acceptance length reads {mal:.2f}{cost} (a grammar that cuts the drafts looks like this: "
+                "vLLM's counters leave the cut drafts out)"]
+    return []
+
+
+def _measured(config: JobConfig, calibration: Optional[CalibrationReport],
+              trial: Optional[TrialVerdict]) -> Optional[tuple[float, Optional[str]]]:
+    """What measured speculation against off, as (its speed over off's, the flag it raises or
+    None): the job's own trial, else a calibration at the job's steady concurrency."""
     if trial is not None and trial.speedup_vs_off is not None:
-        if trial.outcome == "turned-off":
-            flags.append(trial.reason)
-        return trial.speedup_vs_off < 1, None
-    if calibration:
-        top = max(calibration.concurrencies)
-        depth = depth_at(config, top)
-        row = next((r for r in calibration.rows if r.concurrency == top and r.depth == depth), None)
-        if row and row.speedup_vs_off is not None:
-            if row.speedup_vs_off < 1:
-                flags.append(
-                    f"the job's calibration measured depth {depth} at {top} sequences at once at {row.speedup_vs_off:.2f}x "
-                    "the speed of speculation off: it cost more than it saved (apply the calibrated schedule)"
-                )
-            return row.speedup_vs_off < 1, None
+        if trial.speedup_vs_off < 1:
+            slower = f"the speculation trial measured it slower than off: it cost more than it saved ({trial.reason})"
+            return trial.speedup_vs_off, slower
+        return trial.speedup_vs_off, trial.reason if trial.outcome == "turned-off" else None
+    if not calibration:
+        return None
+    top = max(calibration.concurrencies)
+    depth = depth_at(config, top)
+    row = next((r for r in calibration.rows if r.concurrency == top and r.depth == depth), None)
+    if row is None or row.speedup_vs_off is None:
+        return None
+    flag = (f"the job's calibration measured depth {depth} at {top} sequences at once at {row.speedup_vs_off:.2f}x "
+            "the speed of speculation off: it cost more than it saved (apply the calibrated schedule)")
+    return row.speedup_vs_off, flag if row.speedup_vs_off < 1 else None
+
+
+def _unknown_because(trial: Optional[TrialVerdict]) -> str:
     why = trial.reason if trial is not None else "the job ran no speculation trial"
-    return None, f"{why}; the output location has no calibration (specbatch calibrate measures one)"
+    return f"{why}; the output location has no calibration (specbatch calibrate measures one)"

@@ -115,15 +115,35 @@ def busy_seconds(intervals: Iterable[tuple[str, float, float]]) -> float:
     return busy.seconds
 
 
+def speculated(speculative: Optional[bool], num_drafts: int, depth_schedule: Optional[str]) -> bool:
+    """Did a unit (its stats row's fields) speculate? Its engine had the drafter: `speculative`
+    is false in the trial's off arm and after the trial or the guard turned speculation off, where
+    every target pass yields one token by definition. Under a depth schedule it must also have
+    drafted (else it ran at k=0); at a fixed depth a unit without drafts counts: a grammar cut them all."""
+    return bool(speculative) and ((num_drafts or 0) > 0 or not depth_schedule)
+
+
+def speculated_units(stats: pa.Table) -> pa.Table:
+    """The rows of the units that speculated (`speculated`); a column an older file lacks is null."""
+    columns = [stats.column(c).to_pylist() if c in stats.column_names else [None] * stats.num_rows
+               for c in ("speculative", "num_drafts", "depth_schedule")]
+    return stats.filter(pa.array([speculated(*unit) for unit in zip(*columns)], type=pa.bool_()))
+
+
+def _sums(stats: pa.Table, names: Iterable[str]) -> dict[str, int]:
+    return {name: int(pc.sum(stats.column(name)).as_py() or 0) if stats.num_rows else 0 for name in names}
+
+
 def totals_from_stats(stats: pa.Table, input_rows: int, wall_seconds: float, replicas: int = 1) -> JobTotals:
     """Totals over every committed unit (one stats row each), summed column by column: a
-    job of 100k units is not turned into 100k Python dicts. `replicas`: the engines billed
+    job of 100k units is not turned into 100k Python dicts. Acceptance and tokens per target
+    pass are those of the units that speculated (`speculated`). `replicas`: the engines billed
     for `wall_seconds`, for the busy share."""
-    total = {name: int(pc.sum(stats.column(name)).as_py() or 0) if stats.num_rows else 0 for name in (
+    total = _sums(stats, (
         "rows", "output_rows", "error_rows", "samples", "retryable_error_rows", "clipped_rows", "prompt_tokens", "generated_tokens",
-        "num_drafts", "draft_tokens", "accepted_tokens",
-    )}
-    acceptance = Acceptance(total["num_drafts"], total["draft_tokens"], total["accepted_tokens"])
+    ))
+    drafting = _sums(speculated_units(stats), ("samples", "generated_tokens", "num_drafts", "draft_tokens", "accepted_tokens"))
+    acceptance = Acceptance(drafting["num_drafts"], drafting["draft_tokens"], drafting["accepted_tokens"])
     generated = total["generated_tokens"]
     timed = stats.num_rows and {"actor_id", "started_at", "engine_seconds"} <= set(stats.column_names)
     busy = busy_seconds(zip(*(stats.column(c).to_pylist() for c in ("actor_id", "started_at", "engine_seconds")))) if timed else 0.0
@@ -138,7 +158,7 @@ def totals_from_stats(stats: pa.Table, input_rows: int, wall_seconds: float, rep
         prompt_tokens=total["prompt_tokens"],
         generated_tokens=generated,
         **acceptance.summary(),
-        tokens_per_target_pass=acceptance.tokens_per_target_pass(generated, total["samples"]),
+        tokens_per_target_pass=acceptance.tokens_per_target_pass(drafting["generated_tokens"], drafting["samples"]),
         wall_seconds=wall_seconds,
         tokens_per_second=generated / wall_seconds if wall_seconds else 0.0,
         engine_busy_seconds=busy,

@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence
 
 from pipeline.commit.outputs import ManifestInvalid, OutputLocation
 from pipeline.config import ACCEPTANCE_FLOOR
-from pipeline.stages.stats import Acceptance
+from pipeline.stages.stats import Acceptance, speculated
 from pipeline.stages.stats import busy_seconds as engine_busy_seconds
 from pipeline.storage import Storage
 from pipeline.tools.prices import Prices
@@ -85,9 +85,9 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
     if isinstance(replicas, dict):  # an autoscaling pool is billed for the engines that ran, at most its max
         replicas = max(1, min(replicas["max"], len({r["actor_id"] for r in stats})))
     units, price = prices.billing(m.accelerator, float(resources.get("gpus_per_replica", 0)))
-    acceptance = Acceptance()
-    for row in stats:
-        acceptance = acceptance + Acceptance(row["num_drafts"], row["draft_tokens"], row["accepted_tokens"], list(row["accepted_per_position"]))
+    drafting = [r for r in stats if speculated(r["speculative"], r["num_drafts"], r.get("depth_schedule"))]
+    acceptance = sum((Acceptance(r["num_drafts"], r["draft_tokens"], r["accepted_tokens"], list(r["accepted_per_position"]))
+                      for r in drafting), Acceptance())
     prompt_tokens = sum(r["prompt_tokens"] for r in stats)
     generated_tokens = sum(r["generated_tokens"] for r in stats)
     busy = busy_seconds(stats) if stats else 0.0
@@ -143,8 +143,9 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
         start_phases=start.phases if start else [],
         **acceptance.summary(),
         accepted_per_position=acceptance.rate_per_position,
-        tokens_per_target_pass=acceptance.tokens_per_target_pass(generated_tokens, sum(r["samples"] for r in stats))
-        if all("samples" in r for r in stats) else None,
+        tokens_per_target_pass=acceptance.tokens_per_target_pass(
+            sum(r["generated_tokens"] for r in drafting), sum(r["samples"] for r in drafting)
+        ) if all("samples" in r for r in stats) else None,
         speculation_flags=flags,
         **_trial_figures(m.trial, price, units),
     )
