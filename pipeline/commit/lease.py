@@ -291,17 +291,15 @@ class _Watch:
 
 
 def _alive_here(held: Lease, status: str, take_over: bool) -> str:
-    """The refusal of an owner whose process is alive on this host. With --take-over it names
-    the process and how to end it, never the flag just given. A stopped process (Ctrl-Z,
-    SIGSTOP) is refused as well: fencing would keep the location right (continued, it would
-    find the lease gone and its engines would commit nothing more), but it is not dead. SIGSTOP
-    stops its driver alone: its Ray and engine processes keep this host's accelerators and
-    memory, which a second run here would compete for, and nothing would ever end them. Ending
-    it is one command, and then the location is taken over at once."""
+    """The refusal of an owner whose process is alive on this host: it names the process and how
+    to end it, and never suggests --take-over, which takes nothing from a live run here (with the
+    flag, it says so). A stopped process (Ctrl-Z, SIGSTOP) is refused as well: fencing would keep
+    the location right (continued, it would find the lease gone and its engines would commit
+    nothing more), but it is not dead. SIGSTOP stops its driver alone: its Ray and engine
+    processes keep this host's accelerators and memory, which a second run here would compete
+    for, and nothing would ever end them. Ending it is one command, and then the location is
+    taken over at once."""
     stopped = status in ("stopped", "tracing-stop")
-    if not take_over:
-        state = ", stopped: it makes no progress until continued" if stopped else ""
-        return f"that run is alive (process {held.pid} on this host{state}). {_way_out(held)}"
     if stopped:
         what = (f"that run is stopped, not dead: its process {held.pid} on this host ({held.host}) is in state "
                 f"'{status}' (Ctrl-Z or SIGSTOP), and its engines still hold this host's resources")
@@ -311,9 +309,10 @@ def _alive_here(held: Lease, status: str, take_over: bool) -> str:
         what = f"that run is alive: its process {held.pid} on this host ({held.host}) is {status}"
         end = (f"`kill -INT {held.pid}` (as Ctrl-C in its terminal: it ends its engines and records its attempt as "
                "interrupted)")
-    return (f"{what}; --take-over takes a location only from a run that is dead. To end it: {end}; `kill -9 "
-            f"{held.pid}` if it has not ended within a minute. Then run the same command again: a run whose process "
-            "has ended here is taken over at once.")
+    flag = "; --take-over takes a location only from a run that is dead" if take_over else ""
+    return (f"{what}{flag}. Two runs on one output location would duplicate work: wait for it to end, or end it: {end}; "
+            f"`kill -9 {held.pid}` if it has not ended within a minute. Then run the same command again: a run whose "
+            "process has ended here is taken over at once.")
 
 
 def _way_out(held: Lease) -> str:
