@@ -67,7 +67,12 @@ def plan_units(files: Iterable[InputFile], rows_per_unit: int) -> list[WorkUnit]
 
 def read_unit(storage: Storage, unit: WorkUnit) -> pa.Table:
     """The unit's rows, read from the row groups that hold them, in the common unit layout:
-    UNIT_COLUMNS, metadata (if the file has it), and where each row came from."""
+    UNIT_COLUMNS, metadata (if the file has it), and where each row came from. A read that
+    fails on a store gone silent is read again, for up to storage.outage_seconds."""
+    return storage.retrying(f"read {unit.source}", lambda: _read_rows(storage, unit))
+
+
+def _read_rows(storage: Storage, unit: WorkUnit) -> pa.Table:
     with storage.open_ranged(unit.source, size=unit.size) as f:
         parquet = pq.ParquetFile(f)
         groups, group_start, offset = [], 0, None

@@ -15,7 +15,25 @@ from schemas.drafter import CHECKS
 class StorageConfig(Section):
     endpoint_url: Optional[str] = Field(None, description="S3-compatible endpoint, e.g. http://127.0.0.1:9000.")
     region: Optional[str] = Field(None, description="The S3 region; null: from the environment (AWS_DEFAULT_REGION, the profile).")
-    retry_seconds: float = Field(120.0, ge=0, description="How long transient storage errors are retried.")
+    outage_seconds: float = Field(
+        120.0, ge=0,
+        description=(
+            "How long a store that stops answering is waited for: every storage call retries transient errors "
+            "(timeouts, refused connections, throttling) with backoff for this long, then fails the attempt naming "
+            "the store, the operation and the key; a rerun resumes. A store back within it costs only the wait. "
+            "(Formerly retry_seconds, still accepted.)"
+        ),
+    )
+    request_timeout_seconds: float = Field(
+        30.0, gt=0,
+        description=(
+            "The bound on one attempt at a storage request: S3's connect and read timeouts (the read timeout is how "
+            "long the store may stay silent while it answers; it starts once an upload's body is sent, so a large part "
+            "on a slow link does not trip it) and, 1 s over it, the deadline of the whole call, plus 2 s per MiB the "
+            "call sends. 30 s is far above S3's answers (tens of ms; throttling is answered at once) and a quarter of "
+            "the default outage window: a call to a store that stopped gives up within outage_seconds plus this."
+        ),
+    )
     shared_mounts: list[str] = Field(
         default_factory=list,
         description=(
@@ -30,6 +48,16 @@ class StorageConfig(Section):
             "$SPECBATCH_MODEL_CACHE, else ~/.cache/specbatch/models; `~` is each node's own home."
         ),
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _former_names(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "retry_seconds" in data:
+            if "outage_seconds" in data:
+                raise ValueError("storage.retry_seconds is the former name of storage.outage_seconds: give only outage_seconds")
+            data = {**data, "outage_seconds": data["retry_seconds"]}
+            del data["retry_seconds"]
+        return data
 
     @model_validator(mode="after")
     def _absolute_mounts(self):

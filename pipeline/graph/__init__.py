@@ -30,6 +30,9 @@ def build_dataset(config: JobConfig, units: list[WorkUnit], engines: EngineActor
     storage = Storage.from_config(config.storage)
     context = ray.data.DataContext.get_current()
     context.retried_io_errors = [*context.retried_io_errors, *TRANSIENT_ERRORS]
+    # An error of an actor reaches the driver as itself (a StorageUnavailable, with the store, the
+    # operation and the key), not as Ray Data's UserCodeException, which keeps only its text.
+    context.raise_original_map_exception = True
     # A block is a whole unit from its read to its commit: Ray Data must not split it by size.
     context.target_max_block_size = None
     resources = config.resources

@@ -108,11 +108,15 @@ def inspect_inputs(input_uri: str, storage: Storage, known: Optional[list[InputF
     return InputReport(files, sum(f.rows for f in files), footers_read=len(todo))
 
 
+def _footer(storage: Storage, uri: str, size: int) -> pq.FileMetaData:
+    with storage.open_ranged(uri, size=size) as f:
+        return pq.ParquetFile(f).metadata
+
+
 def _inspect_file(storage: Storage, uri: str, info: dict) -> tuple[Optional[InputFile], list[str]]:
     try:
-        with storage.open_ranged(uri, size=info["size"]) as f:
-            metadata = pq.ParquetFile(f).metadata
-            schema = metadata.schema.to_arrow_schema()
+        metadata = storage.retrying(f"read {uri}", lambda: _footer(storage, uri, info["size"]))
+        schema = metadata.schema.to_arrow_schema()
     except (OSError, pa.ArrowException) as exc:
         return None, [f"{uri}: not a readable Parquet file ({type(exc).__name__}: {exc})"]
     problems = _check_schema(uri, schema)

@@ -197,17 +197,8 @@ def _convert_file(storage: Storage, uri: str, info: dict, folder: str, unsupport
     problems). Nothing is kept unless every line converts (or, with unsupported_requests:
     errors, becomes its error row)."""
     base = converted_base(uri, info["size"], info["version"], unsupported)
-    conversion = _FileConversion(storage, uri, folder, base, unsupported)
-    fs, path = storage.fs(uri)
-    try:
-        with storage.retrying(f"open {uri}", lambda: fs.open(path, "rb")) as f:
-            for line, raw in enumerate(f, 1):
-                conversion.take(line, raw)
-        conversion.check_duplicates()
-    except BaseException:
-        conversion.close(keep=False)
-        raise
-    conversion.close(keep=conversion.count == 0)
+    # read again from its first line when the store fails it for a while (storage.outage_seconds)
+    conversion = storage.retrying(f"read {uri}", lambda: _converted(storage, uri, folder, base, unsupported))
     if conversion.count:
         return [], conversion.problems, conversion.count
     sinks = conversion.sinks
@@ -216,6 +207,22 @@ def _convert_file(storage: Storage, uri: str, info: dict, folder: str, unsupport
               "unsupported_lines": conversion.unsupported}
     storage.write_json(storage.join(folder, f"{base}.json"), marker)
     return sorted(s.uri for s in sinks.values()), [], 0
+
+
+def _converted(storage: Storage, uri: str, folder: str, base: str, unsupported: str) -> _FileConversion:
+    """One pass over the file; its converted files kept only when every line converted."""
+    conversion = _FileConversion(storage, uri, folder, base, unsupported)
+    fs, path = storage.fs(uri)
+    try:
+        with fs.open(path, "rb") as f:
+            for line, raw in enumerate(f, 1):
+                conversion.take(line, raw)
+        conversion.check_duplicates()
+    except BaseException:
+        conversion.close(keep=False)
+        raise
+    conversion.close(keep=conversion.count == 0)
+    return conversion
 
 
 def _duplicates(hashes: list[np.ndarray], lines: list[np.ndarray]) -> list[tuple[int, int]]:

@@ -90,9 +90,12 @@ def _check_lengths(config: JobConfig, storage: Storage) -> None:
 
 def _render_first_row(tokenizer, tokenizer_path: str, file: InputFile, storage: Storage, template_kwargs: dict) -> None:
     uri, kind = file.uri, file.text_column
-    with storage.open_ranged(uri, size=file.size) as f:
-        parquet = pq.ParquetFile(f)
-        batch = next(parquet.iter_batches(batch_size=1, columns=[kind], use_threads=False), None)  # as Storage.read_parquet
+
+    def first_row():
+        with storage.open_ranged(uri, size=file.size) as f:
+            return next(pq.ParquetFile(f).iter_batches(batch_size=1, columns=[kind], use_threads=False), None)  # as Storage.read_parquet
+
+    batch = storage.retrying(f"read {uri}", first_row)
     value = batch.column(0)[0].as_py() if batch is not None and batch.num_rows else None
     if value in (None, "", []):
         return  # an empty first row is the row's own problem (errors/), not the configuration's

@@ -13,8 +13,6 @@ import json
 import logging
 import os
 import posixpath
-import random
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar
@@ -22,38 +20,16 @@ from typing import Any, Callable, Optional, TypeVar
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
-from fsspec.asyn import sync
+from fsspec.asyn import AsyncFileSystem, sync
 from fsspec.core import url_to_fs
 
 from pipeline.config import StorageConfig
+from pipeline.storage.retry import (  # noqa: F401 (TRANSIENT_ERRORS, StorageUnavailable, is_transient: imported from here)
+    TRANSIENT_ERRORS, StorageUnavailable, call_deadline, describe_store, is_transient, retrying, s3_client_config,
+)
 
 log = logging.getLogger("specbatch.storage")
 T = TypeVar("T")
-
-# Messages of errors that a later attempt can cure: the endpoint away for a while, throttling.
-# Ray Data's own reads retry on the same patterns (runner.py adds them to its DataContext).
-TRANSIENT_ERRORS = (
-    "Cannot connect to host",
-    "Connection refused",
-    "Could not connect to the endpoint URL",
-    "Connection reset",
-    "Server disconnected",
-    "ServerDisconnected",
-    "Connection aborted",
-    "timed out",
-    "SlowDown",
-    "ServiceUnavailable",
-    "InternalError",
-    "503",
-)
-
-
-def is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
-        return False
-    text = f"{type(exc).__name__}: {exc}"
-    return any(pattern in text for pattern in TRANSIENT_ERRORS) or isinstance(exc, (ConnectionError, TimeoutError))
-
 
 class PreconditionFailed(RuntimeError):
     """A conditional write or delete found the object changed since its version was read, or
@@ -77,29 +53,22 @@ class Storage:
 
     endpoint_url: Optional[str] = None
     region: Optional[str] = None
-    retry_seconds: float = 120.0
+    outage_seconds: float = 120.0  # how long a silent store is waited for (pipeline/storage/retry.py)
+    request_timeout_seconds: float = 30.0  # the bound on one attempt at a call
     model_cache_dir: Optional[str] = None  # where models from object storage are copied (pipeline/storage/model_cache.py)
 
     @classmethod
     def from_config(cls, config: StorageConfig) -> "Storage":
         return cls(
-            endpoint_url=config.endpoint_url, region=config.region, retry_seconds=config.retry_seconds,
-            model_cache_dir=config.model_cache_dir,
+            endpoint_url=config.endpoint_url, region=config.region, outage_seconds=config.outage_seconds,
+            request_timeout_seconds=config.request_timeout_seconds, model_cache_dir=config.model_cache_dir,
         )
 
     def retrying(self, what: str, operation: Callable[[], T]) -> T:
-        """Run `operation`, retrying transient errors with jittered exponential backoff for up
-        to `retry_seconds`; other errors, and the last transient one, are raised."""
-        deadline, delay = time.monotonic() + self.retry_seconds, 0.25
-        while True:
-            try:
-                return operation()
-            except Exception as exc:
-                if not is_transient(exc) or time.monotonic() + delay > deadline:
-                    raise
-                log.warning("storage: %s failed (%s); retrying in %.1fs", what, exc, delay)
-                time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 8.0)
+        """`operation`, with transient errors retried for up to `outage_seconds`; a store silent for
+        longer raises StorageUnavailable. `what`: the operation, a space, then the key."""
+        uri = next((word for word in what.split() if "://" in word), None)
+        return retrying(describe_store(uri, self.endpoint_url, self.region), what, operation, self.outage_seconds)
 
     def _options(self, uri: str) -> dict[str, Any]:
         if not uri.startswith(("s3://", "s3a://")):
@@ -111,25 +80,33 @@ class Storage:
             client_kwargs["region_name"] = self.region
         # Listings must not be served from a cache: a resumed job must see every commit.
         # botocore's default pool (10 connections) would queue the parallel marker and footer reads.
-        return {"client_kwargs": client_kwargs, "use_listings_cache": False, "config_kwargs": {"max_pool_connections": 64}}
+        config = {"max_pool_connections": 64, **s3_client_config(self.request_timeout_seconds)}
+        return {"client_kwargs": client_kwargs, "use_listings_cache": False, "config_kwargs": config}
 
     def fs(self, uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
-        return url_to_fs(uri, **self._options(uri))
+        fs, path = url_to_fs(uri, **self._options(uri))
+        if _is_s3(fs):
+            fs.retries = 1  # one request per attempt: `retrying` is the one retry policy (pipeline/storage/retry.py)
+        return fs, path
+
+    def _deadline(self, fs: fsspec.AbstractFileSystem, body_bytes: int = 0) -> dict[str, float]:
+        """The whole call's deadline, as fsspec takes it (it cancels the call then), on a store
+        whose calls are coroutines."""
+        return {"timeout": call_deadline(self.request_timeout_seconds, body_bytes)} if isinstance(fs, AsyncFileSystem) else {}
 
     def join(self, base: str, *parts: str) -> str:
         return posixpath.join(base.rstrip("/"), *parts)
 
     def exists(self, uri: str) -> bool:
         fs, path = self.fs(uri)
-        return self.retrying(f"exists {uri}", lambda: fs.exists(path))
+        return self.retrying(f"exists {uri}", lambda: fs.exists(path, **self._deadline(fs)))
 
     def write_bytes(self, uri: str, data: bytes) -> None:
         fs, path = self.fs(uri)
 
         def write():
             if "file" not in fs.protocol:  # an object store PUT is atomic already, and has no folders
-                with fs.open(path, "wb") as f:
-                    f.write(data)
+                fs.pipe_file(path, data, **self._deadline(fs, len(data)))  # one PUT up to 100 MB on S3
                 return
             fs.makedirs(posixpath.dirname(path), exist_ok=True)
             # On a file system a reader could see a half-written file: write aside, then rename.
@@ -146,7 +123,7 @@ class Storage:
         s3fs asks for the size first (a HEAD) unless told to read in one request.)"""
         fs, path = self.fs(uri)
         one_request = {"max_concurrency": 1} if "s3" in fs.protocol else {}
-        return self.retrying(f"read {uri}", lambda: fs.cat_file(path, **one_request))
+        return self.retrying(f"read {uri}", lambda: fs.cat_file(path, **one_request, **self._deadline(fs)))
 
     def delete(self, uri: str, recursive: bool = False) -> None:
         fs, path = self.fs(uri)
@@ -183,7 +160,7 @@ class Storage:
             async with response["Body"] as body:
                 return await body.read(), response["ETag"]
 
-        return self.retrying(f"read {uri}", lambda: sync(fs.loop, get))
+        return self.retrying(f"read {uri}", lambda: sync(fs.loop, get, **self._deadline(fs)))
 
     def write_if(self, uri: str, data: bytes, version: Optional[str]) -> str:
         """Writes `data` only if the object is still at `version` (None: only if it does not
@@ -196,7 +173,8 @@ class Storage:
             condition = {"IfMatch": version} if version else {"IfNoneMatch": "*"}
             try:
                 reply = self.retrying(
-                    f"write {uri}", lambda: fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **condition),
+                    f"write {uri}",
+                    lambda: fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **condition, **self._deadline(fs, len(data))),
                 )
             except Exception as exc:
                 if _precondition_failed(exc):
@@ -215,7 +193,11 @@ class Storage:
             self._check_version(uri, version)  # S3 general purpose buckets may ignore If-Match on a delete
             bucket, key, _ = fs.split_path(path)
             try:
-                self.retrying(f"delete {uri}", lambda: fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=version))
+                self.retrying(
+                    f"delete {uri}", lambda: fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=version, **self._deadline(fs)),
+                )
+            except FileNotFoundError:
+                return  # gone: a retried delete whose first try landed, its reply lost
             except Exception as exc:
                 if _precondition_failed(exc):
                     raise PreconditionFailed(f"{uri} changed since version {version}") from None
@@ -300,13 +282,12 @@ class Storage:
             listing = lambda: [(p, _modified_of(i)) for p, i in fs.find(path, detail=True).items()] if fs.exists(path) else []  # noqa: E731
         return {self._unstrip(uri, p): m for p, m in sorted(self.retrying(f"list {uri}", listing)) if p.endswith(suffix)}
 
-    @staticmethod
-    def _s3_keys(fs, prefix: str, modified: bool = False) -> list:
+    def _s3_keys(self, fs, prefix: str, modified: bool = False) -> list:
         """Keys under prefix, or (key, LastModified) pairs with `modified`."""
         bucket, _, key_prefix = prefix.partition("/")
-        keys, token = [], {}
+        keys, token, deadline = [], {}, self._deadline(fs)
         while True:
-            page = fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=key_prefix, **token)
+            page = fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=key_prefix, **token, **deadline)
             for item in page.get("Contents", []):
                 key = f"{bucket}/{item['Key']}"
                 keys.append((key, item["LastModified"].timestamp()) if modified else key)
