@@ -163,7 +163,8 @@ def run_from_config(config_uri: str, output_uri: str | None = None, dry_run: boo
         status, said = next(((status, said) for types, status, said in _endings() if isinstance(exc, types)), (None, ""))
         if status is None:
             raise
-        print(f"specbatch: {said}: {plain_text(str(exc))}", file=sys.stderr)
+        cause = getattr(exc, "cause", None)  # an actor's error, as Ray carries it: said without Ray's traceback
+        print(f"specbatch: {said}: {plain_text(str(cause if isinstance(cause, BaseException) else exc))}", file=sys.stderr)
         return EXIT[status]
     finally:
         signal.signal(signal.SIGINT, previous_handler)
@@ -178,12 +179,15 @@ def _endings() -> list[tuple[tuple[type, ...], str, str]]:
     from pipeline.commit.lease import LeaseLost
     from pipeline.job.breaker import TooManyErrors
     from pipeline.job.plan import REFUSALS
+    from pipeline.job.watch import EnginesKeepFailing, JobStalled
     from pipeline.speculation.guard import AcceptanceTooLow
+    from pipeline.storage import StorageUnavailable
 
     return [
         (REFUSALS, "refused", "refused"),
         ((LeaseLost,), "fenced", "fenced"),
-        ((TooManyErrors, AcceptanceTooLow, SchedulingStalled), "failed", "job failed"),
+        ((StorageUnavailable,), "failed", "job failed"),
+        ((TooManyErrors, AcceptanceTooLow, SchedulingStalled, JobStalled, EnginesKeepFailing), "failed", "job failed"),
     ]
 
 

@@ -254,7 +254,7 @@ class JobTotals(Contract):
     accepted_tokens: int = 0
     acceptance_rate: Optional[float] = None
     mean_acceptance_length: Optional[float] = None
-    tokens_per_target_pass: Optional[float] = Field(None, description="Generated tokens per target decode pass (passes: generated - accepted - completions, at least the drafting steps): what speculation saved, grammar cuts included; 1.0 without drafts; null without a decode pass.")
+    tokens_per_target_pass: Optional[float] = Field(None, description="Over the units that speculated (not the trial's off arm, nor units after the trial or the guard turned speculation off): generated tokens per target decode pass (passes: generated - accepted - completions, at least the drafting steps): what speculation saved, grammar cuts included; null without a decode pass.")
     wall_seconds: float = Field(0.0, description="The attempts' wall time, summed: what is billed, engine start included.")
     tokens_per_second: float = Field(0.0, description="Generated tokens / wall_seconds: wall-time speed.")
     engine_busy_seconds: float = Field(
@@ -269,14 +269,41 @@ class JobTotals(Contract):
 
 
 class EngineDeath(Contract):
-    """An engine actor found its vLLM engine dead; it committed nothing and exited, and Ray
-    restarted it and retried its units."""
+    """An engine actor found its vLLM engine dead, or hung (requests in it and no token for
+    retries.engine_stall_seconds); it ended the engine's processes, committed nothing and
+    exited, and Ray restarted it and retried its units."""
 
     time: str = Field(description="UTC, ISO 8601.")
     actor_id: str
     node_id: str
     error: str
     units: list[str] = Field(description="Units in flight, retried.")
+    kind: Literal["died", "hung"] = Field("died", description="died: EngineCore gone; hung: alive and yielding no token.")
+    seconds_without_progress: Optional[float] = Field(None, description="hung: seconds since the engine's last output.")
+    stall_limit_seconds: Optional[float] = Field(None, description="hung: the limit it passed (engine_stall_seconds, or more).")
+    rows_in_flight: dict[str, list[int]] = Field(default_factory=dict, description="Unit -> its rows in the engine, unfinished.")
+    stacks: Optional[str] = Field(None, description="hung: the Python stacks of the engine's processes (py-spy dump).")
+
+
+class ReplicaProgress(Contract):
+    """One engine replica's progress as it last reported it to the job board."""
+
+    actor_id: str
+    node_id: str
+    requests_in_flight: int
+    last_output_at: Optional[float] = Field(None, description="Unix time of the engine's last output; null: none yet.")
+    reported_at: float = Field(description="Unix time of this report.")
+
+
+class JobProgress(Contract):
+    """`_progress.json`: what a running attempt's driver last saw, rewritten every few seconds
+    while the attempt generates; what `specbatch status` reads of engines it cannot ask."""
+
+    attempt: int
+    written_at: float = Field(description="Unix time.")
+    generating_since: float = Field(description="Unix time the attempt's generation began.")
+    last_commit_at: Optional[float] = Field(None, description="Unix time of the last unit the driver heard committed.")
+    replicas: list[ReplicaProgress] = Field(default_factory=list)
 
 
 class NodeLoss(Contract):
@@ -326,6 +353,9 @@ class StartCost(Contract):
     to_first_commit_seconds: Optional[float] = Field(
         None, description="From the driver's process start to the first unit committed; null: none committed."
     )
+    generation_started_s: Optional[float] = Field(
+        None, description="From the driver's process start to the start of generation, where the attempt's wall_seconds begin."
+    )
     phases: list[StartPhase] = Field(default_factory=list, description="In the order they began.")
     engine_starts: list[EngineStart] = Field(default_factory=list, description="Every engine this attempt started.")
 
@@ -373,17 +403,20 @@ class SpeculationVerdict(Contract):
     `specbatch report` and the console summary show its flags."""
 
     floor: float = Field(description="The mean acceptance length floor (speculative.guard, else speculative.probe).")
-    mean_acceptance_length: Optional[float] = Field(description="Over every committed unit that drafted.")
+    mean_acceptance_length: Optional[float] = Field(description="Over the committed units that speculated.")
     tokens_per_target_floor: Optional[float] = Field(
         None, description="The tokens per target pass floor (speculative.guard, else speculative.probe)."
     )
-    tokens_per_target_pass: Optional[float] = Field(None, description="Over every committed unit: what speculation saved.")
+    tokens_per_target_pass: Optional[float] = Field(
+        None, description="Over the committed units that speculated (JobTotals.tokens_per_target_pass): what speculation saved."
+    )
     below_floor: bool
     cost_more_than_saved: Optional[bool] = Field(
         description=(
-            "true: acceptance below the floor (each step yields about one token for k drafter passes and a k+1-token "
-            "verify), or the job's speculation trial (else a calibration at the job's concurrency) measured it slower "
-            "than off; false: measured faster; null: not measured (cost_unknown_because says why)."
+            "true: the job's speculation trial (else a calibration at the job's concurrency) measured it slower than "
+            "off, or, measured by neither, acceptance is below the floor (each step yields about one token for k "
+            "drafter passes and a k+1-token verify); false: measured faster; null: not measured (cost_unknown_because "
+            "says why). A flag names the reason."
         )
     )
     cost_unknown_because: Optional[str] = Field(None, description="Why cost_more_than_saved could not be told.")

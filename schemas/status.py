@@ -1,6 +1,6 @@
 """Contract of what `specbatch status OUTPUT_URI --json` prints: where a job stands, read from
-its output location alone (`_job.json`, `_lease.json`, `stats/`, and the error files of units
-with error rows)."""
+its output location alone (`_job.json`, `_lease.json`, `stats/`, the error files of units with
+error rows; while it runs, one listing of `_commits/` and `_progress.json`)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,19 @@ class AttemptState(Contract):
     error: Optional[str] = None
 
 
+class EngineWithoutProgress(Contract):
+    """An engine replica that, as the running driver's `_progress.json` says, holds requests and
+    has yielded nothing for a while."""
+
+    actor_id: str
+    node_id: str
+    requests_in_flight: int
+    seconds_without_output: float = Field(
+        description="Since its last output (since the attempt's generation began, if it has yielded none), when status looked."
+    )
+    report_age_seconds: float = Field(description="Since the replica last reported to the driver, when status looked.")
+
+
 class StatusReport(Contract):
     """One job at one output location, when status looked."""
 
@@ -50,14 +63,22 @@ class StatusReport(Contract):
     attempts: int = Field(description="Attempts _job.json records; 0: a first attempt has not written it yet.")
     last_attempt: Optional[AttemptState] = None
     lease: Optional[LeaseState] = None
-    counts_from: Literal["manifest", "stats"] = Field(
+    counts_from: Literal["manifest", "commits"] = Field(
         description=(
-            "manifest: _job.json's totals, exact as of the last attempt's end (nothing ran since); stats: the "
-            "stats/ files of a running attempt, which its driver rewrites about every minute (as of stats_as_of)."
+            "manifest: _job.json's totals, exact as of the last attempt's end (nothing ran since); commits: a running "
+            "job: units and rows done from one listing of _commits/ (each unit's rows from the plan _job.json records), "
+            "the rest from the stats/ files and the markers of the units committed since they were written."
         )
     )
     stats_as_of: Optional[str] = Field(
-        None, description="UTC, ISO 8601: the last commit the stats files hold (counts_from stats); null: none yet."
+        None, description="UTC, ISO 8601: the last commit the stats files hold (counts_from commits); null: none yet."
+    )
+    markers_read: int = Field(0, description="Markers of units committed since the stats files were written, read for their stats.")
+    units_unread: int = Field(
+        0, description=(
+            "Committed units whose stats status did not read (more than 1,000 committed since the stats files were "
+            "written): in units_committed and rows_done, not in the split into output and error rows, tokens or acceptance."
+        ),
     )
     input_rows: int
     rows_done: int = Field(description="Input rows of committed units: generated or with a final error row.")
@@ -66,6 +87,11 @@ class StatusReport(Contract):
     retryable_error_rows: int = Field(description="Error rows a rerun generates again.")
     units_planned: int = Field(description="Work units of the input (the last attempt's plan).")
     units_committed: int
+    attempt_units_committed: Optional[int] = Field(None, description="Running: of them, units the running attempt committed.")
+    last_commit_at: Optional[str] = Field(
+        None, description="Running: UTC, ISO 8601: the newest commit marker's write time (the store's clock); null: none."
+    )
+    last_commit_age_seconds: Optional[float] = Field(None, description="Running: seconds since last_commit_at, when status looked.")
     errors_by_kind: dict[str, int] = Field(description="error_kind -> error rows, over the error files read.")
     error_units: int = Field(description="Committed units with error rows.")
     error_units_read: int = Field(description="Of those, units whose error file was read for errors_by_kind.")
@@ -85,19 +111,32 @@ class StatusReport(Contract):
     mean_acceptance_length: Optional[float] = Field(description="1 + accepted / drafts; null without drafts.")
     rows_per_second: Optional[float] = Field(
         None, description=(
-            "Running: rows the last attempt committed per second since its first committed unit (its stats file): the "
-            "steady pace, without the start-up; since the attempt started when its units so far committed within a "
-            "second of each other (pace_since)."
+            "Running: rows the running attempt committed per second over its last pace_units committed units (the "
+            "markers' write times): the steady pace. Commits come in bursts (each engine's first units end together), "
+            "so there is none before pace_units units have committed after the attempt's first."
         )
     )
-    pace_since: Optional[Literal["first_commit", "attempt_start"]] = Field(
-        None, description="Where rows_per_second counts from; null when there is no pace."
+    pace_units: Optional[int] = Field(
+        None, description="Running: the units the pace is measured over: replicas x units_in_flight, one per engine slot."
     )
+    units_before_pace: Optional[int] = Field(None, description="Running: units still to commit before there is a pace; 0: there is one.")
     eta_seconds: Optional[float] = Field(
-        None, description="Running: rows left / rows_per_second, from stats_as_of; null when not running or no pace yet."
+        None, description="Running: rows left / rows_per_second, from the last commit; null when not running or no pace yet."
     )
     eta_at: Optional[str] = Field(
-        None, description="UTC, ISO 8601: stats_as_of + eta_seconds, while the driver is alive; null otherwise."
+        None, description="UTC, ISO 8601: last_commit_at + eta_seconds, while the driver is alive; null otherwise."
+    )
+    progress_written_at: Optional[str] = Field(
+        None, description="Running: UTC, ISO 8601: when the running attempt's driver last wrote _progress.json; null: none."
+    )
+    engines_without_progress: list[EngineWithoutProgress] = Field(
+        default_factory=list, description="Running: replicas holding requests that have yielded nothing for 60 s or more."
+    )
+    warnings: list[str] = Field(
+        default_factory=list, description=(
+            "What looks wrong while the job runs, one sentence each: an engine holding requests without output, no "
+            "commit for much longer than the pace says, a driver that stopped writing _progress.json."
+        ),
     )
     notes: list[str] = Field(
         default_factory=list, description="What a reader must know, one sentence each (a gone driver comes first)."

@@ -126,7 +126,7 @@ def ray_head():
 HEADS_TO_STOP: list[str] = []
 
 
-S3_SERVER = None  # the running moto server; the outage test stops and replaces it
+S3_SERVER = None  # the running moto server (test_model_cache records the requests it answers)
 
 
 @pytest.fixture(scope="session")
@@ -389,8 +389,8 @@ def pytest_configure(config):
 GROUPS = {"test_resilience.py": "faults", "test_multinode.py": "faults",
           "test_status.py": "random-kit-job", "test_guard.py": "random-kit-job",
           "test_readme.py": "ray-head", "test_ray_job_submit.py": "ray-head"}
-LONGEST_FIRST = ("test_resilience.py", "test_multinode.py", "test_calibrate.py", "test_speculation.py", "test_trial.py",
-                 "test_readme.py", "test_job.py", "test_sampling.py", "test_guard.py", "test_ray_job_submit.py")
+LONGEST_FIRST = ("test_resilience.py", "test_multinode.py", "test_hangs.py", "test_storage_outage.py", "test_calibrate.py",
+                 "test_speculation.py", "test_trial.py", "test_readme.py", "test_job.py", "test_sampling.py", "test_guard.py", "test_ray_job_submit.py")
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)

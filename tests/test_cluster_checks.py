@@ -122,13 +122,12 @@ signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a job a shell or scheduler
 import pipeline.cluster as cluster
 cluster.WATCH_SECONDS = 0.1
 
-class Waiting:  # what ClusterWatch.waiting reads from the GCS, here an engine that waits, or nothing
-    def waiting(self):
-        return ["actor MapWorker(MapBatches(Generator)) (PENDING_CREATION)"] if WAITS else []
+def look(idle_seconds):  # what pipeline/job/watch.AttemptLooks finds, here a stall after 0.2 s, or nothing
+    return cluster.SchedulingStalled("actor MapWorker(MapBatches(Generator)) (PENDING_CREATION)") if WAITS and idle_seconds > 0.2 else None
 
 WAITS = sys.argv[1] == "stalled"
 started = time.time()
-watch = cluster.StallWatch(Waiting(), limit_seconds=0.2, lost=lambda: not WAITS and time.time() - started > 0.5)
+watch = cluster.StallWatch(look, lost=lambda: not WAITS and time.time() - started > 0.5)
 watch.start()
 try:
     deadline = time.time() + 20
@@ -137,7 +136,7 @@ try:
 except cluster.StallInterrupt:
     watch.stop()
     time.sleep(1.5)  # nothing raised once the watch is stopped
-    print("stopped:", watch.waiting[0] if watch.waiting else "lease lost")
+    print("stopped:", watch.failure if watch.failure else "lease lost")
     sys.exit(0)
 sys.exit(1)
 """

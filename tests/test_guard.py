@@ -221,6 +221,11 @@ def test_grafana_dashboard_plots_the_exported_metrics():
     from pipeline.stages.metrics import COUNTERS, GAUGES
 
     exported = {f"ray_specbatch_{name}_total" for name in COUNTERS} | {f"ray_specbatch_{name}" for name in GAUGES}
+    # the driver's own gauges, named where they are made (pipeline/job/watch.py: seconds since the last commit)
+    runtime = " ".join(p.read_text() for p in (Path(__file__).parents[1] / "pipeline").rglob("*.py"))
+    driver = {f"ray_{name}" for name in re.findall(r'Gauge\(\s*"(specbatch_\w+)"', runtime)}
+    assert "ray_specbatch_seconds_since_last_commit" in driver
+    exported |= driver
     dashboard = json.loads((Path(__file__).parents[1] / "infra" / "grafana" / "specbatch.json").read_text())
     queries = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
     assert set(re.findall(r"ray_specbatch_\w+", queries)) == exported  # the names Prometheus sees

@@ -191,6 +191,8 @@ def test_the_job_says_where_its_start_went_and_how_fast_its_engine_ran(s3_run):
     began = engine.init_started_at - start.phases[names.index("import vllm")].started_s  # the time line's zero
     first_commit = began + start.to_first_commit_seconds
     assert engine.engine_ready_at <= first_commit <= datetime.fromisoformat(attempt.ended_at).timestamp() + 1
+    # the wall time begins on the same time line, before the first commit (the summary says both)
+    assert 0 < start.generation_started_s <= start.to_first_commit_seconds <= start.generation_started_s + attempt.wall_seconds
     t = manifest.totals
     stats = location.read_table("stats").to_pylist()
     assert t.engine_busy_seconds <= sum(r["engine_seconds"] for r in stats) + 1e-6  # units overlap in the engine

@@ -18,7 +18,7 @@ import psutil
 import pyarrow as pa
 import pytest
 
-from pipeline.commit.lease import LeaseHeld, LeaseLost, OutputLease, check_fence
+from pipeline.commit.lease import LeaseHeld, LeaseLost, OutputLease, check_fence, read_lease
 from pipeline.commit.outputs import LayoutMismatch, OutputLocation
 from pipeline.config import LeaseConfig, parse_config
 from pipeline.job.runner import run_job
@@ -378,3 +378,19 @@ def test_a_changed_setting_blocks_a_resume_only_when_something_was_committed(tmp
     location.storage.write_json(location.path("_commits", "u.json"), {})
     err = refused(capsys, path)
     assert "holds results of job earlier made with other settings (sampling: " in err and "--restart" in err
+
+
+def test_a_lease_write_that_landed_but_whose_answer_was_lost_is_found_as_this_runs_own(location):
+    """A create of the lease that timed out on its answer is retried by the storage layer; the
+    retry finds the object there (412) and the run reads it: its own owner id in it is its lease,
+    never a live run to refuse. The lease as the lost answer left it: written, this run not told."""
+    run = OutputLease(location, SLOW, "job-1", 1)
+    run.lease.generation = 1
+    location.storage.write_if(location.path("_lease.json"), json_bytes(run.lease.model_dump(mode="json")), None)
+    assert run.acquire() is None  # nothing taken over: the lease was free before this run's own write
+    try:
+        assert read_lease(location).owner == run.lease.owner and run.lease.generation == 1
+        run.still_ours()
+    finally:
+        run.release()
+    assert read_lease(location) is None

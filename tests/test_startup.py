@@ -1,6 +1,7 @@
 """The pieces of the job's start and speed accounting that need no engine: the job board's
-probe claim, the start-up phases, busy time over overlapping units, and what the console
-says. The same pieces on real jobs: tests/test_job.py and tests/test_speculation.py."""
+probe claim, the start-up phases and busy time over overlapping units (what the console says of
+them: tests/test_console.py). The same pieces on real jobs: tests/test_job.py and
+tests/test_speculation.py."""
 
 from __future__ import annotations
 
@@ -12,9 +13,7 @@ import pytest
 from pipeline.cluster import job_board
 from pipeline.cluster.job_board import NO_PROBE, JobBoard
 from pipeline.cluster.startup import StartClock, start_cost
-from pipeline.job.console import progress_line, summary
 from pipeline.stages.stats import EngineBusyTime, busy_seconds, totals_from_stats
-from schemas import Attempt, JobManifest, JobTotals, ModelFingerprint
 
 
 def test_the_probe_goes_to_the_first_engine_with_work_and_its_restart_only():
@@ -48,8 +47,8 @@ def test_a_board_without_probe_rows_has_its_verdict_at_once():
 def test_start_phases_lie_on_the_drivers_time_line():
     clock = StartClock()
     t0 = clock.marks["process"] = 1000.0
-    clock.marks.update(run=1001.0, ray_started=1001.5, ray_ready=1006.0, planned=1005.0, graph_started=1006.5,
-                       first_commit=1040.0)
+    clock.marks.update(run=1001.0, ray_started=1001.5, ray_ready=1006.0, planned=1005.0, generating=1006.2,
+                       graph_started=1006.5, first_commit=1040.0)
     engine = {"actor_id": "a", "node_id": "n", "process_started_at": 1007.0, "init_started_at": 1009.0,
               "vllm_imported_at": 1017.0, "engine_core_started_at": 1018.0, "engine_ready_at": 1035.0}
     verdict = {"result": {"seconds": 2.0}, "refusal": None, "started_at": 1036.0}
@@ -68,6 +67,7 @@ def test_start_phases_lie_on_the_drivers_time_line():
     }
     assert [p.started_s for p in cost.phases] == sorted(p.started_s for p in cost.phases)
     assert cost.to_first_commit_seconds == 40.0 and len(cost.engine_starts) == 1 and t0 == 1000.0
+    assert cost.generation_started_s == 6.2  # where the attempt's wall time begins, on the same line
 
 
 def test_busy_time_is_the_union_of_each_engines_units():
@@ -101,24 +101,3 @@ def test_busy_time_kept_unit_by_unit_is_the_union_so_far():
     ]:
         busy.add(actor, start, seconds)
         assert busy.seconds == pytest.approx(expected), (actor, start, seconds)
-
-
-def test_the_console_labels_its_speeds_and_waits_for_a_pace_before_an_eta():
-    first = progress_line(64, 256, 2150.4, 180.2, 0.68, None)
-    assert first == "64/256 rows (25%), 2,150 tok/s engine, 180 tok/s wall, acceptance 0.68, ETA after the next unit"
-    assert progress_line(128, 256, 2000, 300, None, 12.4).endswith("300 tok/s wall, ETA 12s")
-
-    model = ModelFingerprint(path="/m", config_sha256="0" * 64, architectures=[], files={})
-    manifest = JobManifest(
-        job_id="j", status="succeeded", started_at="2026-12-01T00:00:00+00:00", config={}, model=model,
-        versions={"specbatch": "dev", "vllm": None, "ray": "x", "torch": None, "python": "3"}, accelerator="cpu", input_files=[],
-        totals=JobTotals(input_rows=256, output_rows=250, error_rows=6, units=4, prompt_tokens=4710, generated_tokens=8000,
-                         wall_seconds=40.0, tokens_per_second=200.0, engine_busy_seconds=4.0, engine_tokens_per_second=2000.0,
-                         engine_busy_share=0.1),
-        attempts=[Attempt(number=1, started_at="2026-12-01T00:00:00+00:00", status="succeeded", skipped_rows=0)],
-    )
-    text = "\n".join(summary(manifest))
-    assert text.startswith("job j succeeded")
-    assert "256 of 256 done: 250 generated, 6 failed" in text
-    assert "2,000 tok/s of engine time, 200 tok/s of wall time (40.0 s); engines busy 10% of the billed time" in text
-    assert "{" not in text  # a readable block, not a JSON dump

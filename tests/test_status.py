@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 import s3fs
+from fsspec.asyn import sync_wrapper
 
 from pipeline.cli import main as cli_main
 from pipeline.commit.lease import OutputLease
 from pipeline.commit.outputs import OutputLocation
 from pipeline.config import LeaseConfig
-from pipeline.job.console import STEADY_MIN_SECONDS
 from pipeline.storage import Storage
 from pipeline.tools.status import job_status, main
 from schemas import JobManifest
@@ -112,11 +112,11 @@ def test_a_finished_job_as_its_manifest_and_outputs_say(job, capsys):
     assert sum(partial.errors_by_kind.values()) == 1 and "from 1 of the 4 units with error rows" in partial.notes[0]
 
 
-def running_copy(job, dest: Path, heartbeat_age: float) -> tuple[OutputLocation, JobManifest, float]:
-    """What a running job leaves: the job's output copied, its manifest back to running, the
-    last two units not committed yet (their marker, files and stats row gone), a lease whose
-    last heartbeat was `heartbeat_age` seconds ago. Returns the location, the manifest and the
-    attempt's steady pace in rows per second from the stats file."""
+def running_copy(job, dest: Path, heartbeat_age: float) -> tuple[OutputLocation, JobManifest]:
+    """What a running job leaves: the job's output copied (the markers keep their write times),
+    its manifest back to running, the last two units not committed yet (their marker, files and
+    stats row gone), no `_progress.json` (a live driver's would be seconds old), a lease whose last
+    heartbeat was `heartbeat_age` seconds ago."""
     root, _ = job
     shutil.copytree(root / "out", dest)
     location = OutputLocation(Storage(), str(dest))
@@ -125,6 +125,7 @@ def running_copy(job, dest: Path, heartbeat_age: float) -> tuple[OutputLocation,
     manifest.status, manifest.ended_at = "running", None
     attempt.status, attempt.ended_at, attempt.wall_seconds = "running", None, 0.0
     location.write_manifest(manifest.model_dump(mode="json"))
+    (dest / "_progress.json").unlink(missing_ok=True)
 
     stats_uri = location.path("stats", "attempt-0001.parquet")
     stats = location.storage.read_parquet(stats_uri).sort_by("unit_id")
@@ -139,41 +140,30 @@ def running_copy(job, dest: Path, heartbeat_age: float) -> tuple[OutputLocation,
     lease = OutputLease(location, LeaseConfig(heartbeat_seconds=30, stale_after_seconds=180), manifest.job_id, attempt.number)
     beat = lease.lease.model_copy(update={"heartbeat_at": time.time() - heartbeat_age})
     location.storage.write_json(lease.uri, beat.model_dump(mode="json"))
-
-    # the steady pace: rows committed after the first commit, over the time since it (no start-up);
-    # units that committed within a second of each other give none: then since the attempt began
-    commits = sorted((r["started_at"] + r["wall_seconds"], r["rows"]) for r in kept.to_pylist())
-    span = commits[-1][0] - commits[0][0]
-    if span >= STEADY_MIN_SECONDS:
-        pace = sum(rows for _, rows in commits[1:]) / span
-    else:
-        from datetime import datetime
-
-        pace = sum(rows for _, rows in commits) / (commits[-1][0] - datetime.fromisoformat(attempt.started_at).timestamp())
-    return location, manifest, pace
+    return location, manifest
 
 
 @pytest.mark.engine
 def test_a_running_job_whose_driver_is_gone(job, tmp_path, capsys):
     root, _ = job
-    location, manifest, pace = running_copy(job, tmp_path / "out", heartbeat_age=15 * 60)
+    location, manifest = running_copy(job, tmp_path / "out", heartbeat_age=15 * 60)
     r = status_json(capsys, location.uri)
-    assert (r.status, r.driver, r.counts_from) == ("running", "gone", "stats")
+    assert (r.status, r.driver, r.counts_from) == ("running", "gone", "commits")
     assert r.lease.stale and r.lease.heartbeat_age_seconds == pytest.approx(15 * 60, abs=30)
     assert r.notes[0] == "no heartbeat for 15 min: the driver is probably gone; `specbatch run CONFIG` takes over and resumes"
     assert (r.units_committed, r.units_planned, r.input_rows) == (2, 4, ROWS)
     errors = location.read_table("errors")  # the errors of the units still committed
     assert r.rows_done == 16 and r.error_rows == errors.num_rows
     assert r.errors_by_kind == dict(Counter(errors.column("error_kind").to_pylist()))
-    assert r.rows_per_second == pytest.approx(pace)
-    assert r.eta_seconds == pytest.approx((ROWS - 16) / pace) and r.eta_seconds > 0
-    assert r.eta_at is None  # nobody is running it
-    assert r.acceptance_rate is not None and r.stats_as_of
+    # two units of a window of 2 (one replica, 2 units in flight): the pace needs one more
+    assert (r.rows_per_second, r.eta_seconds, r.eta_at, r.pace_units, r.units_before_pace) == (None, None, None, 2, 1)
+    assert r.acceptance_rate is not None and r.stats_as_of and r.markers_read == 0
+    assert r.last_commit_at and r.warnings == []  # a gone driver's engines are not looked at
 
     text = status_text(capsys, location.uri)
     assert_text_agrees(text, r)
     assert "WARNING: no heartbeat for 15 min: the driver is probably gone; `specbatch run CONFIG` takes over and resumes" in text
-    assert "ETA:" in text and "once resumed" in text and "STALE" in text
+    assert "ETA:       after the next unit commits" in text and "STALE" in text  # 2 of 4 units left
 
     # with the job's config, the resume command names it (the output location is not the config's: it says so)
     config = str(root / "job.yaml")
@@ -183,13 +173,14 @@ def test_a_running_job_whose_driver_is_gone(job, tmp_path, capsys):
 
 @pytest.mark.engine
 def test_a_running_job_whose_driver_is_alive(job, tmp_path, capsys):
-    location, _, pace = running_copy(job, tmp_path / "out", heartbeat_age=5)
+    location, _ = running_copy(job, tmp_path / "out", heartbeat_age=5)
     r = status_json(capsys, location.uri)
     assert (r.status, r.driver) == ("running", "alive") and not r.lease.stale
-    assert r.eta_seconds == pytest.approx((ROWS - 16) / pace) and r.eta_at
-    assert not [n for n in r.notes if "heartbeat" in n]
+    assert (r.units_committed, r.rows_done, r.attempt_units_committed, r.eta_seconds) == (2, 16, 2, None)
+    assert not [n for n in r.notes if "heartbeat" in n] and r.warnings == []
     text = status_text(capsys, location.uri)
-    assert f"(about {r.eta_at})" in text and "WARNING" not in text and "fresh" in text
+    assert "units:     2 of 4 committed (2 by attempt 1); the last " in text
+    assert "WARNING" not in text and "fresh" in text
 
 
 def test_no_job(tmp_path, capsys):
@@ -300,3 +291,197 @@ def test_a_dry_rerun_over_the_finished_job_has_nothing_left(job, capsys):
 
     assert cli_main(["run", config, "--dry-run"]) == 0
     assert f"rerun of job {manifest.job_id}: 4 committed, 0 left to run" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- a running job, without an engine
+# Output locations a running job leaves, made by hand with the project's own commit, stats, lease
+# and progress code: units committed (each marker's write time set to when it committed, on local
+# files), a stats file the driver wrote before the last commits, `_progress.json`.
+
+RUNNING_INPUT = {"a.parquet": 40, "b.parquet": 24}  # rows per file; units of 16: 3 + 2 units, 64 rows
+STALL_LIMIT = 300.0
+
+
+def running_job(root: Path, started: float, replicas: int = 1, in_flight: int = 2):
+    """A running attempt 1 over RUNNING_INPUT, its driver alive (a fresh lease); returns the
+    location and the plan's units."""
+    from pipeline.commit.units import plan_units
+    from pipeline.job.manifest import versions
+    from schemas import LAYOUT_VERSION, Attempt, InputFile, JobTotals, ModelFingerprint
+
+    files = [InputFile(uri=str(root / "in" / name), size=1000, version="v1", rows=rows, text_column="prompt")
+             for name, rows in RUNNING_INPUT.items()]
+    units = plan_units(files, 16)
+    at = dt_iso(started)
+    manifest = JobManifest(
+        layout_version=LAYOUT_VERSION, job_id="daily-7", status="running", started_at=at, versions=versions(),
+        config={"resources": {"rows_per_unit": 16, "replicas": replicas, "units_in_flight": in_flight},
+                "retries": {"engine_stall_seconds": STALL_LIMIT}},
+        model=ModelFingerprint(path="/m", config_sha256="0" * 64, architectures=[]), accelerator="cpu", input_files=files,
+        totals=JobTotals(input_rows=64), attempts=[Attempt(number=1, started_at=at, status="running", skipped_rows=0,
+                                                           units_planned=len(units))],
+    )
+    location = OutputLocation(Storage(), str(root / "out"))
+    location.write_manifest(manifest.model_dump(mode="json"))
+    OutputLease(location, LeaseConfig(heartbeat_seconds=30, stale_after_seconds=180), "daily-7", 1).acquire()
+    return location, units
+
+
+def dt_iso(seconds: float) -> str:
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="seconds")
+
+
+def commit(location: OutputLocation, unit, entered: float, committed: float, bad_rows: int = 0) -> dict:
+    """Commits `unit` as an engine would (outputs, errors, marker), in the engine from `entered`,
+    committed at `committed` (its marker's write time); returns its stats row."""
+    import os
+
+    import pyarrow as pa
+
+    from tests.test_outputs import stats
+
+    ids = [f"{unit.unit_id}-{i}" for i in range(unit.rows)]
+    ok, bad = ids[bad_rows:], ids[:bad_rows]
+    row = stats(unit.unit_id, unit.rows, len(ok)).model_copy(update=dict(
+        started_at=entered, wall_seconds=committed - entered, engine_seconds=committed - entered, generated_tokens=8 * len(ok)))
+    tables = {"outputs": pa.table({"id": ok}),
+              "errors": pa.table({"id": bad, "error_kind": ["empty_prompt"] * len(bad)})}
+    marker = location.commit(unit.unit_id, tables, row)
+    os.utime(location.path("_commits", f"{unit.unit_id}.json"), (committed, committed))
+    return marker.stats.model_dump()
+
+
+def test_a_running_job_counts_its_commit_markers_while_the_stats_file_lags(tmp_path, capsys):
+    """Issue 42: during a hang status said `rows: 0 of 1,536 done` with three markers in
+    _commits/: it counted the stats file, which the driver had not written yet. Units and rows
+    done are the markers' (one listing; rows from the plan); the split, tokens and error kinds
+    come from the stats file and the markers of the units committed since."""
+    now = time.time()
+    location, units = running_job(tmp_path, started=now - 600)
+    assert [u.rows for u in units] == [16, 16, 8, 16, 8]
+    heard = [commit(location, u, now - 500 + 20 * i, now - 480 + 20 * i, bad_rows=1 if i == 3 else 0)
+             for i, u in enumerate(units[:4])]
+    r = job_status(Storage(), location.uri)
+    assert (r.counts_from, r.driver, r.units_committed, r.units_planned, r.rows_done) == ("commits", "alive", 4, 5, 56)
+    assert (r.output_rows, r.error_rows, r.markers_read, r.stats_as_of) == (55, 1, 4, None)  # no stats file yet
+    assert r.errors_by_kind == {"empty_prompt": 1} and r.generated_tokens == 8 * 55
+
+    location.write_stats(1, heard[:2])  # the driver's last flush came two units ago
+    r = job_status(Storage(), location.uri)
+    assert (r.units_committed, r.rows_done, r.output_rows, r.error_rows, r.markers_read) == (4, 56, 55, 1, 2)
+    assert r.stats_as_of == dt_iso(now - 460) and r.attempt_units_committed == 4
+    text = status_text(capsys, location.uri)
+    assert "rows:      56 of 64 done (88%): 55 generated, 1 errors" in text
+    assert "units:     4 of 5 committed (4 by attempt 1); the last 7 min ago" in text
+
+
+def test_the_last_commit_age_and_a_pace_over_a_window_of_units(tmp_path, capsys):
+    """The newest marker's write time is the last commit; the pace is measured over the last
+    replicas x units_in_flight units (2 here); a commit long overdue against it is a warning."""
+    now = time.time()
+    location, units = running_job(tmp_path, started=now - 2000)
+    for i, unit in enumerate(units[:2]):
+        commit(location, unit, now - 1000 + 10 * i, now - 990 + 10 * i)
+    r = job_status(Storage(), location.uri)
+    assert r.last_commit_at == dt_iso(now - 980) and r.last_commit_age_seconds == pytest.approx(980, abs=5)
+    assert (r.rows_per_second, r.eta_seconds, r.pace_units, r.units_before_pace) == (None, None, 2, 1)
+    assert "ETA:       after the next unit commits" in status_text(capsys, location.uri)
+
+    commit(location, units[2], now - 980, now - 970)  # a third unit of 8 rows: 16 + 8 rows in 20 s of generation
+    r = job_status(Storage(), location.uri)
+    assert r.rows_per_second == pytest.approx(24 / 20) and r.units_before_pace == 0
+    assert r.warnings == [f"no unit has committed for 16 min, {r.last_commit_age_seconds / 10:.0f} times the usual 10 s "
+                          "between this attempt's commits"]
+    assert r.eta_seconds is None and "no ETA while no unit commits" in r.notes  # a pace that stopped dates nothing
+    text = status_text(capsys, location.uri)
+    assert f"WARNING: {r.warnings[0]}" in text and "ETA:       " not in text
+
+    location, units = running_job(tmp_path / "on-time", started=now - 100)  # the same pace, its last commit 20 s ago
+    for i, unit in enumerate(units[:3]):
+        commit(location, unit, now - 50 + 10 * i, now - 40 + 10 * i)
+    r = job_status(Storage(), location.uri)
+    assert r.warnings == [] and r.eta_seconds == pytest.approx((64 - 40) / (24 / 20))
+    assert r.eta_at == dt_iso(now - 20 + r.eta_seconds)
+    text = status_text(capsys, location.uri)
+    assert "ETA:       20 s (about " in text and "rows/s over the last 2 units committed" in text
+
+
+def write_progress(location: OutputLocation, now: float, written_ago: float, attempt: int = 1, quiet: float = 200) -> None:
+    """_progress.json as the driver writes it: replica a holds 48 requests and last yielded `quiet`
+    seconds ago; b generates; c holds nothing."""
+    from schemas import JobProgress, ReplicaProgress
+
+    replicas = [
+        ReplicaProgress(actor_id="a1" * 16, node_id="n1" * 20, requests_in_flight=48, last_output_at=now - quiet, reported_at=now - 2),
+        ReplicaProgress(actor_id="b2" * 16, node_id="n2" * 20, requests_in_flight=16, last_output_at=now - 1, reported_at=now - 1),
+        ReplicaProgress(actor_id="c3" * 16, node_id="n1" * 20, requests_in_flight=0, last_output_at=now - 900, reported_at=now - 3),
+    ]
+    progress = JobProgress(attempt=attempt, written_at=now - written_ago, generating_since=now - 1000,
+                           last_commit_at=now - 500, replicas=replicas)
+    location.write_progress(progress.model_dump(mode="json"))
+
+
+def test_an_engine_that_holds_requests_and_yields_nothing_is_named(tmp_path, capsys):
+    now = time.time()
+    location, units = running_job(tmp_path, started=now - 1000, replicas=3)
+    commit(location, units[0], now - 600, now - 500)
+    write_progress(location, now, written_ago=4)
+    r = job_status(Storage(), location.uri)
+    assert [(e.actor_id, e.requests_in_flight) for e in r.engines_without_progress] == [("a1" * 16, 48)]
+    assert r.engines_without_progress[0].seconds_without_output == pytest.approx(200, abs=5)
+    assert r.progress_written_at == dt_iso(now - 4)
+    assert r.warnings == ["engine replica a1a1a1a1 on node n1n1n1n1 holds 48 requests and has yielded no token for 3 min "
+                          f"(at retries.engine_stall_seconds, {STALL_LIMIT:.0f} s, it is taken for hung and replaced)"]
+    text = status_text(capsys, location.uri)
+    assert f"WARNING: {r.warnings[0]}" in text
+    # 3 replicas of 2 slots: the pace needs 7 units, 4 are left, all in the engines
+    assert "ETA:       none: the last 4 units are running (the pace is measured over 6 units, one per engine slot)" in text
+
+    write_progress(location, now, written_ago=4, quiet=400)  # past the limit: the actor that should replace it is stuck too
+    assert job_status(Storage(), location.uri).warnings == [
+        "engine replica a1a1a1a1 on node n1n1n1n1 holds 48 requests and has yielded no token for 7 min: past "
+        f"retries.engine_stall_seconds ({STALL_LIMIT:.0f} s), the least its actor waits before it replaces a hung engine (20 "
+        "times the engine's slowest step, if longer); else the actor is stuck too"]
+
+    write_progress(location, now, written_ago=4, attempt=0)  # an earlier attempt's: says nothing of this one
+    r = job_status(Storage(), location.uri)
+    assert (r.engines_without_progress, r.warnings, r.progress_written_at) == ([], [], None)
+
+
+def test_a_driver_that_stopped_writing_its_progress_is_said_to(tmp_path, capsys):
+    """A _progress.json minutes old while the driver's lease is fresh: the driver is not generating
+    or is stuck; its engines' figures are old, so no engine is named from them."""
+    now = time.time()
+    location, units = running_job(tmp_path, started=now - 1000)
+    commit(location, units[0], now - 600, now - 500)
+    write_progress(location, now, written_ago=300)
+    r = job_status(Storage(), location.uri)
+    assert r.engines_without_progress == [] and r.driver == "alive"
+    assert r.warnings == ["the driver last wrote _progress.json 5 min ago (it rewrites it every 10 s while it generates): "
+                          "it is not generating now, or it is stuck; what its engines do is not known"]
+    assert f"WARNING: {r.warnings[0]}" in status_text(capsys, location.uri)
+
+
+def test_a_running_job_on_s3_is_one_listing_of_its_markers(s3_endpoint, tmp_path, monkeypatch):
+    """On S3: _job.json, the lease, one LIST of _commits/ (its write times with it), the stats
+    listing and file, the markers of the units the stats file lacks, _progress.json; no HEAD."""
+    now = time.time()
+    local, units = running_job(tmp_path, started=now - 600)
+    heard = [commit(local, u, now - 500 + 20 * i, now - 480 + 20 * i) for i, u in enumerate(units[:3])]
+    local.write_stats(1, heard[:1])
+    write_progress(local, now, written_ago=2)
+    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_endpoint})
+    fs.put(str(tmp_path / "out") + "/", f"specbatch/running-{tmp_path.name}/", recursive=True)
+    calls = record_s3_requests(monkeypatch)
+    # listings go through the sync `call_s3`, which s3fs binds to the unrecorded `_call_s3` at import
+    monkeypatch.setattr(s3fs.S3FileSystem, "call_s3", sync_wrapper(s3fs.S3FileSystem._call_s3))
+    r = job_status(Storage(endpoint_url=s3_endpoint), f"s3://specbatch/running-{tmp_path.name}")
+    assert (r.units_committed, r.rows_done, r.output_rows, r.markers_read) == (3, 40, 40, 2)
+    assert r.last_commit_age_seconds is not None and r.last_commit_age_seconds < 600  # the upload's time, the store's clock
+    keys = sorted((method, key.split(tmp_path.name + "/", 1)[-1]) for method, key in calls)
+    markers = sorted(("get_object", f"_commits/{u.unit_id}.json") for u in units[1:3])
+    assert keys == sorted([("get_object", "_job.json"), ("get_object", "_lease.json"), ("list_objects_v2", "_commits/"),
+                           ("list_objects_v2", "stats/"), ("get_object", "stats/attempt-0001.parquet"), *markers,
+                           ("get_object", "_progress.json")]), keys

@@ -283,8 +283,8 @@ class ClusterWatch:
         return sorted(actors, key=lambda actor: ENGINE_ACTOR not in actor) + groups
 
 
-def stall_message(config: JobConfig, waiting: list[str], since: float) -> str:
-    minutes = (time.time() - since) / 60
+def stall_message(config: JobConfig, waiting: list[str], idle_seconds: float) -> str:
+    minutes = idle_seconds / 60
     return (
         f"no unit committed for {minutes:.1f} minutes (retries.stall_minutes = {config.retries.stall_minutes:g}) while "
         f"the job waits for resources: {'; '.join(waiting[:6])}{' ...' if len(waiting) > 6 else ''}. The cluster has "
@@ -307,17 +307,18 @@ def _raise_in_main_thread(exc_type: type | None) -> None:
 
 
 class StallWatch(threading.Thread):
-    """Looks at the cluster while the driver waits for the next unit. When none has committed
-    for `limit_seconds` while the job's actors or placement groups wait for resources, it
-    raises StallInterrupt in the driver's wait (Ray Data's consumer sleeps in a loop, so it
-    lands at once) and leaves what waits in `waiting` for the driver to name. It raises it
-    too within a second of `lost()` turning true (the run lost its lease), `waiting` None."""
+    """Looks at the job while the driver waits for the next unit: every WATCH_SECONDS it calls
+    `look(seconds since the last committed unit)`, and when that returns an exception (the job
+    cannot go on: pipeline/job/watch.py names why) it raises StallInterrupt in the driver's wait
+    (Ray Data's consumer sleeps in a loop, so it lands at once) and leaves the exception in
+    `failure` for the driver to raise. It raises it too within a second of `lost()` turning true
+    (the run lost its lease), `failure` None."""
 
-    def __init__(self, watch: ClusterWatch, limit_seconds: float, lost: Callable[[], bool] = lambda: False):
+    def __init__(self, look: Callable[[float], BaseException | None], lost: Callable[[], bool] = lambda: False):
         super().__init__(name="specbatch-stall-watch", daemon=True)
-        self.watch, self.limit, self.lost = watch, limit_seconds, lost
+        self.look, self.lost = look, lost
         self.last = time.time()
-        self.waiting: list[str] | None = None
+        self.failure: BaseException | None = None
         self._raised = False
         self._stopped = threading.Event()
         self._lock = threading.Lock()  # no interrupt once the driver stopped the watch
@@ -337,21 +338,21 @@ class StallWatch(threading.Thread):
             if self.lost():
                 self._interrupt(None)
                 continue
-            if time.time() - self.last <= self.limit or time.time() - looked < WATCH_SECONDS:
+            if time.time() - looked < WATCH_SECONDS:
                 continue
             looked = time.time()
             try:
-                waiting = self.watch.waiting()
-            except Exception as exc:  # a GCS call that failed (a loaded or shrinking cluster): look again next round
-                logging.getLogger("specbatch").warning("stall watch: cannot read the cluster's state (%s)", exc)
+                failure = self.look(time.time() - self.last)
+            except Exception as exc:  # a GCS or storage call that failed (a loaded or shrinking cluster): look again next round
+                logging.getLogger("specbatch").warning("job watch: cannot look at the job (%s: %s)", type(exc).__name__, exc)
                 continue
-            if waiting:
-                self._interrupt(waiting)
+            if failure is not None:
+                self._interrupt(failure)
 
-    def _interrupt(self, waiting: list[str] | None) -> None:
+    def _interrupt(self, failure: BaseException | None) -> None:
         # Again each round until the driver stops the watch, in case one lands where it is
         # caught and dropped.
         with self._lock:
             if not self._stopped.is_set():
-                self.waiting, self._raised = waiting, True
+                self.failure, self._raised = failure, True
                 _raise_in_main_thread(StallInterrupt)

@@ -46,6 +46,7 @@ class JobBoard:
         self.engines: list = []
         self.trial_claimant: Optional[str] = None
         self.trial: Optional[dict] = None  # the speculation trial's verdict (schemas.TrialVerdict as JSON)
+        self.progress: dict[str, dict] = {}  # actor id -> its engine's last progress report
 
     async def check_in(self, start: dict, engine=None) -> None:
         """Records an engine's start, and its actor's handle for the driver to stop it by."""
@@ -97,6 +98,13 @@ class JobBoard:
 
     async def trial_verdict(self) -> Optional[dict]:
         return self.trial
+
+    async def report_progress(self, progress: dict) -> None:
+        """An engine's progress (schemas.ReplicaProgress as a dict), every few seconds."""
+        self.progress[progress["actor_id"]] = progress
+
+    async def read_progress(self) -> list[dict]:
+        return list(self.progress.values())
 
     async def read(self) -> dict:
         """What the driver records: every engine start, the probe's verdict and the trial's,

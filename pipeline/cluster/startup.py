@@ -152,7 +152,8 @@ def start_cost(clock: StartClock, starts: list[dict], verdict: Optional[dict]) -
     if first is not None:
         phase("first unit", max(first.engine_ready_at, probed_until or 0.0), m.get("first_commit"))
     phases.sort(key=lambda p: p.started_s)
-    first_commit = m.get("first_commit")
+    first_commit, generating = m.get("first_commit"), m.get("generating")
     return StartCost(
-        to_first_commit_seconds=round(first_commit - t0, 3) if first_commit else None, phases=phases, engine_starts=engines,
+        to_first_commit_seconds=round(first_commit - t0, 3) if first_commit else None,
+        generation_started_s=round(generating - t0, 3) if generating else None, phases=phases, engine_starts=engines,
     )

@@ -36,7 +36,7 @@ from typing import Callable, Optional
 
 from pipeline.commit.outputs import LEASE, OutputLocation
 from pipeline.config import LeaseConfig
-from pipeline.storage import PreconditionFailed, json_bytes
+from pipeline.storage import PreconditionFailed, StorageUnavailable, json_bytes
 from schemas import Lease
 
 log = logging.getLogger("specbatch.lease")
@@ -129,7 +129,8 @@ class OutputLease:
             pid_started_at=psutil.Process(pid).create_time(),
         )
         self.atomic = location.storage.conditional_writes(self.uri)
-        self.lost: Optional[LeaseLost] = None  # set by the heartbeat when another run took over
+        # set by the heartbeat when another run took over, or the store did not answer a renewal for storage.outage_seconds
+        self.lost: Optional[LeaseLost | StorageUnavailable] = None
         self._version: Optional[str] = None  # of this run's last write
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -166,9 +167,13 @@ class OutputLease:
         if not self.atomic:
             say(f"{self.location.uri}: this store has no conditional writes; the lease is written and read back, "
                 "which narrows, but cannot close, a race between two runs started at the same instant")
-        watch = _Watch(self.config, say)
+        watch, held = _Watch(self.config, say), None
         while True:
+            before = held
             held, version = self._read()
+            if held is not None and held.owner == self.lease.owner:  # our write landed and its answer was lost
+                self._version, self.lease.generation, held = version, held.generation, before
+                break
             if held is not None and not watch.may_take(held, self.location, take_over):
                 continue
             self.lease.generation = (held.generation if held else 0) + 1
@@ -212,7 +217,7 @@ class OutputLease:
         while not self._stop.wait(self.config.heartbeat_seconds):
             try:
                 self._renew()
-            except LeaseLost as lost:
+            except (LeaseLost, StorageUnavailable) as lost:  # the attempt stops (graph_run raises it)
                 self.lost = lost
                 log.error("%s", lost)
                 return

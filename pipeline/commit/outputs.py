@@ -43,6 +43,7 @@ ATTEMPTS = "_attempts"
 EVENTS = "_events"
 STATS = "stats"
 MANIFEST = "_job.json"
+PROGRESS = "_progress.json"  # a running attempt's driver's last look (schemas.JobProgress)
 LEASE = "_lease.json"
 # Reads of many small objects (markers) go out this many at a time.
 PARALLEL_READS = 32
@@ -246,12 +247,27 @@ class OutputLocation:
         return self.storage.read_json(uri) if self.storage.exists(uri) else None
 
     def record_engine_death(self, event: dict) -> None:
-        self.storage.write_json(self.path(EVENTS, f"engine-death-{time.time():.3f}-{event['actor_id'][:12]}.json"), event)
+        kind = "hung" if event.get("kind") == "hung" else "death"
+        self.storage.write_json(self.path(EVENTS, f"engine-{kind}-{time.time():.3f}-{event['actor_id'][:12]}.json"), event)
+
+    def engine_death_files(self, since: float = 0.0) -> dict[str, float]:
+        """The files of engine deaths and hangs recorded after `since` (Unix time): one listing; uri -> when."""
+        times = {u: float(u.rsplit("/", 1)[1].split("-")[2]) for u in self.storage.list_files(self.path(EVENTS), ".json")}
+        return {uri: at for uri, at in times.items() if at >= since}
 
     def engine_deaths(self, since: float = 0.0) -> list[dict]:
-        """Engine deaths recorded by the actors, oldest first; those after `since` (Unix time)."""
-        uris = [u for u in self.storage.list_files(self.path(EVENTS), ".json") if float(u.rsplit("/", 1)[1].split("-")[2]) >= since]
-        return self.read_all(self.storage.read_json, uris)
+        """Engine deaths and hangs recorded by the actors, oldest first; those after `since` (Unix time)."""
+        return self.read_all(self.storage.read_json, list(self.engine_death_files(since)))
+
+    def write_progress(self, progress: dict) -> None:
+        """`_progress.json`, while this run holds the lease."""
+        if self.holder is not None:
+            self.holder()
+        self.storage.write_json(self.path(PROGRESS), progress)
+
+    def read_progress(self) -> Optional[dict]:
+        uri = self.path(PROGRESS)
+        return self.storage.read_json(uri) if self.storage.exists(uri) else None
 
     # ------------------------------------------------------------------ the location as a whole
 
@@ -260,6 +276,7 @@ class OutputLocation:
         for name in (*ROW_TABLES, STATS, COMMITS, ATTEMPTS, EVENTS, "report"):
             self.storage.delete(self.path(name), recursive=True)
         self.storage.delete(self.path(MANIFEST))
+        self.storage.delete(self.path(PROGRESS))
 
     def has_manifest(self) -> bool:
         return self.storage.exists(self.path(MANIFEST))

@@ -89,8 +89,27 @@ class RetriesConfig(Section):
         30.0,
         gt=0,
         description=(
-            "The job stops with SchedulingStalled when no unit commits for this long while engines or tasks wait "
-            "for resources the cluster does not have."
+            "The attempt stops, named, when no unit commits for this long while no engine is generating: with "
+            "SchedulingStalled when engines or tasks wait for resources the cluster does not have, with JobStalled "
+            "otherwise (a read that never returns, an engine actor Ray does not report, a stuck driver)."
+        ),
+    )
+    engine_stall_seconds: float = Field(
+        300.0,
+        gt=0,
+        description=(
+            "An engine with requests in it that yields no output (vLLM reports every engine step) for this long, or "
+            "for 20 times its slowest step so far if that is longer, is hung: its processes are killed, with their "
+            "stacks recorded, and it is replaced as after a death. 300 s is above any single step of a large model "
+            "(a prefill is chunked by max_num_batched_tokens) and below NCCL's own 10-minute timeout."
+        ),
+    )
+    max_engine_failures: int = Field(
+        8,
+        ge=1,
+        description=(
+            "Engine deaths and hangs in a row, with no unit committed between them, that fail the attempt with "
+            "EnginesKeepFailing (a rerun resumes); each one before that is survived by replacing the engine."
         ),
     )
     isolate_after_attempts: int = Field(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import dataclasses
+import functools
 import threading
 import time
 import weakref
@@ -39,10 +40,16 @@ from pipeline.speculation.probe import probe_concurrency, probe_result, refusal
 from pipeline.stages.completions import reasoning_parser
 from pipeline.stages.engine import EngineProcesses, lora_requests, prepare_process_env, process_title, start_engine
 from pipeline.stages.engine_requests import EngineRequests
+from pipeline.stages.engine_watch import EngineClock, engine_stacks
 from pipeline.stages.metrics import ReplicaMetrics
 from pipeline.stages.unit_results import Identity, UnitResults, collect, tables, unit_stats
 from pipeline.storage import Storage
 from schemas import UnitStats, arrow_schema
+
+
+# How often an actor looks at its engine's progress, and reports it to the job board.
+ENGINE_WATCH_SECONDS = 1.0
+PROGRESS_REPORT_SECONDS = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +79,8 @@ class Generator:
 
         imported = time.time()
         self.processes = EngineProcesses()
-        self.engine = start_engine(self.config, self.processes, self.vllm_classes)
+        self.clock = EngineClock(self.config.retries.engine_stall_seconds)
+        self.engine = start_engine(self.config, self.processes, self.vllm_classes, [self.clock.stat_logger_factory()])
         ready = time.time()
         self.stopped = False
         atexit.register(_stop_at_exit, weakref.ref(self))
@@ -100,6 +108,7 @@ class Generator:
         self.board, self.fence = engines.board, engines.fence
         if self.board is not None:
             ray.get(self.board.check_in.remote(self.start, context.current_actor))
+        self.watching: Optional[asyncio.Task] = None  # the engine's watch (_watch_engine), from the first unit on
         self.probed: Optional[asyncio.Future] = None  # this engine's claim of the probe (and its measuring)
         self.verdict: Optional[dict] = None  # once in, not asked for again
         self.as_configured = self.config
@@ -127,6 +136,8 @@ class Generator:
         rows = batch.drop_columns(["metadata"]).to_pylist()
         todo = [i for i, r in enumerate(rows) if r["error_kind"] is None]
 
+        if self.watching is None:
+            self.watching = asyncio.ensure_future(self._watch_engine())
         await self._probe_once()
         suspects = await asyncio.to_thread(self._suspects, unit_id)
         arm = await self.trial.enter(self._restart_engine)
@@ -144,6 +155,28 @@ class Generator:
         await self._verdict_passed()
         # Off the event loop: the other units in flight keep the engine busy meanwhile.
         return await asyncio.to_thread(self._commit, unit_id, out, batch.column("metadata"), stats, received)
+
+    async def _watch_engine(self) -> None:
+        """Every second: whether the engine still makes steps while it holds requests (a hung
+        one is ended as a dead one is, and Ray replaces the actor), the replica's gauge, and
+        every few seconds its progress to the job board, which the driver and status read."""
+        reported = 0.0
+        while not self.requests.dying:
+            await asyncio.sleep(ENGINE_WATCH_SECONDS)
+            self.clock.busy(self.requests.has_requests())
+            stalled, limit = self.clock.seconds_without_progress(), self.clock.limit()
+            self.metrics.record_progress(stalled)
+            if self.board is not None and time.time() - reported >= PROGRESS_REPORT_SECONDS:
+                reported = time.time()
+                self.board.report_progress.remote(self._progress())
+            if stalled > limit:
+                stacks = functools.partial(engine_stacks, self.processes.running())
+                await self.requests.engine_hung(stalled, limit, stacks)
+
+    def _progress(self) -> dict:
+        in_flight = sum(len(rows) for rows in self.requests.in_flight.values())
+        return {**self.where, "requests_in_flight": in_flight, "last_output_at": self.clock.last_output_at(),
+                "reported_at": time.time()}
 
     async def _probe_once(self) -> None:
         """Claims the probe at this engine's first unit; when handed its rows, measures them
@@ -193,7 +226,9 @@ class Generator:
         await asyncio.to_thread(self.processes.end, 10.0, 10.0)  # a worker still exiting is given time first
         self.config = self.as_configured if speculative else self.as_configured.without_speculation()
         began = time.time()
-        self.engine = await asyncio.to_thread(start_engine, self.config, self.processes, self.vllm_classes)
+        self.clock = EngineClock(self.config.retries.engine_stall_seconds)
+        loggers = [self.clock.stat_logger_factory()]
+        self.engine = await asyncio.to_thread(start_engine, self.config, self.processes, self.vllm_classes, loggers)
         self.requests = EngineRequests(self.engine, self.location, lora_requests(self.config), self.processes.end, **self.where)
         self.identity = dataclasses.replace(self.identity, drafter_id=self.drafter_id if speculative else None)
         ready = time.time()

@@ -13,15 +13,17 @@ from typing import Optional
 
 import pyarrow as pa
 
-from pipeline.cluster import WATCH_SECONDS, ClusterWatch, SchedulingStalled, StallInterrupt, StallWatch, stall_message
+from pipeline.cluster import WATCH_SECONDS, ClusterWatch, StallInterrupt, StallWatch
 from pipeline.cluster.startup import start_cost
 from pipeline.commit.units import WorkUnit
 from pipeline.job.breaker import ErrorBreaker
-from pipeline.job.console import STEADY_MIN_SECONDS, print_progress, progress_line, say
+from pipeline.job.console import Pace, commit_window, print_progress, progress_line, say
 from pipeline.job.manifest import now, plain_text
+from pipeline.job.watch import AttemptLooks
 from pipeline.speculation.guard import AcceptanceGuard, AcceptanceTooLow
 from pipeline.speculation.probe import DrafterRejected
 from pipeline.stages.stats import EngineBusyTime
+from pipeline.storage import StorageUnavailable
 from schemas import GuardEvent, NodeLoss, ProbeResult, TrialVerdict
 
 log = logging.getLogger("specbatch")
@@ -44,10 +46,10 @@ class AttemptProgress:
     def __init__(self, attempt, total_rows: int, guard: Optional[AcceptanceGuard]):
         self.attempt, self.heard, self.total_rows, self.guard = attempt, attempt.heard, total_rows, guard
         self.breaker = ErrorBreaker(attempt.config.retries)
-        self.started = self.flushed = time.time()
+        self.flushed = time.time()
         self.tokens = self.drafted = self.accepted = 0
         self.rows = sum(r["rows"] for r in self.heard.values())  # kept as units are heard, not summed per batch
-        self.first_commit: Optional[tuple[float, int]] = None  # (when, rows done then)
+        self.pace = Pace(commit_window(attempt.config.resources.max_replicas, attempt.config.resources.units_in_flight))
         self.busy = self._busy_time()
 
     def observe(self, stats: pa.Table) -> bool:
@@ -94,26 +96,24 @@ class AttemptProgress:
 
     def _print(self, done: int) -> None:
         now_ = time.time()
-        if self.first_commit is None:
-            self.first_commit = (now_, done)
-        since, done_then = self.first_commit
-        steady = (done - done_then) / (now_ - since) if now_ - since >= STEADY_MIN_SECONDS and done > done_then else None
-        eta = (self.total_rows - done) / steady if steady else (0.0 if done >= self.total_rows else None)
+        self.pace.hear(self.heard)
         engine_rate = self.tokens / self.busy.seconds if self.busy.seconds else 0.0
-        wall_rate = self.tokens / (now_ - self.started) if now_ > self.started else 0.0
+        began = self.attempt.started  # where the attempt's wall time, and the summary's, begins
+        wall_rate = self.tokens / (now_ - began) if now_ > began else 0.0
         acceptance = self.accepted / self.drafted if self.drafted else None
+        eta = self.pace.eta_text(self.total_rows - done, len(self.attempt.plan.todo) - len(self.heard))
         print_progress(progress_line(done, self.total_rows, engine_rate, wall_rate, acceptance, eta), done >= self.total_rows)
 
 
 def run_graph(dataset, todo: list[WorkUnit], heed: AttemptProgress, board) -> GraphOutcome:
     """Iterates one graph to its outcome. Nodes that leave are noted in `_job.json` when
-    seen. Stops with SchedulingStalled (nothing committed for `retries.stall_minutes` while
-    actors wait for resources), DrafterRejected, or LeaseLost (an engine refused to commit, or
-    the heartbeat found another owner)."""
+    seen. Stops with what the job watch found (pipeline/job/watch.py: SchedulingStalled,
+    JobStalled, EnginesKeepFailing), DrafterRejected, or LeaseLost (an engine refused to
+    commit, or the heartbeat found another owner)."""
     attempt = heed.attempt
     watch = ClusterWatch()
     losses = NodeLosses(attempt, watch, todo)
-    stall = StallWatch(watch, attempt.config.retries.stall_minutes * 60, lost=lambda: attempt.lease.lost is not None)
+    stall = StallWatch(AttemptLooks(attempt, board, watch, todo), lost=lambda: attempt.lease.lost is not None)
     looked = time.time()
     attempt.clock.mark("graph_started")
     stall.start()
@@ -138,7 +138,7 @@ def run_graph(dataset, todo: list[WorkUnit], heed: AttemptProgress, board) -> Gr
         stall.stop()
         attempt.lease.still_ours()  # the heartbeat found another owner: stop now, not at the next unit
         losses.note()
-        raise SchedulingStalled(stall_message(attempt.config, stall.waiting, stall.last)) from None
+        raise stall.failure or RuntimeError("the job watch stopped the graph") from None
     except Exception as exc:
         attempt.lease.still_ours()  # an engine refused to commit for the run that holds the lease now
         refused = _probe_refusal(attempt, board)
@@ -151,10 +151,17 @@ def run_graph(dataset, todo: list[WorkUnit], heed: AttemptProgress, board) -> Gr
     finally:
         stall.stop()
         batches.close()
-        try:
-            _record_board(attempt, board)
-        finally:  # also when this run lost its lease meanwhile, and may not write
-            _stop_engines(board)
+        _end_graph(attempt, board)
+
+
+def _end_graph(attempt, board) -> None:
+    """The board's figures into `_job.json`, then the graph's engines stopped, whatever happened."""
+    try:
+        _record_board(attempt, board)
+    except StorageUnavailable as down:  # the error that ended the graph goes on, not this one
+        log.error("the engines' starts were not recorded in _job.json: %s", down)
+    finally:  # also when this run lost its lease meanwhile, and may not write
+        _stop_engines(board)
 
 
 class NodeLosses:

@@ -38,6 +38,7 @@ from pipeline.speculation.guard import AcceptanceGuard, speculation_verdict
 from pipeline.speculation.probe import job_probe_rows, refusal, rejudged
 from pipeline.speculation.trial import too_few_units
 from pipeline.stages.stats import billed_replicas, totals_from_stats
+from pipeline.storage import StorageUnavailable
 from schemas import Attempt, EngineDeath, JobManifest, Lease, ProbeResult
 
 log = logging.getLogger("specbatch")
@@ -72,7 +73,7 @@ class JobAttempt:
             self._start(dead_owner)
             self._generate_and_close()
         finally:
-            self.lease.release()
+            self._release_lease()
         return self.manifest
 
     @property
@@ -120,7 +121,7 @@ class JobAttempt:
 
     def _generate_and_close(self) -> None:
         record, plan = self.record, self.plan
-        self.started = time.time()
+        self.started = self.clock.mark("generating")  # the attempt's wall time, on the start's time line too
         try:
             committed = plan.committed
             if plan.todo:
@@ -143,7 +144,7 @@ class JobAttempt:
             raise
         finally:
             if record.status != "fenced":
-                self._close()
+                self._close_unless_the_store_is_down()
 
     # ------------------------------------------------------------ start
 
@@ -260,6 +261,24 @@ class JobAttempt:
         if manifest.status == "succeeded":
             record.status = manifest.status = finished_status(manifest.totals, config)
         self.save()
+
+    def _close_unless_the_store_is_down(self) -> None:
+        """`_close`; when the attempt failed and the store does not answer, the failure goes on
+        and the record it could not write is said (the next attempt closes it)."""
+        try:
+            self._close()
+        except StorageUnavailable as down:
+            if self.record.status != "failed":
+                raise
+            log.error("the failed attempt's record was not written to %s: %s", self.location.uri, down)
+
+    def _release_lease(self) -> None:
+        """The lease given back; a store that does not answer keeps it until the next run takes it
+        over (at once on this host, where this process is gone by then; elsewhere once it is stale)."""
+        try:
+            self.lease.release()
+        except StorageUnavailable as down:
+            log.warning("the lease on %s was not released: %s", self.location.uri, down)
 
     def _close_fenced(self, lost: LeaseLost) -> None:
         """What a run that lost the location did under its own lease, into its own attempt's

@@ -146,6 +146,11 @@ class EngineProcesses:
         except psutil.Error:  # a child that ended while listed
             pass
 
+    def running(self) -> list[int]:
+        """The pids of the engine processes still running (multiprocessing's resource tracker aside)."""
+        self.look()
+        return [p.pid for p in self.seen.values() if p.is_running() and not _is_resource_tracker(p)]
+
     def end(self, grace_seconds: float = 5.0, patience: float = 0.0) -> list[int]:
         """SIGKILL each engine process still running (after up to `patience` seconds for them to
         exit on their own), and wait up to `grace_seconds` for them to be gone; returns the pids
@@ -176,14 +181,15 @@ class EngineProcesses:
 ENGINE_START_ATTEMPTS = 2
 
 
-def start_engine(config: JobConfig, processes: EngineProcesses, vllm_classes: tuple[type, type]):
+def start_engine(config: JobConfig, processes: EngineProcesses, vllm_classes: tuple[type, type], stat_loggers: list | None = None):
     """vLLM's AsyncLLM (`vllm_classes`: AsyncEngineArgs and AsyncLLM) for the job's engine
-    settings, with its processes noted in `processes`; a failed start leaves none of them."""
+    settings, with its processes noted in `processes`; a failed start leaves none of them.
+    `stat_loggers`: vLLM stat logger factories (pipeline/stages/engine_watch.py's clock)."""
     AsyncEngineArgs, AsyncLLM = vllm_classes
     for attempt in range(1, ENGINE_START_ATTEMPTS + 1):
         started = processes.watch()
         try:
-            engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(config)))
+            engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(config)), stat_loggers=stat_loggers)
         except Exception as exc:
             started()
             processes.end()

@@ -25,7 +25,11 @@ PROBE = "probe"  # the drafter probe's requests in `in_flight`: not a unit, neve
 
 
 class EngineCrash(RuntimeError):
-    """The row killed the engine when it was the only one in it."""
+    """The row killed (or hung) the engine when it was the only one in it."""
+
+
+class EngineHung(RuntimeError):
+    """The engine held requests and made no step for its stall limit (pipeline/stages/engine_watch.py)."""
 
 
 class EngineRequests:
@@ -99,9 +103,20 @@ class EngineRequests:
         results = await asyncio.gather(*(self._generate(unit_id, i, rows[i]) for i in todo), return_exceptions=True)
         return dict(zip(todo, results))
 
-    async def _engine_died(self, exc: BaseException) -> None:
-        """Record the death and each unit's suspects, then end the process: nothing of the
-        units in flight is committed, and Ray restarts the actor and retries them."""
+    def has_requests(self) -> bool:
+        return any(self.in_flight.values())
+
+    async def engine_hung(self, seconds: float, limit: float, stacks: Callable[[], str]) -> None:
+        """The engine holds requests and has made no step for `seconds` (over `limit`): ended
+        as a dead one is, its processes' stacks (`stacks()`, taken before they are killed) in
+        the event."""
+        exc = EngineHung(f"the engine made no step for {seconds:.1f} s with requests in it (limit {limit:.1f} s)")
+        await self._engine_died(exc, hang={"seconds_without_progress": round(seconds, 1), "stall_limit_seconds": round(limit, 1)},
+                                stacks=stacks)
+
+    async def _engine_died(self, exc: BaseException, hang: Optional[dict] = None, stacks: Optional[Callable[[], str]] = None) -> None:
+        """Record the death (or hang) and each unit's suspects, then end the process: nothing
+        of the units in flight is committed, and Ray restarts the actor and retries them."""
         if self.dying:  # another request of this actor is already recording it
             await self.never.wait()
         self.dying = True
@@ -112,9 +127,14 @@ class EngineRequests:
             "node_id": self.node_id,
             "error": f"{type(exc).__name__}: {exc}",
             "units": sorted(suspects),
+            "kind": "hung" if hang else "died",
+            "rows_in_flight": suspects,
+            **(hang or {}),
         }
 
         def record():
+            if stacks is not None:
+                event["stacks"] = stacks()
             for unit, rows in suspects.items():
                 alone = unit == self.isolated and len(rows) == 1
                 self.location.record_suspects(unit, rows, alone)
@@ -134,7 +154,7 @@ class EngineRequests:
         narrows them down. A suspect that killed the engine alone is not run again."""
         if suspects["alone"]:
             (culprit,) = suspects["rows"]
-            crash = EngineCrash(f"the engine died each time this row was in it, the last time alone (unit {unit_id})")
+            crash = EngineCrash(f"the engine died or hung each time this row was in it, the last time alone (unit {unit_id})")
             results = await self._generate_all(unit_id, rows, [i for i in todo if i != culprit])
             return {**results, **({culprit: crash} if culprit in todo else {})}
         suspect_rows = [i for i in todo if i in set(suspects["rows"])]

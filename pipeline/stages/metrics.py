@@ -32,6 +32,10 @@ GAUGES = {
         "Generated tokens per target decode pass of the replica's last committed unit that drafted: what speculation "
         "saved, the drafts a grammar cut included."
     ),
+    "seconds_since_last_output": (
+        "Seconds this replica's engine has held requests without making a step (vLLM reports every step); 0 while it "
+        "holds none. Past retries.engine_stall_seconds the engine is hung and replaced."
+    ),
     "trial_speedup_vs_off": (
         "The speculation trial's measured tokens/s with the configured speculation / without it, on the replica that ran "
         "it (below 1: speculation cost more than it saved, and the job turned it off)."
@@ -46,6 +50,9 @@ class ReplicaMetrics:
         self.gauges = {name: Gauge(f"specbatch_{name}", text, TAG_KEYS) for name, text in GAUGES.items()}
         self.first_unit_started: Optional[float] = None
         self.generated_tokens = 0
+
+    def record_progress(self, seconds_without_progress: float) -> None:
+        self.gauges["seconds_since_last_output"].set(seconds_without_progress, tags=self.tags)
 
     def record_trial(self, speedup_vs_off: float) -> None:
         self.gauges["trial_speedup_vs_off"].set(speedup_vs_off, tags=self.tags)
