@@ -265,6 +265,10 @@ class OutputLocation:
             self.holder()
         self.storage.write_json(self.path(PROGRESS), progress)
 
+    def clear_progress(self) -> None:
+        """A finished job's `_progress.json` goes: it said what a running attempt's engines were doing."""
+        self.storage.delete(self.path(PROGRESS))
+
     def read_progress(self) -> Optional[dict]:
         uri = self.path(PROGRESS)
         return self.storage.read_json(uri) if self.storage.exists(uri) else None

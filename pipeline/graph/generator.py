@@ -137,7 +137,7 @@ class Generator:
         todo = [i for i, r in enumerate(rows) if r["error_kind"] is None]
 
         if self.watching is None:
-            self.watching = asyncio.ensure_future(self._watch_engine())
+            self.watching = asyncio.ensure_future(_watch_engine(weakref.ref(self)))
         await self._probe_once()
         suspects = await asyncio.to_thread(self._suspects, unit_id)
         arm = await self.trial.enter(self._restart_engine)
@@ -156,22 +156,18 @@ class Generator:
         # Off the event loop: the other units in flight keep the engine busy meanwhile.
         return await asyncio.to_thread(self._commit, unit_id, out, batch.column("metadata"), stats, received)
 
-    async def _watch_engine(self) -> None:
-        """Every second: whether the engine still makes steps while it holds requests (a hung
-        one is ended as a dead one is, and Ray replaces the actor), the replica's gauge, and
-        every few seconds its progress to the job board, which the driver and status read."""
-        reported = 0.0
-        while not self.requests.dying:
-            await asyncio.sleep(ENGINE_WATCH_SECONDS)
-            self.clock.busy(self.requests.has_requests())
-            stalled, limit = self.clock.seconds_without_progress(), self.clock.limit()
-            self.metrics.record_progress(stalled)
-            if self.board is not None and time.time() - reported >= PROGRESS_REPORT_SECONDS:
-                reported = time.time()
-                self.board.report_progress.remote(self._progress())
-            if stalled > limit:
-                stacks = functools.partial(engine_stacks, self.processes.running())
-                await self.requests.engine_hung(stalled, limit, stacks)
+    async def _look_at_engine(self, reported: float) -> float:
+        """One look of the engine's watch (`_watch_engine`); returns when it last reported."""
+        self.clock.busy(self.requests.has_requests())
+        stalled, limit = self.clock.seconds_without_progress(), self.clock.limit()
+        self.metrics.record_progress(stalled)
+        if self.board is not None and time.time() - reported >= PROGRESS_REPORT_SECONDS:
+            reported = time.time()
+            self.board.report_progress.remote(self._progress())
+        if stalled > limit:
+            stacks = functools.partial(engine_stacks, self.processes.running())
+            await self.requests.engine_hung(stalled, limit, stacks)
+        return reported
 
     def _progress(self) -> dict:
         in_flight = sum(len(rows) for rows in self.requests.in_flight.values())
@@ -255,6 +251,22 @@ class Generator:
         self.location.finish_attempt(unit_id)
         self.metrics.record(marker.stats)
         return pa.Table.from_pylist([marker.stats.model_dump()], schema=arrow_schema(UnitStats))
+
+
+async def _watch_engine(generator: weakref.ref) -> None:
+    """Every second: whether the engine still makes steps while it holds requests (a hung one is
+    ended as a dead one is, and Ray replaces the actor), the replica's gauge, and every few
+    seconds its progress to the job board, which the driver and status read. It holds the actor
+    by a weak reference between looks: a pending task that held it would keep Ray Data's pool
+    shutdown from freeing the actor, whose `__del__` stops the engine before Ray ends its processes."""
+    reported = 0.0
+    while True:
+        await asyncio.sleep(ENGINE_WATCH_SECONDS)
+        actor = generator()
+        if actor is None or actor.stopped or actor.requests.dying:
+            return
+        reported = await actor._look_at_engine(reported)
+        del actor
 
 
 def _stop_at_exit(generator: weakref.ref) -> None:

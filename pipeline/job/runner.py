@@ -260,6 +260,7 @@ class JobAttempt:
         )
         if manifest.status == "succeeded":
             record.status = manifest.status = finished_status(manifest.totals, config)
+            location.clear_progress()  # a failed attempt keeps its engines' last state for a look afterwards
         self.save()
 
     def _close_unless_the_store_is_down(self) -> None:
