@@ -270,8 +270,11 @@ class OutputLocation:
         self.storage.delete(self.path(PROGRESS))
 
     def read_progress(self) -> Optional[dict]:
-        uri = self.path(PROGRESS)
-        return self.storage.read_json(uri) if self.storage.exists(uri) else None
+        """`_progress.json` (one GET), or None when there is none."""
+        try:
+            return self.storage.read_json(self.path(PROGRESS))
+        except FileNotFoundError:
+            return None
 
     # ------------------------------------------------------------------ the location as a whole
 

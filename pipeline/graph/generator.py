@@ -171,7 +171,7 @@ class Generator:
 
     def _progress(self) -> dict:
         in_flight = sum(len(rows) for rows in self.requests.in_flight.values())
-        return {**self.where, "requests_in_flight": in_flight, "last_output_at": self.clock.last_output_at(),
+        return {**self.where, "requests_in_flight": in_flight, "last_output_at": self.clock.last_step_at,
                 "reported_at": time.time()}
 
     async def _probe_once(self) -> None:

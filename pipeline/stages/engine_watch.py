@@ -60,9 +60,6 @@ class EngineClock:
     def limit(self) -> float:
         return max(self.floor_seconds, STEP_MULTIPLE * self.slowest_step)
 
-    def last_output_at(self) -> Optional[float]:
-        return self.last_step_at
-
     def stat_logger_factory(self):
         """A vLLM per-engine stat logger factory that notes each step on this clock."""
         from vllm.v1.metrics.loggers import StatLoggerBase

@@ -17,7 +17,7 @@ from typing import Optional
 from pydantic import ValidationError
 
 from pipeline.cluster import WATCH_SECONDS
-from pipeline.commit.outputs import PROGRESS, OutputLocation
+from pipeline.commit.outputs import OutputLocation
 from pipeline.job.watch import REPORT_STALE_SECONDS
 from schemas import JobManifest, JobProgress
 from schemas.status import EngineWithoutProgress
@@ -39,10 +39,11 @@ def age(seconds: float) -> str:
 def read_progress(location: OutputLocation, attempt: int) -> Optional[JobProgress]:
     """The running attempt's `_progress.json` (one GET); None when absent, unreadable or an earlier attempt's."""
     try:
-        progress = JobProgress.model_validate(location.storage.read_json(location.path(PROGRESS)))
-    except (FileNotFoundError, ValueError, ValidationError):
+        found = location.read_progress()
+        progress = JobProgress.model_validate(found) if found is not None else None
+    except (ValueError, ValidationError):
         return None
-    return progress if progress.attempt == attempt else None
+    return progress if progress is not None and progress.attempt == attempt else None
 
 
 def engines_without_progress(progress: JobProgress, now: float) -> list[EngineWithoutProgress]:
