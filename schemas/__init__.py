@@ -145,6 +145,9 @@ class UnitStats(Contract):
     clipped_rows: int = Field(0, description="Output rows whose max_tokens was clipped to fit max_model_len.")
     first_error: Optional[str] = Field(None, description="'<error_kind>: <id>' of the unit's first error row.")
     prompt_tokens: int
+    cached_prompt_tokens: int = Field(
+        0, description="Of prompt_tokens, those vLLM served from its prefix cache (counted once per request, as prompt_tokens)."
+    )
     generated_tokens: int
     started_at: float = Field(description="Unix time the unit entered the engine.")
     wall_seconds: float = Field(description="From the unit entering the actor to its commit.")
@@ -220,6 +223,31 @@ class InputFile(Contract):
     metadata_type: Optional[str] = None
 
 
+class PrefixSharing(Contract):
+    """What the prompts share, measured over the job's input before any engine starts
+    (pipeline/inputs/prefixes.py). Characters of the text that reaches the tokenizer (the
+    prompt, or the messages in order), counted at prefix lengths of 64, 128, ... 8,192."""
+
+    rows: int
+    prompt_chars: int
+    shared_chars_in_input_order: int = Field(description="Characters each row shares with the row before it, as the input comes.")
+    shared_chars_grouped: int = Field(description="The same, with the rows sorted so that shared prefixes meet.")
+    job_common_chars: int = Field(0, description="A prefix every row shares (a system prompt): cached in any order.")
+    prefix_groups: int = Field(description="Runs of grouped rows sharing at least 256 characters beyond the job's common prefix.")
+    rows_in_groups: int
+
+
+class PrefixGrouping(Contract):
+    """The job's decision on grouping rows by shared prefix, and the grouped copy of its input
+    (`_grouped/`) its units are planned over when `grouped`; recorded once, reused on resume."""
+
+    setting: str = Field(description="resources.group_prefixes when decided: true, false or auto.")
+    grouped: bool
+    reason: str
+    sharing: Optional[PrefixSharing] = None
+    files: list[InputFile] = Field(default_factory=list, description="The grouped copy's files, in order; units are their row ranges.")
+
+
 class Lease(Contract):
     """_lease.json: the run that owns the output location, renewed every heartbeat."""
 
@@ -248,6 +276,10 @@ class JobTotals(Contract):
     clipped_rows: int = Field(0, description="Output rows whose max_tokens was clipped to fit max_model_len.")
     units: int = 0
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = Field(0, description="Of prompt_tokens, those served from vLLM's prefix cache.")
+    prefix_cache_hit_rate: Optional[float] = Field(
+        None, description="cached_prompt_tokens / prompt_tokens; null without prompt tokens. Prefill computed: the rest."
+    )
     generated_tokens: int = 0
     num_drafts: int = 0
     draft_tokens: int = 0
@@ -476,12 +508,19 @@ class JobManifest(Contract):
     drafter: Optional[ModelFingerprint] = None
     accelerator: str = Field(description="What the replicas ran on, e.g. 'cpu' or 'nvidia-a100'.")
     input_files: list[InputFile]
+    grouping: Optional[PrefixGrouping] = Field(None, description="Rows grouped by shared prefix (null: decided before grouping existed, or not run).")
     totals: JobTotals = Field(description="Over everything committed at the output location, all attempts.")
     attempts: list[Attempt] = Field(default_factory=list)
     guard_events: list[GuardEvent] = Field(default_factory=list, description="What the acceptance guard saw and did.")
     probe: Optional[ProbeResult] = Field(None, description="The drafter probe before the first run (null: not run).")
     speculation: Optional[SpeculationVerdict] = Field(None, description="Did speculation pay? Null without speculation.")
     trial: Optional[TrialVerdict] = Field(None, description="Speculation against off on the job's first units (null: no trial).")
+
+    @property
+    def unit_files(self) -> list[InputFile]:
+        """The files the units are row ranges of: the grouped copy when the rows were grouped."""
+        grouping = self.grouping
+        return grouping.files if grouping and grouping.grouped and grouping.files else self.input_files
 
 
 TABLES: dict[str, type[Contract]] = {

@@ -7,7 +7,7 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
-from schemas import Contract
+from schemas import Contract, PrefixGrouping
 
 
 class PlanFile(Contract):
@@ -95,6 +95,15 @@ class CostEstimate(Contract):
     cost: Optional[float] = Field(description="gpu_hours x price_per_gpu_hour.")
 
 
+class PlanGrouping(Contract):
+    decision: PrefixGrouping
+    units: int = Field(description="Units over the grouped copy (the input's units when not grouped).")
+    copy_written: bool = Field(description="The grouped copy exists already (a resume); false: the run writes it first.")
+    prefill_tokens_saved: Optional[int] = Field(
+        None, description="Prompt tokens grouping shares beyond the input's order: the prefill saved when the KV cache holds a fraction of the job."
+    )
+
+
 class DryRunPlan(Contract):
     accepted: bool = Field(description="The real run would start (exit 0); false: it would be refused (exit 2).")
     refused: Optional[str] = Field(None, description="The refusal, word for word the real run's.")
@@ -103,6 +112,7 @@ class DryRunPlan(Contract):
     inputs: Optional[PlanInputs] = Field(None, description="Null when the run is refused before the input check.")
     units: Optional[PlanUnits] = None
     tokens: Optional[TokenEstimate] = None
+    grouping: Optional[PlanGrouping] = Field(None, description="Rows grouped by shared prompt prefix, and what it found.")
     checks: list[PlanCheck] = Field(default_factory=list)
     cost: Optional[CostEstimate] = None
     cost_note: Optional[str] = Field(None, description="Why there is no cost estimate, or what it does not count.")

@@ -48,6 +48,9 @@ class JobFigures(Contract):
     output_rows: int
     failed_rows: int
     prompt_tokens: int
+    cached_prompt_tokens: int = Field(0, description="Of prompt_tokens, those vLLM served from its prefix cache.")
+    computed_prompt_tokens: int = Field(0, description="prompt_tokens - cached_prompt_tokens: the prefill the engines computed.")
+    prefix_cache_hit_rate: Optional[float] = Field(None, description="cached_prompt_tokens / prompt_tokens; null without prompt tokens.")
     generated_tokens: int
     wall_seconds: float = Field(description="The job's wall time (_job.json totals.wall_seconds).")
     busy_seconds: float = Field(description="Engine-busy time summed over actors (union of each actor's unit intervals).")

@@ -100,6 +100,9 @@ class StatusReport(Contract):
         None, description="The speculation trial's verdict as the console printed it (_job.json trial.reason); null: none yet."
     )
     generated_tokens: int
+    prompt_tokens: int = Field(0, description="Prompt tokens of the committed units (once per request, whatever its samples).")
+    cached_prompt_tokens: int = Field(0, description="Of prompt_tokens, those vLLM served from its prefix cache; the rest were computed.")
+    prefix_cache_hit_rate: Optional[float] = Field(None, description="cached_prompt_tokens / prompt_tokens; null without prompt tokens.")
     tokens_per_second: float = Field(description="Generated tokens / the attempts' wall time so far: wall-time speed.")
     engine_tokens_per_second: float = Field(
         0.0, description="Generated tokens / the engines' busy time: an engine's speed while it generates."

@@ -245,14 +245,19 @@ RANDOM_JOB_NULL_ID = 26  # a row with a good prompt and a null id: a row error t
 RANDOM_JOB_BAD = {1: ("   ", None), 10: (None, None), 20: ("ok", 0), RANDOM_JOB_NULL_ID: ("def f(x):", None)}
 RANDOM_JOB_ERRORS = {"empty_prompt": 2, "invalid_sampling": 1, "invalid_id": 1}
 RANDOM_JOB_GUARD = {"min_acceptance_rate": 0.5, "window_units": 2, "action": "warn"}
+# The good prompts share this header (about 110 tokens): the units after the first two find it in
+# vLLM's prefix cache, in 32-token blocks (the CPU build's default of 128 is more than a prompt holds)
+RANDOM_JOB_HEADER = "# Helpers for lists, strings and numbers: each function takes one argument and returns a value.\n" * 4
+RANDOM_JOB_BLOCK_SIZE = 32
 
 
 @pytest.fixture(scope="session")
 def random_kit_job(tmp_path_factory, ray_local, random_kit):
     """28 rows on the random kit (its drafter accepts nothing) in 4 units, 4 of them bad, one in
-    each unit, under a `warn` guard that its acceptance of 0 sets off. Returns the folder (job.yaml,
-    in/, out/), the manifest, and the local Ray's metrics text once the job's rows are counted
-    there, read right after the job: a gauge leaves the endpoint soon after its actor is gone."""
+    each unit, under a `warn` guard that its acceptance of 0 sets off; the good rows share a long
+    prefix (RANDOM_JOB_HEADER). Returns the folder (job.yaml, in/, out/), the manifest, and the
+    local Ray's metrics text once the job's rows are counted there, read right after the job: a
+    gauge leaves the endpoint soon after its actor is gone."""
     from pipeline.config import parse_config
     from pipeline.job.runner import run_job
 
@@ -262,12 +267,14 @@ def random_kit_job(tmp_path_factory, ray_local, random_kit):
     bad = RANDOM_JOB_BAD
     write_prompts(root / "in" / "p.parquet", {
         "id": [None if i == RANDOM_JOB_NULL_ID else f"r{i}" for i in range(RANDOM_JOB_ROWS)],
-        "prompt": [bad[i][0] if i in bad else f"def function_{i}(x):\n    return" for i in range(RANDOM_JOB_ROWS)],
+        "prompt": [bad[i][0] if i in bad else f"{RANDOM_JOB_HEADER}def function_{i}(x):\n    return" for i in range(RANDOM_JOB_ROWS)],
         "max_tokens": pa.array([bad[i][1] if i in bad else None for i in range(RANDOM_JOB_ROWS)], pa.int64()),
     })
     data = job_config(
-        str(root / "in"), str(root / "out"), random_kit, sampling={"max_tokens": 8}, resources={"rows_per_unit": 8},
+        str(root / "in"), str(root / "out"), random_kit, sampling={"max_tokens": 8},
+        resources={"rows_per_unit": 8},  # auto leaves it ungrouped: the header is found in any order
         retries={"max_error_fraction": 0.5}, speculative={"guard": RANDOM_JOB_GUARD},
+        engine={"extra_args": {"block_size": RANDOM_JOB_BLOCK_SIZE}},
     )
     (root / "job.yaml").write_text(yaml.safe_dump(data))
     manifest = run_job(parse_config(data), progress=False)

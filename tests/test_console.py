@@ -160,3 +160,27 @@ def test_the_summary_puts_the_wall_time_and_the_first_commit_on_one_time_line():
     assert "(90.0 s of generation in 2 attempts)" in two
     older = "\n".join(summary(manifest_with(StartCost(to_first_commit_seconds=74.5), wall_seconds=61.3)))
     assert "first unit committed 74.5 s after the process started; 0 engine starts" in older  # no generation start recorded
+
+
+def test_the_summary_says_how_much_prefill_the_prefix_cache_served():
+    import pyarrow as pa
+
+    from pipeline.stages.stats import totals_from_stats
+    from schemas import UnitStats, arrow_schema
+    from tests.test_outputs import stats
+
+    units = [stats("u1", 8, 8).model_copy(update={"prompt_tokens": 300, "cached_prompt_tokens": 128}),
+             stats("u2", 8, 8).model_copy(update={"prompt_tokens": 212})]
+    table = pa.Table.from_pylist([u.model_dump() for u in units], schema=arrow_schema(UnitStats))
+    totals = totals_from_stats(table, input_rows=16, wall_seconds=10.0)
+    assert (totals.prompt_tokens, totals.cached_prompt_tokens, totals.prefix_cache_hit_rate) == (512, 128, 0.25)
+    manifest = manifest_with(StartCost(), wall_seconds=10.0)
+    manifest.totals = totals
+    assert "16 generated from 512 prompt tokens (128 from the prefix cache, 25%; 384 computed), in 2 units" in summary(manifest)[2]
+
+    older = table.set_column(table.schema.get_field_index("cached_prompt_tokens"), "cached_prompt_tokens", pa.nulls(2, pa.int64()))
+    assert totals_from_stats(older, 16, 10.0).cached_prompt_tokens == 0  # a stats file written before the column
+    none = totals_from_stats(table.slice(0, 0), 0, 10.0)
+    assert none.prefix_cache_hit_rate is None
+    manifest.totals = none
+    assert summary(manifest)[2] == "  tokens    0 generated from 0 prompt tokens, in 0 units"

@@ -206,6 +206,8 @@ def test_metrics_are_exported_per_job_and_replica(random_kit_job):
     assert sum(rows.values()) == totals.output_rows == RANDOM_JOB_ROWS - len(RANDOM_JOB_BAD), f"rows done exported: {rows}"
     assert set(rows) == replicas
     assert sum(job_metric(text, "ray_specbatch_generated_tokens_total", job_id).values()) == totals.generated_tokens > 0
+    assert sum(job_metric(text, "ray_specbatch_prompt_tokens_total", job_id).values()) == totals.prompt_tokens > 0
+    assert sum(job_metric(text, "ray_specbatch_cached_prompt_tokens_total", job_id).values()) == totals.cached_prompt_tokens > 0
     assert sum(job_metric(text, "ray_specbatch_draft_tokens_total", job_id).values()) == totals.draft_tokens > 0
     assert set(job_metric(text, "ray_specbatch_acceptance_rate", job_id).values()) == {0.0}
     assert set(job_metric(text, "ray_specbatch_mean_acceptance_length", job_id).values()) == {1.0}

@@ -48,10 +48,10 @@ def manifest(job_id, *, accelerator, replicas, gpus, wall, speculative, k=3, sha
     ).model_dump(mode="json")
 
 
-def unit(unit_id, actor, started, engine, gen, prompt, drafts=0, draft_tokens=0, per_pos=(), out=10, err=0, k=0):
+def unit(unit_id, actor, started, engine, gen, prompt, drafts=0, draft_tokens=0, per_pos=(), out=10, err=0, k=0, cached=0):
     return UnitStats(
         unit_id=unit_id, source="s", first_row=0, actor_id=actor, node_id="n", rows=out + err, output_rows=out, error_rows=err,
-        prompt_tokens=prompt, generated_tokens=gen, started_at=started, wall_seconds=engine + 1, engine_seconds=engine,
+        prompt_tokens=prompt, cached_prompt_tokens=cached, generated_tokens=gen, started_at=started, wall_seconds=engine + 1, engine_seconds=engine,
         tokens_per_second=gen / engine, speculative=k > 0, num_speculative_tokens=k, num_drafts=drafts,
         draft_tokens=draft_tokens, accepted_tokens=sum(per_pos), acceptance_rate=None, mean_acceptance_length=None,
         accepted_per_position=list(per_pos),
@@ -69,10 +69,10 @@ def write_job(storage: Storage, uri: str, manifest_doc: dict, units: list[dict],
 
 # Job A: spec k=2, 2 replicas x 1 GPU, 1800 s -> 1.0 GPU-hour, $2.00.
 #   actor a1: [1000,1100] and [1050,1150] overlap -> 150 s; actor a2: [1000,1090] and [1200,1260] -> 150 s.
-#   generated 1,000,000, prompt 250,000; drafts 200, draft tokens 400, accepted 200 = 125 + 75.
+#   generated 1,000,000, prompt 250,000 (100,000 from the prefix cache); drafts 200, draft tokens 400, accepted 200 = 125 + 75.
 JOB_A = [
-    unit("a-1", "a1", 1000, 100, 400_000, 100_000, 100, 200, (70, 50), err=1, k=2),
-    unit("a-2", "a1", 1050, 100, 300_000, 50_000, 50, 100, (30, 10), k=2),
+    unit("a-1", "a1", 1000, 100, 400_000, 100_000, 100, 200, (70, 50), err=1, k=2, cached=60_000),
+    unit("a-2", "a1", 1050, 100, 300_000, 50_000, 50, 100, (30, 10), k=2, cached=40_000),
     unit("a-3", "a2", 1000, 90, 200_000, 50_000, 50, 100, (25, 15), out=8, err=2, k=2),
     unit("a-4", "a2", 1200, 60, 100_000, 50_000, 0, 0, (0, 0), k=2),
 ]
@@ -113,6 +113,8 @@ def test_job_figures_match_hand_computed_values(three_jobs):
 
     assert a.units == 4 and a.output_rows == 38 and a.failed_rows == 3 and a.input_rows == 41
     assert (a.generated_tokens, a.prompt_tokens) == (1_000_000, 250_000)  # the uncommitted unit is not counted
+    assert (a.cached_prompt_tokens, a.computed_prompt_tokens, a.prefix_cache_hit_rate) == (100_000, 150_000, pytest.approx(0.4))
+    assert (b.cached_prompt_tokens, b.computed_prompt_tokens, b.prefix_cache_hit_rate) == (0, 100_000, 0.0)
     assert a.gpu_hours == pytest.approx(1.0) and a.busy_seconds == pytest.approx(300.0)
     assert a.busy_gpu_hours == pytest.approx(300 / 3600) and a.utilization == pytest.approx(1 / 12)
     assert a.price_per_gpu_hour == 2.0 and a.cost == pytest.approx(2.0)
@@ -169,6 +171,8 @@ def test_files_written_csv_and_markdown(three_jobs):
     assert rows[0]["accepted_per_position"] == "0.625;0.375" and rows[1]["acceptance_rate"] == ""
     markdown = (out / "report.md").read_text()
     assert "| job-a | succeeded | test-gpu | 2 x 1 | k=2 |" in markdown
+    assert "| 250,000 | 40% | 150,000 |" in markdown  # prompt tokens, prefix cache hit rate, prefill computed
+    assert rows[0]["cached_prompt_tokens"] == "100000" and float(rows[0]["prefix_cache_hit_rate"]) == pytest.approx(0.4)
     assert "| job-c | succeeded | test-node | 3 replicas, CPU | k=3 |" in markdown  # gpus_per_replica 0: no "x 1" GPU
     assert rows[2]["cpu_only"] == "True" and rows[0]["cpu_only"] == "False"
     assert "+20.0%" in markdown  # the saving of k=2 over off

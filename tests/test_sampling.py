@@ -247,6 +247,26 @@ def test_acceptance_of_a_request_sums_every_sample():
     assert total.accepted_per_position == [3, 2, 1]
 
 
+def test_a_units_prompt_and_cached_tokens_count_each_request_once():
+    """vLLM reports the prompt tokens its prefix cache served per request (None when it has no
+    figure): counted once per request whatever its n, as its prompt tokens are."""
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    from pipeline.config import SpeculativeConfig
+    from pipeline.stages.unit_results import Identity, collect, unit_stats
+
+    def request(n, cached):
+        samples = [CompletionOutput(i, f"s{i}", [1, 2], None, None, finish_reason="length") for i in range(n)]
+        return RequestOutput("r", None, list(range(40)), None, samples, True, num_cached_tokens=cached)
+
+    rows = [{"id": f"r{i}", "source": "s", "row": i, "unit_id": "u", "lora": None, "error_kind": None, "prompt_token_ids": [],
+             "max_tokens_clipped": False, "sampling": json.dumps({"response_format": None})} for i in range(3)]
+    out = collect("u", rows, {0: request(3, 32), 1: request(1, None), 2: request(1, 0)}, Identity("m", None, str))
+    assert (len(out.outputs), out.prompt_tokens, out.cached_prompt_tokens) == (5, 120, 32)
+    stats = unit_stats(("u", "s", 0), 3, out, SpeculativeConfig(enabled=False), {"actor_id": "a", "node_id": "n"}, 0.0, 1.0, False)
+    assert (stats.prompt_tokens, stats.cached_prompt_tokens) == (120, 32)
+
+
 @pytest.mark.engine
 def test_structured_outputs_parse_and_a_cut_off_one_is_marked(spec_run):
     _, outputs, _, _ = spec_run

@@ -77,7 +77,7 @@ def test_busy_time_is_the_union_of_each_engines_units():
     stats = pa.table({
         "actor_id": [u[0] for u in units], "started_at": [u[1] for u in units], "engine_seconds": [u[2] for u in units],
         **{name: [0] * 4 for name in ("rows", "output_rows", "error_rows", "samples", "retryable_error_rows", "clipped_rows",
-                                     "prompt_tokens", "num_drafts", "draft_tokens", "accepted_tokens")},
+                                     "prompt_tokens", "cached_prompt_tokens", "num_drafts", "draft_tokens", "accepted_tokens")},
         "generated_tokens": [340, 0, 0, 0],
     })
     totals = totals_from_stats(stats, input_rows=4, wall_seconds=20.0, replicas=2)

@@ -23,11 +23,13 @@ from pipeline.cli import main as cli_main
 from pipeline.commit.lease import OutputLease
 from pipeline.commit.outputs import OutputLocation
 from pipeline.config import LeaseConfig
+from pipeline.job.console import prefill_text, summary
 from pipeline.storage import Storage
 from pipeline.tools.status import job_status, main
 from schemas import JobManifest
 from schemas.status import StatusReport
 from tests.conftest import RANDOM_JOB_BAD as BAD
+from tests.conftest import RANDOM_JOB_BLOCK_SIZE
 from tests.conftest import RANDOM_JOB_ERRORS as EXPECTED_KINDS
 from tests.conftest import RANDOM_JOB_ROWS as ROWS
 from tests.conftest import record_s3_requests
@@ -69,6 +71,7 @@ def assert_text_agrees(text: str, r: StatusReport) -> None:
     assert "errors:    " + ", ".join(f"{k} {n:,}" for k, n in r.errors_by_kind.items()) in text
     assert f"acceptance: rate {r.acceptance_rate:.3f}, mean acceptance length {r.mean_acceptance_length:.2f}" in text
     assert f"generated: {r.generated_tokens:,} tokens, {r.tokens_per_second:,.1f} tok/s of wall time" in text
+    assert f"prefill:   {r.prompt_tokens:,} prompt tokens ({prefill_text(r.prompt_tokens, r.cached_prompt_tokens)})" in text
     assert r.engine_tokens_per_second > r.tokens_per_second  # the engine's own speed, start-up excluded
     assert f"engines:   {r.engine_tokens_per_second:,.1f} tok/s of engine time" in text
     assert r.engine_busy_share is not None and 0 < r.engine_busy_share <= 1
@@ -103,6 +106,9 @@ def test_a_finished_job_as_its_manifest_and_outputs_say(job, capsys):
     assert r.mean_acceptance_length == doc.totals.mean_acceptance_length
     assert r.generated_tokens == doc.totals.generated_tokens > 0 and r.tokens_per_second == doc.totals.tokens_per_second
     assert r.counts_from == "manifest" and r.eta_seconds is None and r.notes == []
+    assert_prefix_cache_counted(location, doc)
+    assert (r.prompt_tokens, r.cached_prompt_tokens) == (doc.totals.prompt_tokens, doc.totals.cached_prompt_tokens)
+    assert r.prefix_cache_hit_rate == doc.totals.prefix_cache_hit_rate
     text = status_text(capsys, out)
     assert_text_agrees(text, r)
     assert "lease:     none" in text and "ETA" not in text and "WARNING" not in text
@@ -110,6 +116,21 @@ def test_a_finished_job_as_its_manifest_and_outputs_say(job, capsys):
     partial = job_status(Storage(), out, error_files=1)  # one error file of three: said so, not scaled
     assert (partial.error_units, partial.error_units_read, partial.errors_by_kind_complete) == (4, 1, False)
     assert sum(partial.errors_by_kind.values()) == 1 and "from 1 of the 4 units with error rows" in partial.notes[0]
+
+
+def assert_prefix_cache_counted(location: OutputLocation, doc: JobManifest) -> None:
+    """The good rows share a long header: units that came after its first prefill found it in
+    vLLM's prefix cache, in whole blocks; the totals, the console's summary say so."""
+    stats = location.read_table("stats").to_pylist()
+    assert all(0 <= u["cached_prompt_tokens"] <= u["prompt_tokens"] for u in stats)
+    assert all(u["cached_prompt_tokens"] % RANDOM_JOB_BLOCK_SIZE == 0 for u in stats)  # each request's hit is whole blocks
+    t = doc.totals
+    assert t.prompt_tokens == sum(u["prompt_tokens"] for u in stats)
+    assert t.cached_prompt_tokens == sum(u["cached_prompt_tokens"] for u in stats) > 0
+    assert 0 < t.prefix_cache_hit_rate == t.cached_prompt_tokens / t.prompt_tokens < 1
+    computed = t.prompt_tokens - t.cached_prompt_tokens
+    assert (f"from {t.prompt_tokens:,} prompt tokens ({t.cached_prompt_tokens:,} from the prefix cache, "
+            f"{t.prefix_cache_hit_rate:.0%}; {computed:,} computed)") in summary(doc)[2]
 
 
 def running_copy(job, dest: Path, heartbeat_age: float) -> tuple[OutputLocation, JobManifest]:
@@ -345,7 +366,8 @@ def commit(location: OutputLocation, unit, entered: float, committed: float, bad
     ids = [f"{unit.unit_id}-{i}" for i in range(unit.rows)]
     ok, bad = ids[bad_rows:], ids[:bad_rows]
     row = stats(unit.unit_id, unit.rows, len(ok)).model_copy(update=dict(
-        started_at=entered, wall_seconds=committed - entered, engine_seconds=committed - entered, generated_tokens=8 * len(ok)))
+        started_at=entered, wall_seconds=committed - entered, engine_seconds=committed - entered, generated_tokens=8 * len(ok),
+        cached_prompt_tokens=unit.rows // 4))
     tables = {"outputs": pa.table({"id": ok}),
               "errors": pa.table({"id": bad, "error_kind": ["empty_prompt"] * len(bad)})}
     marker = location.commit(unit.unit_id, tables, row)
@@ -375,6 +397,9 @@ def test_a_running_job_counts_its_commit_markers_while_the_stats_file_lags(tmp_p
     text = status_text(capsys, location.uri)
     assert "rows:      56 of 64 done (88%): 55 generated, 1 errors" in text
     assert "units:     4 of 5 committed (4 by attempt 1); the last 7 min ago" in text
+    # a unit's prompt tokens are its rows here, a quarter from the prefix cache; from the stats file and the markers
+    assert (r.prompt_tokens, r.cached_prompt_tokens, r.prefix_cache_hit_rate) == (56, 14, 0.25)
+    assert "prefill:   56 prompt tokens (14 from the prefix cache, 25%; 42 computed)" in text
 
 
 def test_the_last_commit_age_and_a_pace_over_a_window_of_units(tmp_path, capsys):

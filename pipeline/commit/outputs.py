@@ -7,10 +7,11 @@
       stats/attempt-<n>.parquet           one row per committed unit     (schemas.UnitStats)
       _attempts/<unit_id>/...             how often a unit was started, its suspects at its last engine death
       _events/engine-death-*.json         engine deaths the actors recorded before they exited
+      _grouped/<token>/*.parquet          the input sorted by shared prompt prefix, when the units are planned over it
       _lease.json                         the run that owns the location (schemas.Lease)
       _job.json                           job manifest                   (schemas.JobManifest)
 
-A unit is a fixed row range of one input file, so the same input always gives the same units.
+A unit is a fixed row range of one input file (or of the grouped copy, recorded in `_job.json`), so the same input always gives the same units.
 Its files count only through its marker: a unit that died half-written is invisible, and when
 the same unit is committed twice (a late actor, a retried task) each commit writes files under
 its own token and the marker written last names the one set that counts; never both. Resume
@@ -42,6 +43,7 @@ COMMITS = "_commits"
 ATTEMPTS = "_attempts"
 EVENTS = "_events"
 STATS = "stats"
+GROUPED = "_grouped"
 MANIFEST = "_job.json"
 PROGRESS = "_progress.json"  # a running attempt's driver's last look (schemas.JobProgress)
 LEASE = "_lease.json"
@@ -280,7 +282,7 @@ class OutputLocation:
 
     def clear(self) -> None:
         """Start over: remove everything a previous job wrote here (bulk deletes)."""
-        for name in (*ROW_TABLES, STATS, COMMITS, ATTEMPTS, EVENTS, "report"):
+        for name in (*ROW_TABLES, STATS, COMMITS, ATTEMPTS, EVENTS, GROUPED, "report"):
             self.storage.delete(self.path(name), recursive=True)
         self.storage.delete(self.path(MANIFEST))
         self.storage.delete(self.path(PROGRESS))

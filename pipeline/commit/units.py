@@ -38,6 +38,8 @@ UNIT_COLUMNS = [
     pa.field("sampling", pa.string()),
     pa.field("lora", pa.string()),
 ]
+# Where a row came from; a grouped copy of the input (pipeline/graph/regroup.py) carries them.
+ORIGIN_COLUMNS = ("source", "row")
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ def _read_rows(storage: Storage, unit: WorkUnit) -> pa.Table:
                 offset = group_start if offset is None else offset
             group_start += n
         names = parquet.schema_arrow.names
-        wanted = [c for c in (*(f.name for f in UNIT_COLUMNS), "metadata") if c in names]
+        wanted = [c for c in (*(f.name for f in UNIT_COLUMNS), "metadata", *ORIGIN_COLUMNS) if c in names]
         table = parquet.read_row_groups(groups, columns=wanted).slice(unit.first_row - (offset or 0), unit.rows)
     if table.num_rows != unit.rows:
         raise IOError(f"{unit.source}: unit {unit.unit_id} expected {unit.rows} rows from row {unit.first_row}, read {table.num_rows}")
@@ -92,9 +94,14 @@ def _read_rows(storage: Storage, unit: WorkUnit) -> pa.Table:
         columns[field.name] = table.column(field.name).cast(field.type) if field.name in names else pa.nulls(unit.rows, field.type)
     columns["metadata"] = table.column("metadata") if "metadata" in names else pa.nulls(unit.rows)
     n = unit.rows
+    if all(c in names for c in ORIGIN_COLUMNS):  # a grouped copy's rows name the input file and row they came from
+        columns.update((c, table.column(c)) for c in ORIGIN_COLUMNS)
+    else:
+        columns.update(
+            source=pa.array([unit.source] * n, pa.string()),
+            row=pa.array(range(unit.first_row, unit.first_row + n), pa.int64()),
+        )
     columns.update(
-        source=pa.array([unit.source] * n, pa.string()),
-        row=pa.array(range(unit.first_row, unit.first_row + n), pa.int64()),
         text_column=pa.array([unit.text_column] * n, pa.string()),
         unit_id=pa.array([unit.unit_id] * n, pa.string()),
         unit_rows=pa.array([n] * n, pa.int64()),

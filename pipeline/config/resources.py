@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from pipeline.config.base import Section
@@ -40,6 +42,14 @@ class ResourcesConfig(Section):
         description=(
             "Rows per work unit: one commit, one output file and one stats row each, and what a crash can cost. "
             "4,096 rows are a few minutes of one GPU replica (2,442 units at 10M prompts)."
+        ),
+    )
+    group_prefixes: Literal["auto"] | bool = Field(
+        "auto",
+        description=(
+            "Rows whose prompts share a prefix run together on one engine, so the prefix is computed once per engine: "
+            "the input is copied once, sorted by prompt prefix, under OUTPUT_URI/_grouped/, and the units are planned "
+            "over the copy. auto: when sorting shares at least 5% more of the prompt text than the input's own order."
         ),
     )
     units_in_flight: int = Field(2, ge=1, description="Units overlapping inside one engine: it stays full across a unit's tail.")

@@ -123,7 +123,8 @@ def summary(manifest: JobManifest) -> list[str]:
     lines = [f"job {manifest.job_id} {manifest.status}"]
     lines.append(f"  rows      {t.output_rows + t.error_rows:,} of {t.input_rows:,} done: {t.output_rows:,} generated, "
                  f"{t.error_rows:,} failed")
-    lines.append(f"  tokens    {t.generated_tokens:,} generated from {t.prompt_tokens:,} prompt tokens, in {t.units:,} units")
+    prefill = f" ({prefill_text(t.prompt_tokens, t.cached_prompt_tokens)})" if t.prompt_tokens else ""
+    lines.append(f"  tokens    {t.generated_tokens:,} generated from {t.prompt_tokens:,} prompt tokens{prefill}, in {t.units:,} units")
     if t.generated_tokens:
         share = f"; engines busy {t.engine_busy_share:.0%} of the billed time" if t.engine_busy_share is not None else ""
         attempts = f" in {len(manifest.attempts)} attempts" if len(manifest.attempts) > 1 else ""
@@ -142,6 +143,13 @@ def summary(manifest: JobManifest) -> list[str]:
         lines.append(f"  probe     {'passed' if p.passed else 'refused'}: mean acceptance length {measured} on {p.rows} rows "
                      f"(floor {p.floor})")
     return lines
+
+
+def prefill_text(prompt_tokens: int, cached_prompt_tokens: int) -> str:
+    """The prompt tokens vLLM's prefix cache served and those the engines computed in prefill,
+    e.g. "1,200 from the prefix cache, 40%; 1,800 computed"."""
+    return (f"{cached_prompt_tokens:,} from the prefix cache, {cached_prompt_tokens / prompt_tokens:.0%}; "
+            f"{prompt_tokens - cached_prompt_tokens:,} computed")
 
 
 def start_line(start: StartCost) -> str:

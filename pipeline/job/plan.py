@@ -22,6 +22,7 @@ from pipeline.commit.units import WorkUnit, plan_units
 from pipeline.config import ConfigError, JobConfig
 from pipeline.inputs import InputError, InputReport
 from pipeline.inputs.openai_batch import inspect_job_inputs
+from pipeline.job.grouping import GroupingChanged, GroupingPlan, plan_grouping, refuse_a_lost_copy
 from pipeline.job.preflight import check_before_engines
 from pipeline.speculation.drafter_check import DrafterMismatch, check_drafter
 from pipeline.storage import Storage, is_local
@@ -91,7 +92,10 @@ class ResultsChanged(ValueError):
 
 
 # What a run refuses before it starts, with exit 2 (`specbatch: refused: ...`; the dry run says the same).
-REFUSALS = (ConfigError, InputError, DrafterMismatch, ResultsChanged, LayoutMismatch, ManifestInvalid, LeaseHeld, FileNotFoundError)
+REFUSALS = (
+    ConfigError, InputError, DrafterMismatch, ResultsChanged, GroupingChanged, LayoutMismatch, ManifestInvalid, LeaseHeld,
+    FileNotFoundError,
+)
 
 
 def results_decisive(config: JobConfig, target: ModelFingerprint, drafter: Optional[ModelFingerprint]) -> dict:
@@ -202,6 +206,7 @@ class JobPlan:
     target: ModelFingerprint
     drafter: Optional[ModelFingerprint]
     inputs: InputReport
+    grouping: GroupingPlan  # units are row ranges of its copy once written (pipeline/graph/regroup.py)
     units: list[WorkUnit]
     committed: set[str]
     done: Optional[pa.Table]  # the committed units' stats rows
@@ -236,13 +241,16 @@ def plan_job(
     inputs = inspect_job_inputs(config, storage, previous.input_files if previous else None, scratch)
     if previous:
         _refuse_changed_inputs(config, previous, inputs)
-    units = plan_units(inputs.files, config.resources.rows_per_unit)
     committed = set() if restart else location.committed_units()
+    grouping = plan_grouping(config, location, previous, inputs.files, committed)
+    units = plan_units(grouping.unit_files(inputs.files), config.resources.rows_per_unit)
     done = location.stats_table(committed) if committed else None  # read once: units to retry, and a rerun's totals
     again = error_units(done, retryable_only=not retry_errors) if done is not None else set()
     todo = [u for u in units if u.unit_id not in committed or u.unit_id in again]
+    if todo and grouping.record.files:
+        refuse_a_lost_copy(location, grouping.record)
     job_id = previous.job_id if previous else job_id or _new_job_id(config)
-    return JobPlan(location, previous, job_id, target, drafter, inputs, units, committed, done, again, todo)
+    return JobPlan(location, previous, job_id, target, drafter, inputs, grouping, units, committed, done, again, todo)
 
 
 def check_before_any_engine(config: JobConfig, plan: JobPlan) -> list[str]:

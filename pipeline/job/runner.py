@@ -22,6 +22,7 @@ from pipeline.cluster.job_board import start_board
 from pipeline.cluster.startup import StartClock, ray_init
 from pipeline.commit.lease import LeaseLost, OutputLease
 from pipeline.config import JobConfig
+from pipeline.commit.units import plan_units
 from pipeline.job.console import say
 from pipeline.job.graph_run import AttemptProgress, GraphOutcome, run_graph
 from pipeline.job.manifest import close_killed_attempt, finished_status, new_manifest, now, plain_text, plan_summary
@@ -113,6 +114,8 @@ class JobAttempt:
         cluster = self._join_cluster() if self.plan.todo else None
         if self.options.restart:
             self.location.clear()
+        if self.plan.grouping.copy_to_write:
+            self._group_rows()
         if self.plan.previous:
             close_killed_attempt(self.plan.previous, dead_owner)
         self.manifest = new_manifest(self.config, self.plan, cluster, probe)
@@ -171,6 +174,23 @@ class JobAttempt:
                 f"drafter probe: {len(rows)} rows of the input, measured on the job's first engine before any unit commits")
         self.probe_rows = (rows, near)
         return None
+
+    def _group_rows(self) -> None:
+        """The input copied once in prefix order (pipeline/graph/regroup.py); the units become
+        row ranges of the copy. Nothing is committed yet: a job is grouped before its first unit."""
+        from pipeline.graph.regroup import write_grouped_copy
+
+        plan, started = self.plan, time.time()
+        grouping = plan.grouping
+        grouping.record.files = write_grouped_copy(
+            self.location.storage, self.location.uri, plan.inputs.files, grouping.order, grouping.kinds,
+            self.config.resources.rows_per_unit,
+        )
+        grouping.order = grouping.kinds = None
+        plan.units = plan.todo = plan_units(grouping.record.files, self.config.resources.rows_per_unit)
+        say(self.options.progress, f"grouped {plan.inputs.rows:,} rows by shared prompt prefix in {time.time() - started:.1f} s "
+            f"({grouping.record.reason}): {len(grouping.record.files)} file(s) under {self.location.uri}/_grouped/")
+        self.clock.mark("grouped")
 
     def _join_cluster(self) -> str:
         """Joins (or starts) Ray; refuses local paths a multi-node cluster cannot read, and a

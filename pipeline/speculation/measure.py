@@ -100,6 +100,7 @@ def figures(outputs: Sequence[Any], seconds: float) -> dict[str, Any]:
         "prompts": len(outputs),
         "completions": sum(len(o.outputs) for o in outputs),
         "prompt_tokens": sum(len(o.prompt_token_ids) for o in outputs),
+        "cached_prompt_tokens": sum(o.num_cached_tokens or 0 for o in outputs),  # served from vLLM's prefix cache
         "generated_tokens": sum(len(c.token_ids) for o in outputs for c in o.outputs),
         "seconds": seconds,
         "num_drafts": acceptance.num_drafts,

@@ -19,6 +19,8 @@ TAG_KEYS = ("job_id", "replica")
 COUNTERS = {
     "rows_done": "Input rows generated and committed to outputs/.",
     "rows_failed": "Input rows committed to errors/.",
+    "prompt_tokens": "Prompt tokens of committed units (once per request, whatever its samples).",
+    "cached_prompt_tokens": "Of those prompt tokens, the ones vLLM served from its prefix cache (not computed in prefill).",
     "generated_tokens": "Tokens generated in committed units.",
     "draft_tokens": "Draft tokens proposed in committed units.",
     "accepted_tokens": "Draft tokens accepted in committed units.",
@@ -61,6 +63,8 @@ class ReplicaMetrics:
         increments = {
             "rows_done": stats.output_rows,
             "rows_failed": stats.error_rows,
+            "prompt_tokens": stats.prompt_tokens,
+            "cached_prompt_tokens": stats.cached_prompt_tokens,
             "generated_tokens": stats.generated_tokens,
             "draft_tokens": stats.draft_tokens,
             "accepted_tokens": stats.accepted_tokens,

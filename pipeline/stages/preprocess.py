@@ -204,21 +204,23 @@ class Preprocessor:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         columns = {f.name: [] for f in PREPARED_SCHEMA_FIELDS}
-        first_row_of: dict[str, int] = {}  # ids are checked unique within a unit
+        first_row_of: dict[str, tuple[str, int]] = {}  # ids are checked unique within a unit
         metadata = batch.column("metadata")
         for i, row in enumerate(batch.drop_columns(["metadata"]).to_pylist()):
             out = {name: row[name] for name in ("id", "source", "row", "unit_id", "unit_rows")}
             try:
                 check_id(row)
                 check_supported_line(row, metadata[i])  # converted only for a row with no prompt
-                if row["id"] in first_row_of:  # a unit is rows of one file: both rows are in row["source"]
-                    first = first_row_of[row["id"]]
+                if row["id"] in first_row_of:  # a grouped unit holds rows of several files
+                    source, first = first_row_of[row["id"]]
+                    where = (f"in {source} (rows {first} and {row['row']})" if source == row["source"]
+                             else f"in {source} (row {first}) and {row['source']} (row {row['row']})")
                     raise RowError(
                         "duplicate_id", "id",
-                        f"id {row['id']!r} appears twice in {row['source']} (rows {first} and {row['row']}); row {first} "
-                        f"is generated, this one is not: give it an id of its own",
+                        f"id {row['id']!r} appears twice {where}; row {first} of {source} is generated, this one is not: "
+                        "give it an id of its own",
                     )
-                first_row_of[row["id"]] = row["row"]
+                first_row_of[row["id"]] = (row["source"], row["row"])
                 out.update(self.prepare(row, row["text_column"]))
             except RowError as err:
                 out.update(id=out["id"] or "", error_kind=err.kind, error_field=err.field, error_message=err.message)

@@ -130,6 +130,11 @@ def speculated_units(stats: pa.Table) -> pa.Table:
     return stats.filter(pa.array([speculated(*unit) for unit in zip(*columns)], type=pa.bool_()))
 
 
+def prefix_cache_hit_rate(cached: int, prompt: int) -> Optional[float]:
+    """Share of prompt tokens vLLM served from its prefix cache; None without prompt tokens."""
+    return cached / prompt if prompt else None
+
+
 def _sums(stats: pa.Table, names: Iterable[str]) -> dict[str, int]:
     return {name: int(pc.sum(stats.column(name)).as_py() or 0) if stats.num_rows else 0 for name in names}
 
@@ -140,7 +145,8 @@ def totals_from_stats(stats: pa.Table, input_rows: int, wall_seconds: float, rep
     pass are those of the units that speculated (`speculated`). `replicas`: the engines billed
     for `wall_seconds`, for the busy share."""
     total = _sums(stats, (
-        "rows", "output_rows", "error_rows", "samples", "retryable_error_rows", "clipped_rows", "prompt_tokens", "generated_tokens",
+        "rows", "output_rows", "error_rows", "samples", "retryable_error_rows", "clipped_rows", "prompt_tokens",
+        "cached_prompt_tokens", "generated_tokens",
     ))
     drafting = _sums(speculated_units(stats), ("samples", "generated_tokens", "num_drafts", "draft_tokens", "accepted_tokens"))
     acceptance = Acceptance(drafting["num_drafts"], drafting["draft_tokens"], drafting["accepted_tokens"])
@@ -156,6 +162,8 @@ def totals_from_stats(stats: pa.Table, input_rows: int, wall_seconds: float, rep
         clipped_rows=total["clipped_rows"],
         units=stats.num_rows,
         prompt_tokens=total["prompt_tokens"],
+        cached_prompt_tokens=total["cached_prompt_tokens"],
+        prefix_cache_hit_rate=prefix_cache_hit_rate(total["cached_prompt_tokens"], total["prompt_tokens"]),
         generated_tokens=generated,
         **acceptance.summary(),
         tokens_per_target_pass=acceptance.tokens_per_target_pass(drafting["generated_tokens"], drafting["samples"]),

@@ -28,6 +28,7 @@ class UnitResults:
     errors: list[dict] = field(default_factory=list)
     acceptance: Acceptance = field(default_factory=Acceptance)
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
     generated_tokens: int = 0
     generated_rows: int = 0
 
@@ -80,6 +81,7 @@ def collect(unit_id: str, rows: list[dict], results: dict[int, Any], who: Identi
         samples, acceptance = output_rows(result, json.loads(row["sampling"]), who.decode, who.reasoning_parser)
         out.acceptance = out.acceptance + acceptance
         out.prompt_tokens += len(result.prompt_token_ids or row["prompt_token_ids"])
+        out.cached_prompt_tokens += result.num_cached_tokens or 0  # once per request, as its prompt, whatever its n
         out.generated_tokens += sum(sample["generated_tokens"] for sample in samples)
         shared = dict(
             id=row["id"], max_tokens_clipped=bool(row["max_tokens_clipped"]), model=who.model_id,
@@ -103,7 +105,7 @@ def unit_stats(
         retryable_error_rows=sum(e["retryable"] for e in errors),
         clipped_rows=sum(1 for o in out.outputs if o["max_tokens_clipped"] and o["sample_index"] == 0),
         first_error=f"{errors[0]['error_kind']}: {errors[0]['id']}" if errors else None,
-        prompt_tokens=out.prompt_tokens, generated_tokens=out.generated_tokens,
+        prompt_tokens=out.prompt_tokens, cached_prompt_tokens=out.cached_prompt_tokens, generated_tokens=out.generated_tokens,
         started_at=started, wall_seconds=0.0, engine_seconds=engine_seconds,
         tokens_per_second=out.generated_tokens / engine_seconds if engine_seconds > 0 else 0.0,
         speculative=spec.enabled,

@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence
 
 from pipeline.commit.outputs import ManifestInvalid, OutputLocation
 from pipeline.config import ACCEPTANCE_FLOOR
-from pipeline.stages.stats import Acceptance, speculated
+from pipeline.stages.stats import Acceptance, prefix_cache_hit_rate, speculated
 from pipeline.stages.stats import busy_seconds as engine_busy_seconds
 from pipeline.storage import Storage
 from pipeline.tools.prices import Prices
@@ -89,6 +89,7 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
     acceptance = sum((Acceptance(r["num_drafts"], r["draft_tokens"], r["accepted_tokens"], list(r["accepted_per_position"]))
                       for r in drafting), Acceptance())
     prompt_tokens = sum(r["prompt_tokens"] for r in stats)
+    cached_prompt_tokens = sum(r.get("cached_prompt_tokens") or 0 for r in stats)  # null in an older stats file
     generated_tokens = sum(r["generated_tokens"] for r in stats)
     busy = busy_seconds(stats) if stats else 0.0
     start = m.attempts[-1].start if m.attempts else None
@@ -124,6 +125,9 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
         output_rows=sum(r["output_rows"] for r in stats),
         failed_rows=sum(r["error_rows"] for r in stats),
         prompt_tokens=prompt_tokens,
+        cached_prompt_tokens=cached_prompt_tokens,
+        computed_prompt_tokens=prompt_tokens - cached_prompt_tokens,
+        prefix_cache_hit_rate=prefix_cache_hit_rate(cached_prompt_tokens, prompt_tokens),
         generated_tokens=generated_tokens,
         wall_seconds=m.totals.wall_seconds,
         busy_seconds=busy,

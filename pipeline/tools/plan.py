@@ -54,13 +54,14 @@ from pipeline.commit.units import WorkUnit
 from pipeline.config import JobConfig, load_config
 from pipeline.inputs import InputReport
 from pipeline.inputs.openai_batch import CONVERTED
+from pipeline.inputs.prefixes import grouped_unit_count
 from pipeline.job.plan import REFUSALS, JobPlan, RunOptions, plan_job, results_fingerprint
 from pipeline.job.preflight import check_before_engines
 from pipeline.speculation.drafter_check import check_drafter
 from pipeline.speculation.probe import refusal, rejudged
 from pipeline.storage import Storage
 from pipeline.tools.estimates import estimate_cost, estimate_tokens
-from schemas.plan import DryRunPlan, PlanCheck, PlanFile, PlanInputs, PlanUnits
+from schemas.plan import DryRunPlan, PlanCheck, PlanFile, PlanGrouping, PlanInputs, PlanUnits
 
 FILES_SHOWN = 10
 
@@ -155,6 +156,7 @@ def make_plan(config: JobConfig, plan: DryRunPlan, scratch: str, flags: RunOptio
             f"{rows_above} of {plan.tokens.sample_rows} sampled rows ask for more than sampling.max_tokens x sampling.n "
             "(their own max_tokens or n): the output bound counts rows by the sample's mean, an estimate for rows not sampled"
         )
+    plan.grouping = _grouping_section(config, job, plan.tokens.prompt_tokens)
     plan.cost, plan.cost_note = estimate_cost(config, location, plan.tokens.output_tokens_upper_bound_left, plan.warnings)
 
 
@@ -253,6 +255,36 @@ def _cluster_check(step: _Step, config: JobConfig, todo: list[WorkUnit], address
 # ---------------------------------------------------------------- the text
 
 
+def _grouping_section(config: JobConfig, job: JobPlan, prompt_tokens: int) -> PlanGrouping:
+    grouping = job.grouping
+    record, sharing = grouping.record, grouping.record.sharing
+    saved = None
+    if sharing and sharing.prompt_chars:
+        gain = max(0, sharing.shared_chars_grouped - sharing.shared_chars_in_input_order)
+        saved = round(prompt_tokens * gain / sharing.prompt_chars)
+    units = len(job.units)
+    if grouping.copy_to_write:
+        units = grouped_unit_count(grouping.kinds, config.resources.rows_per_unit)
+    return PlanGrouping(decision=record, units=units, copy_written=bool(record.files), prefill_tokens_saved=saved)
+
+
+def _grouping_lines(g: PlanGrouping) -> list[str]:
+    d, s = g.decision, g.decision.sharing
+    lines = [f"  prefixes  {'grouped' if d.grouped else 'not grouped'} (resources.group_prefixes: {d.setting}): {d.reason}"]
+    if s:
+        share = lambda chars: f"{chars / s.prompt_chars:.0%}" if s.prompt_chars else "0%"  # noqa: E731
+        lines.append(f"            {s.prefix_groups:,} shared prefixes over {s.rows_in_groups:,} of {s.rows:,} rows; sorted by prefix, "
+                     f"rows share at least {share(s.shared_chars_grouped)} of the prompt text, "
+                     f"{share(s.shared_chars_in_input_order)} in the input's order{f' ({s.job_common_chars:,} characters every row shares)' if s.job_common_chars else ''}")
+    if g.prefill_tokens_saved is not None and d.grouped:
+        lines.append(f"            prefill it expects to save: at least ~{g.prefill_tokens_saved:,} prompt tokens, when the engines' KV "
+                     "cache holds a fraction of the job's prefixes (as on GPUs with large models)")
+    if d.grouped:
+        where = "planned over the grouped copy" + ("" if g.copy_written else ", which the run writes first under the output's _grouped/")
+        lines.append(f"            {g.units:,} units {where}")
+    return lines
+
+
 def format_plan(plan: DryRunPlan) -> str:
     lines = []
     if plan.accepted:
@@ -296,6 +328,8 @@ def format_plan(plan: DryRunPlan) -> str:
         if t.sample_error_rows:
             kinds = ", ".join(f"{k} {n}" for k, n in sorted(t.sample_error_kinds.items()))
             lines.append(f"            {t.sample_error_rows} of {t.sample_rows} sampled rows would go to errors/ ({kinds})")
+    if plan.grouping:
+        lines += _grouping_lines(plan.grouping)
     if plan.checks:
         lines.append("  checks")
         for c in plan.checks:

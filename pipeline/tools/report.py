@@ -75,11 +75,13 @@ def tables(report: CostReport) -> dict[str, Table]:
     )
     out["Jobs"] = (
         ["job", "status", "accelerator", "replicas x GPUs", "speculation", "wall s", "GPU-hours", "busy GPU-hours",
-         "engine busy", "generated tokens", "prompt tokens", f"cost ({c})", f"{c} / 1M generated", f"{c} / 1M total",
+         "engine busy", "generated tokens", "prompt tokens", "prefix cache hit rate", "prefill tokens computed",
+         f"cost ({c})", f"{c} / 1M generated", f"{c} / 1M total",
          "tokens/s per GPU", "tok/s of engine time", "tok/s of wall time", "failed rows"],
         [[j.job_id, j.status, j.accelerator, _replicas(j), _depth(j), _num(j.wall_seconds, 1),
           _num(j.gpu_hours, 4), _num(j.busy_gpu_hours, 4), _share(j.utilization), _num(j.generated_tokens),
-          _num(j.prompt_tokens), _num(j.cost, 4), _num(j.cost_per_million_generated_tokens, 4),
+          _num(j.prompt_tokens), _share(j.prefix_cache_hit_rate), _num(j.computed_prompt_tokens),
+          _num(j.cost, 4), _num(j.cost_per_million_generated_tokens, 4),
           _num(j.cost_per_million_total_tokens, 4), _num(j.tokens_per_second_per_gpu, 1),
           _num(j.engine_tokens_per_second, 1), _num(j.wall_tokens_per_second, 1), _num(j.failed_rows)] for j in jobs],
     )
@@ -141,6 +143,7 @@ DEFINITIONS = [
     "Busy GPU-hours: per engine actor, the union of its units' engine intervals (units overlap), times GPUs per replica.",
     "Cost: GPU-hours x the price per GPU-hour of the job's accelerator kind.",
     "Acceptance rate: accepted / draft tokens. Mean acceptance length: 1 + accepted / drafts. Position i: share of drafts whose i-th token was accepted. Overall: every job's drafts pooled.",
+    "Prefix cache hit rate: prompt tokens vLLM served from its prefix cache / prompt tokens; prefill tokens computed: the rest, the prefill the engines did.",
     "Tokens per target pass: generated tokens per target decode pass (passes: generated - accepted - completions, at least the drafting steps): what speculation saved, counting the drafts a grammar cut, which vLLM's acceptance counters leave out.",
     "Speculation on vs off: jobs on the same target model, accelerator kind, prompts and sampling, pooled per side; a negative saving means speculation cost money.",
     "Speculation trial: one engine of the job ran its first units with the configured speculation, then as many without the drafter, back to back; tok/s is that engine's generated tokens over each setting's engine time, and the cost per 1M is the price of one replica-hour at that rate.",

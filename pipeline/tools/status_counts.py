@@ -35,8 +35,8 @@ from schemas import CommitMarker, JobManifest, JobTotals, UnitStats, arrow_schem
 ERROR_COLUMNS = ("unit_id", "commit_token", "error_rows")
 STATS_COLUMNS = (
     *ERROR_COLUMNS, "rows", "output_rows", "samples", "retryable_error_rows", "clipped_rows", "prompt_tokens",
-    "generated_tokens", "num_drafts", "draft_tokens", "accepted_tokens", "started_at", "wall_seconds", "actor_id",
-    "engine_seconds", "speculative", "depth_schedule",
+    "cached_prompt_tokens", "generated_tokens", "num_drafts", "draft_tokens", "accepted_tokens", "started_at",
+    "wall_seconds", "actor_id", "engine_seconds", "speculative", "depth_schedule",
 )
 # Markers of units committed since the stats files were written, read for their stats: about a
 # minute of commits (the driver rewrites its file every minute); 1,000 are 3 MB, 32 at a time.
@@ -125,7 +125,7 @@ def resource(manifest: JobManifest, name: str) -> int:
 
 def planned_rows(manifest: JobManifest) -> dict[str, int]:
     """Unit id -> its input rows, from the plan the recorded input files give."""
-    return {u.unit_id: u.rows for u in plan_units(manifest.input_files, resource(manifest, "rows_per_unit"))}
+    return {u.unit_id: u.rows for u in plan_units(manifest.unit_files, resource(manifest, "rows_per_unit"))}
 
 
 def running_counts(location: OutputLocation, manifest: JobManifest, input_rows: int) -> RunningCounts:
