@@ -85,7 +85,10 @@ def run_vllm(config_path: str) -> dict:
                     "tokens": [len(o.outputs[0].token_ids) for o in outputs]})
     fs_out, out_path = _output(config, "vllm")
     pq.write_table(out, out_path + "/part-0.parquet", filesystem=fs_out)
-    return {"tokens": int(sum(out.column("tokens").to_pylist())), "engine_seconds": seconds}
+    return {"tokens": int(sum(out.column("tokens").to_pylist())), "engine_seconds": seconds,
+            "prompt_tokens": sum(len(o.prompt_token_ids) for o in outputs),
+            "cached_tokens": sum(o.num_cached_tokens or 0 for o in outputs),  # prefix-cache hits (prefix_sharing.py)
+            "kv_cache_blocks": llm.llm_engine.vllm_config.cache_config.num_gpu_blocks}
 
 
 def _output(config, name: str):
@@ -231,13 +234,14 @@ class CpuSampler(threading.Thread):
         return dict(out)
 
 
-def timed_run(kind: str, config_path: str, cluster: dict | None = None) -> dict:
+def timed_run(kind: str, config_path: str, cluster: dict | None = None, script: str = __file__) -> dict:
     """One whole process of `kind`, timed from outside, its CPU sampled; then its figures.
-    `cluster`: a running Ray head the Ray runs join (RAY_ADDRESS), as `ray job submit` does."""
+    `cluster`: a running Ray head the Ray runs join (RAY_ADDRESS), as `ray job submit` does.
+    `script`: the script whose `--child KIND CONFIG` runs vllm and raydatallm (this one's by default)."""
     if kind == "specbatch":
         command = [str(Path(sys.executable).parent / "specbatch"), "run", config_path]
     else:
-        command = [sys.executable, __file__, "--child", kind, config_path]
+        command = [sys.executable, script, "--child", kind, config_path]
     started = time.time()
     env = {**os.environ, **(cluster["env"] if cluster and kind != "vllm" else {})}
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -397,7 +397,8 @@ GROUPS = {"test_resilience.py": "faults", "test_multinode.py": "faults",
           "test_status.py": "random-kit-job", "test_guard.py": "random-kit-job",
           "test_readme.py": "ray-head", "test_ray_job_submit.py": "ray-head"}
 LONGEST_FIRST = ("test_resilience.py", "test_multinode.py", "test_hangs.py", "test_storage_outage.py", "test_calibrate.py",
-                 "test_speculation.py", "test_trial.py", "test_readme.py", "test_job.py", "test_sampling.py", "test_guard.py", "test_ray_job_submit.py")
+                 "test_speculation.py", "test_trial.py", "test_readme.py", "test_job.py", "test_sampling.py", "test_guard.py",
+                 "test_prefix_groups.py", "test_ray_job_submit.py")
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
