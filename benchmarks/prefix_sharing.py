@@ -32,7 +32,10 @@ whole 128-token blocks); max_num_seqs comes down when the running requests would
                   RequestOutput.num_cached_tokens; specbatch its job's cached_prompt_tokens;
                   raydatallm not known (its rows do not carry vLLM's cached-token count)
   prefill tokens  prompt tokens computed: prompt tokens - cached ones
-and per round, ratios of gen tok/s: grouped / vllm, grouped / raydatallm, grouped / ungrouped.
+  steady          generated tokens / the time the engine generated (engine time): vllm its
+                  generate() call; specbatch first unit into the engine to last unit out
+and per round, ratios of gen tok/s: grouped / vllm, grouped / raydatallm, grouped / ungrouped,
+by wall time and by steady engine time (what a long job's ratio tends to, start-up aside).
 "What the data allows" is the hit rate with an infinite cache: the tokenized prompts sorted,
 each caches its LCP with its sorted predecessor in whole blocks, at most its length - 1 in whole
 blocks (vLLM caches full blocks and always computes the last prompt token); and grouped's hit
@@ -302,11 +305,17 @@ def report(key: str, figures: dict, cache: dict, runs: dict[str, list[dict]]) ->
         rs = runs[arm]
         print(f"{arm:<12}{med([r['wall'] for r in rs]):>22}{med([r['tokens'] / r['wall'] for r in rs], 0):>22}"
               f"{med([hit_rate(r) for r in rs], 3):>24}{med([prefill(r) for r in rs], 0):>30}")
+    for arm in (a for a in ("grouped", "ungrouped", "vllm") if runs.get(a)):
+        print(f"{arm:<12}steady: {med([r['engine_seconds'] for r in runs[arm]])} s of generation, "
+              f"{med([r['tokens'] / r['engine_seconds'] for r in runs[arm]], 0)} gen tok/s")
     for other in ("vllm", "raydatallm", "ungrouped"):
         if runs.get("grouped") and runs.get(other):
-            pairs = zip(runs["grouped"], runs[other])
+            pairs = list(zip(runs["grouped"], runs[other]))
             print(f"grouped / {other} gen tok/s (wall), per round: "
                   f"{med([(g['tokens'] / g['wall']) / (o['tokens'] / o['wall']) for g, o in pairs], 2)}")
+            if other != "raydatallm":
+                print(f"grouped / {other} steady gen tok/s, per round: "
+                      f"{med([o['engine_seconds'] / g['engine_seconds'] for g, o in pairs], 2)}")
     if runs.get("grouped"):
         rates = [hit_rate(r) / allowed if hit_rate(r) is not None and allowed else None for r in runs["grouped"]]
         print(f"grouped hit rate / allowed: {med(rates, 2) if allowed else '- (the data allows no cache hit)'}")
@@ -407,6 +416,7 @@ def main() -> None:
                 runs[arm].append(run_arm(arm, configs[key]))
                 print(f"  round {r + 1} ({key}) {arm}: {runs[arm][-1]['wall']:.1f} s", flush=True)
         report(key, figures[key], cache, runs)
+        (workdir / f"runs-{key}.json").write_text(json.dumps(runs, default=str))
     if "raydatallm" in kinds:
         print(f"\nraydatallm's hit rate is not known: {RAYDATA_CACHED}")
 
