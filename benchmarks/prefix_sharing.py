@@ -22,8 +22,8 @@ written here, rows shuffled (seed 0) across the 8 files, plain prompts (no chat 
   (b) judging   512 prompts of ~150 tokens, 4 candidate responses of ~100 tokens each:
                 judge instruction + prompt + response + "Score:"; 2,048 rows
   (c) unique    2,048 prompts of ~300 tokens sharing only a ~20-token preamble
-The KV cache holds a quarter (--kv-fraction) of (a)'s distinct prefix tokens, as a large
-model's cache on a GPU would, in blocks of 32 tokens (--block-size; the CPU build's smallest,
+The KV cache holds a quarter (--kv-fraction) of the data set's distinct prefix tokens ((a)'s
+for (c), which shares nothing), as a large model's cache on a GPU would, in blocks of 32 tokens (--block-size; the CPU build's smallest,
 nearer a GPU's 16 than the CPU build's default of 128, which caches a shared prefix only in
 whole 128-token blocks); max_num_seqs comes down when the running requests would not fit in it. Printed per data set, medians (min-max):
   wall s          whole process, from start to exit
@@ -343,12 +343,25 @@ def prepare(workdir: Path, args) -> tuple[dict, dict, dict]:
     rows = {k: make_dataset(k, tokenizer, args.scale) for k in sorted({"a", *args.datasets})}
     figures = {k: prefix_figures(tokenizer([p for _, p in r]).input_ids) for k, r in rows.items()}
     per_token = kv_bytes_per_token(models["target"]) + (kv_bytes_per_token(models["drafter"]) if args.drafter else 0)
-    cache = kv_cache(figures["a"]["distinct_prefix_tokens"], args.kv_fraction, {k: figures[k] for k in args.datasets})
-    cache.update(bytes=cache["blocks"] * BLOCK * per_token, per_token=per_token)
     print(f"KV cache: {per_token:,} bytes per token (K and V in fp32 of every layer of the target"
-          f"{' and the drafter' if args.drafter else ''}, from config.json); {cache['blocks']} blocks of {BLOCK} = "
-          f"{args.kv_fraction:.0%} of (a)'s {figures['a']['distinct_prefix_tokens']:,} distinct prefix tokens, "
-          f"{cache['bytes']:,} bytes, the same in every run")
+          f"{' and the drafter' if args.drafter else ''}, from config.json), blocks of {BLOCK} tokens")
+    caches, configs = {}, {}
+    for k in args.datasets:
+        caches[k] = size_cache(k, figures, per_token, args)
+        write_shards(workdir / DATASETS[k] / "in", rows[k])
+        configs[k] = write_configs(workdir / DATASETS[k], models, caches[k], args)
+    return figures, caches, configs
+
+
+def size_cache(key: str, figures: dict, per_token: int, args) -> dict:
+    """A quarter (--kv-fraction) of the data set's distinct prefix tokens; (c), which shares
+    nothing to size a cache by, gets (a)'s. The same bytes in each of the data set's runs."""
+    sized_by = "a" if key == "c" else key
+    cache = kv_cache(figures[sized_by]["distinct_prefix_tokens"], args.kv_fraction, {key: figures[key]})
+    cache.update(bytes=cache["blocks"] * BLOCK * per_token, per_token=per_token)
+    print(f"({key}) {DATASETS[key]}: {cache['blocks']} blocks = {args.kv_fraction:.0%} of ({sized_by})'s "
+          f"{figures[sized_by]['distinct_prefix_tokens']:,} distinct prefix tokens, {cache['bytes']:,} bytes; "
+          f"{kv_line(cache, figures[key])}")
     if cache["raised"]:
         print(f"  raised to {cache['blocks']} blocks: vLLM refuses a cache smaller than one request of max_model_len "
               f"({MAX_MODEL_LEN})")
@@ -357,12 +370,8 @@ def prepare(workdir: Path, args) -> tuple[dict, dict, dict]:
               f"{cache['per_seq']} blocks (longest prompt + {MAX_TOKENS}) would not fit in {cache['blocks']} blocks")
     print(f"  while the engine is full, its {cache['max_num_seqs']} running requests hold up to "
           f"{cache['max_num_seqs'] * cache['per_seq']} of the {cache['blocks']} blocks")
-    configs = {}
-    for k in args.datasets:
-        write_shards(workdir / DATASETS[k] / "in", rows[k])
-        configs[k] = write_configs(workdir / DATASETS[k], models, cache, args)
-        print(f"({k}) {DATASETS[k]}: {kv_line(cache, figures[k])}")
-    return figures, cache, configs
+    return cache
+
 
 
 def check_identical(configs: dict[str, dict[str, str]]) -> None:
@@ -405,7 +414,7 @@ def main() -> None:
     kinds = ("grouped", "ungrouped") if args.check_identical else tuple(a for a in ARMS if a in args.kinds.split(","))
     workdir = Path(tempfile.mkdtemp(prefix="specbatch-prefix-"))
     print(f"work folder {workdir}", flush=True)
-    figures, cache, configs = prepare(workdir, args)
+    figures, caches, configs = prepare(workdir, args)
     if args.check_identical:
         check_identical(configs)
         return
@@ -415,7 +424,7 @@ def main() -> None:
             for arm in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
                 runs[arm].append(run_arm(arm, configs[key]))
                 print(f"  round {r + 1} ({key}) {arm}: {runs[arm][-1]['wall']:.1f} s", flush=True)
-        report(key, figures[key], cache, runs)
+        report(key, figures[key], caches[key], runs)
         (workdir / f"runs-{key}.json").write_text(json.dumps(runs, default=str))
     if "raydatallm" in kinds:
         print(f"\nraydatallm's hit rate is not known: {RAYDATA_CACHED}")
