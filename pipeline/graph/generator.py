@@ -84,7 +84,6 @@ class Generator:
         ready = time.time()
         self.stopped = False
         atexit.register(_stop_at_exit, weakref.ref(self))
-        _GENERATORS.add(self)
         self.location = OutputLocation(Storage.from_config(self.config.storage), self.config.output_uri)
         self.disabled_by_guard = engines.disabled_by_guard
         context = ray.get_runtime_context()
@@ -268,23 +267,6 @@ async def _watch_engine(generator: weakref.ref) -> None:
             return
         reported = await actor._look_at_engine(reported)
         del actor
-
-
-# The Generator of this actor process, for `stop_engines_here`, held weakly (Ray Data's pool
-# shutdown must still be able to free it).
-_GENERATORS: "weakref.WeakSet[Generator]" = weakref.WeakSet()
-
-
-def stop_engines_here(_worker=None) -> int:
-    """Stops the engine of this actor process's Generator, while the actor is alive. The driver
-    calls it on each engine actor (`__ray_call__`) before it ends the actor: an actor that Ray
-    ends because every reference to it went kills its child processes, EngineCore among them,
-    before Python's hooks run, and vLLM's client then logs EngineDeadError (seen in a fresh
-    clone's demo). Returns the engines stopped."""
-    generators = list(_GENERATORS)
-    for generator in generators:
-        generator.stop()
-    return len(generators)
 
 
 def _stop_at_exit(generator: weakref.ref) -> None:

@@ -206,8 +206,8 @@ class NodeLosses:
 
 
 def _stop_engines(board) -> None:
-    """Each engine actor of the graph stops its engine (`stop_engines_here`), then exits as an
-    actor that is done. Ray Data lets go of its actors and leaves them to reference
+    """Each engine actor of the graph exits as an actor that is done (its engine stops first,
+    in Generator.__del__). Ray Data lets go of its actors and leaves them to reference
     counting, which a graph that failed does not reach while its exception is held (a caller
     that keeps it, a traceback): their engines would sit idle, holding memory and polling.
     The board ends with its graph too: the dataset holds its handle in a reference cycle, so
@@ -219,13 +219,6 @@ def _stop_engines(board) -> None:
     except Exception as exc:  # the board went with a lost node; so did its engines, or Ray stops them with the job
         log.warning("the job board could not be read (%s): engines are left to Ray to stop", type(exc).__name__)
         engines = []
-    from pipeline.graph.generator import stop_engines_here
-
-    try:  # engines stopped while their actors live; an actor gone with a node is skipped
-        if engines:
-            ray.wait([e.__ray_call__.remote(stop_engines_here) for e in engines], num_returns=len(engines), timeout=30)
-    except Exception as exc:
-        log.warning("engines could not all be stopped before their actors end (%s)", type(exc).__name__)
     for engine in engines:
         engine.__ray_terminate__.remote()
     ray.kill(board)
