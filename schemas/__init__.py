@@ -247,6 +247,10 @@ class PrefixGrouping(Contract):
     sharing: Optional[PrefixSharing] = None
     files: list[InputFile] = Field(default_factory=list, description="The grouped copy's files, in order; units are their row ranges.")
 
+    def unit_files(self, input_files: list[InputFile]) -> list[InputFile]:
+        """The files the units are row ranges of: the grouped copy's once written, else the input's."""
+        return self.files if self.grouped and self.files else input_files
+
 
 class Lease(Contract):
     """_lease.json: the run that owns the output location, renewed every heartbeat."""
@@ -519,8 +523,7 @@ class JobManifest(Contract):
     @property
     def unit_files(self) -> list[InputFile]:
         """The files the units are row ranges of: the grouped copy when the rows were grouped."""
-        grouping = self.grouping
-        return grouping.files if grouping and grouping.grouped and grouping.files else self.input_files
+        return self.grouping.unit_files(self.input_files) if self.grouping else self.input_files
 
 
 TABLES: dict[str, type[Contract]] = {

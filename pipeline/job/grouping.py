@@ -33,9 +33,6 @@ class GroupingPlan:
     def copy_to_write(self) -> bool:
         return self.record.grouped and not self.record.files
 
-    def unit_files(self, input_files: list[InputFile]) -> list[InputFile]:
-        """The files the units are row ranges of: the grouped copy's once written."""
-        return self.record.files if self.record.grouped and self.record.files else input_files
 
 
 def _setting(config: JobConfig) -> str:

@@ -243,7 +243,7 @@ def plan_job(
         _refuse_changed_inputs(config, previous, inputs)
     committed = set() if restart else location.committed_units()
     grouping = plan_grouping(config, location, previous, inputs.files, committed)
-    units = plan_units(grouping.unit_files(inputs.files), config.resources.rows_per_unit)
+    units = plan_units(grouping.record.unit_files(inputs.files), config.resources.rows_per_unit)
     done = location.stats_table(committed) if committed else None  # read once: units to retry, and a rerun's totals
     again = error_units(done, retryable_only=not retry_errors) if done is not None else set()
     todo = [u for u in units if u.unit_id not in committed or u.unit_id in again]
