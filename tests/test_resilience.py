@@ -201,6 +201,38 @@ def beat_elsewhere(location: OutputLocation) -> float:
     return beat.heartbeat_at
 
 
+def test_a_generator_freed_by_the_cyclic_collector_stops_its_engine_before_vllms_finalizers():
+    """vLLM stops EngineCore in weakref finalizers, and Python's cyclic collector calls those
+    before any __del__: a Generator in a reference cycle would have its EngineCore stopped under
+    a live output handler (EngineDeadError in the worker's log, seen in a fresh clone's demo)
+    before Generator.stop could stop it in order. The engine here is a stand-in carrying a
+    finalizer as vLLM's AsyncLLM does, since a real one costs an engine start; the demo's log
+    test (tests/test_install.py) checks a real engine's stop."""
+    import gc
+    import weakref
+    from types import SimpleNamespace
+
+    from pipeline.graph import generator
+
+    events: list[str] = []
+
+    class Engine:  # what Generator.stop uses of AsyncLLM
+        output_handler = None
+
+        def shutdown(self) -> None:
+            events.append("Generator.stop")
+
+    engine = Engine()
+    weakref.finalize(engine, events.append, "vLLM's finalizer")
+    actor = generator.Generator.__new__(generator.Generator)
+    actor.engine, actor.stopped = generator.held_until_stopped(engine), False
+    actor.requests, actor.processes = SimpleNamespace(dying=False), SimpleNamespace(end=lambda: None)
+    actor.itself = actor  # the cycle
+    del engine, actor
+    gc.collect()
+    assert events == ["Generator.stop", "vLLM's finalizer"]
+
+
 @pytest.mark.engine
 def test_ctrl_c_a_killed_driver_and_a_lost_lease_land_each_ids_samples_exactly_once(tmp_path, random_kit):
     """One job, the ways a driver stops. Ctrl-C between commits (SIGINT to the run's process

@@ -80,7 +80,8 @@ class Generator:
         imported = time.time()
         self.processes = EngineProcesses()
         self.clock = EngineClock(self.config.retries.engine_stall_seconds)
-        self.engine = start_engine(self.config, self.processes, self.vllm_classes, [self.clock.stat_logger_factory()])
+        self.engine = held_until_stopped(start_engine(self.config, self.processes, self.vllm_classes,
+                                                      [self.clock.stat_logger_factory()]))
         ready = time.time()
         self.stopped = False
         atexit.register(_stop_at_exit, weakref.ref(self))
@@ -128,6 +129,7 @@ class Generator:
             _stop_output_handler(self.engine)
             self.engine.shutdown()
             self.processes.end()  # a worker that shutdown left behind
+        _ENGINES_UNTIL_STOPPED.discard(getattr(self, "engine", None))
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
         received = time.time()
@@ -251,6 +253,19 @@ class Generator:
         self.location.finish_attempt(unit_id)
         self.metrics.record(marker.stats)
         return pa.Table.from_pylist([marker.stats.model_dump()], schema=arrow_schema(UnitStats))
+
+
+_ENGINES_UNTIL_STOPPED: set = set()
+
+
+def held_until_stopped(engine):
+    """The engine, held by this module until `Generator.stop`. A Generator in a reference cycle
+    is freed by Python's cyclic collector, which calls the weakref callbacks of everything it
+    frees before any `__del__`: vLLM's finalizers would stop EngineCore under a live output
+    handler (EngineDeadError in the worker's log) before `Generator.__del__` could stop the
+    engine in order. Held here, the engine is not among the cycle's garbage."""
+    _ENGINES_UNTIL_STOPPED.add(engine)
+    return engine
 
 
 async def _watch_engine(generator: weakref.ref) -> None:
