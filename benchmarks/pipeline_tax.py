@@ -65,7 +65,9 @@ def _parquet_paths(config) -> tuple[object, list[str]]:
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), files
 
 
-def run_vllm(config_path: str) -> dict:
+def run_vllm(config_path: str, sort_prompts: bool = False) -> dict:
+    """vLLM alone: the Parquet prompts, one `LLM.generate`, Parquet out. `sort_prompts`: in the
+    prompts' text order (rows that share a prefix side by side), not the input's."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from vllm import LLM, SamplingParams
@@ -76,6 +78,8 @@ def run_vllm(config_path: str) -> dict:
     config = load_config(config_path)
     fs, files = _parquet_paths(config)
     table = pa.concat_tables([pq.read_table(f, filesystem=fs) for f in files])
+    if sort_prompts:
+        table = table.sort_by("prompt")
     llm = LLM(**engine_kwargs(config))
     params = SamplingParams(max_tokens=config.sampling.max_tokens, temperature=config.sampling.temperature)
     started = time.time()

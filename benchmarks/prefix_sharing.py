@@ -14,6 +14,9 @@ max_tokens 16, vLLM's prefix caching on (its default), the same KV cache bytes:
               when sorting pays, so on (c) it measures what the decision costs)
   ungrouped   the same with resources.group_prefixes: false
   vllm        a plain script: read the Parquet prompts, one `LLM.generate` in input order, write Parquet
+  sorted      the same script with the prompts sorted by their text: a grouping that costs nothing,
+              the ceiling of what any order gives this engine (not a run a user has: it needs the
+              whole input in one process's memory)
   raydatallm  Ray Data LLM: read_parquet -> build_processor(vLLMEngineProcessorConfig) -> write_parquet
 In each round the runs take turns (their order rotates from round to round). Three data sets,
 written here, rows shuffled (seed 0) across the 8 files, plain prompts (no chat template):
@@ -63,13 +66,15 @@ import pipeline_tax as tax  # noqa: E402  (puts the repository on sys.path)
 os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
 
 ROOT = tax.ROOT
-ARMS = ("grouped", "ungrouped", "vllm", "raydatallm")
+ARMS = ("grouped", "ungrouped", "vllm", "sorted", "raydatallm")
 DATASETS = {"a": "passages", "b": "judging", "c": "unique"}
 BLOCK = 32  # KV cache block, tokens (--block-size): the CPU build's smallest; a GPU's default is 16
 MAX_TOKENS = 16
 MAX_NUM_SEQS = 64
 MAX_MODEL_LEN = 512
 SEED = 0
+CHILD_RUNS = {"vllm": tax.run_vllm, "sorted": lambda config: tax.run_vllm(config, sort_prompts=True),
+              "raydatallm": tax.run_ray_data_llm}
 RAYDATA_CACHED = (
     "Ray Data LLM's output rows (vLLMOutputData) carry prompt_token_ids, num_input_tokens and metrics "
     "(vLLM's RequestStateStats: timings, preemptions), not RequestOutput.num_cached_tokens; vLLM's prefix-cache "
@@ -251,9 +256,9 @@ def specbatch_figures(config_path: str) -> dict:
 
 
 def run_arm(arm: str, configs: dict[str, str]) -> dict:
-    config = configs["plain" if arm in ("vllm", "raydatallm") else arm]
+    config = configs["plain" if arm in CHILD_RUNS else arm]
     tax.clear_outputs(config)
-    kind = arm if arm in ("vllm", "raydatallm") else "specbatch"
+    kind = arm if arm in CHILD_RUNS else "specbatch"
     result = tax.timed_run(kind, config, script=__file__)
     if kind == "specbatch":
         result.update(specbatch_figures(config))
@@ -305,10 +310,10 @@ def report(key: str, figures: dict, cache: dict, runs: dict[str, list[dict]]) ->
         rs = runs[arm]
         print(f"{arm:<12}{med([r['wall'] for r in rs]):>22}{med([r['tokens'] / r['wall'] for r in rs], 0):>22}"
               f"{med([hit_rate(r) for r in rs], 3):>24}{med([prefill(r) for r in rs], 0):>30}")
-    for arm in (a for a in ("grouped", "ungrouped", "vllm") if runs.get(a)):
+    for arm in (a for a in ("grouped", "ungrouped", "vllm", "sorted") if runs.get(a)):
         print(f"{arm:<12}steady: {med([r['engine_seconds'] for r in runs[arm]])} s of generation, "
               f"{med([r['tokens'] / r['engine_seconds'] for r in runs[arm]], 0)} gen tok/s")
-    for other in ("vllm", "raydatallm", "ungrouped"):
+    for other in ("vllm", "sorted", "raydatallm", "ungrouped"):
         if runs.get("grouped") and runs.get(other):
             pairs = list(zip(runs["grouped"], runs[other]))
             print(f"grouped / {other} gen tok/s (wall), per round: "
@@ -322,6 +327,11 @@ def report(key: str, figures: dict, cache: dict, runs: dict[str, list[dict]]) ->
     for arm in ("grouped", "ungrouped"):
         if runs.get(arm):
             print(f"{arm} job's grouping decision: {' | '.join(sorted({r['grouping'] for r in runs[arm]}))}")
+    if runs.get("sorted") and runs.get("vllm"):
+        pairs = list(zip(runs["sorted"], runs["vllm"]))
+        print(f"sorted / vllm gen tok/s (wall), per round: {med([v['wall'] / s['wall'] for s, v in pairs], 2)}; "
+              f"steady: {med([v['engine_seconds'] / s['engine_seconds'] for s, v in pairs], 2)} "
+              "(the most any order of these rows gives this engine)")
     blocks = {r.get("kv_cache_blocks") for r in runs.get("vllm", [])}
     if blocks:
         print(f"vllm's engine reported {' / '.join(map(str, blocks))} KV cache blocks (asked: {cache['blocks']})")
@@ -408,7 +418,7 @@ def main() -> None:
     BLOCK = args.block_size
     if args.child:
         kind, config = args.child
-        print("RESULT " + json.dumps({"vllm": tax.run_vllm, "raydatallm": tax.run_ray_data_llm}[kind](config)), flush=True)
+        print("RESULT " + json.dumps(CHILD_RUNS[kind](config)), flush=True)
         return
     args.datasets = [k for k in DATASETS if k in args.datasets.split(",")]
     kinds = ("grouped", "ungrouped") if args.check_identical else tuple(a for a in ARMS if a in args.kinds.split(","))
