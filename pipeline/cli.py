@@ -140,55 +140,41 @@ def run_from_config(config_uri: str, output_uri: str | None = None, dry_run: boo
     took the output location over while this one ran), 130 interrupted. `options`: the run's
     flags (pipeline/job/plan.RunOptions). `dry_run`: the checks and the plan only
     (pipeline/tools/plan.py), 0 when the run would be accepted."""
+    from pipeline.api import run
     from pipeline.cluster.startup import StartClock
-    from pipeline.config import load_config
-    from pipeline.job.manifest import plain_text
     from pipeline.job.plan import RunOptions
-    from pipeline.job.runner import run_job
 
     flags = RunOptions(**options)
-    config = None
     previous_handler = signal.signal(signal.SIGINT, _interrupt_then_exit_at_the_next)
     try:
         if dry_run:
             from pipeline.tools.plan import dry_run as plan
 
             return plan(config_uri, output_uri, flags, as_json)
-        config = load_config(config_uri, {"output_uri": output_uri} if output_uri else None)
-        manifest = run_job(config, clock=StartClock(from_process_start=True), **dataclasses.asdict(flags))
+        result = run(config_uri, output_uri, clock=StartClock(from_process_start=True),
+                     command=_command(config_uri, output_uri, flags), **dataclasses.asdict(flags))
     except KeyboardInterrupt:
-        print(f"specbatch: {_interrupted(config)}; rerun the same command to resume", file=sys.stderr)
-        return EXIT["interrupted"]
-    except Exception as exc:
-        status, said = next(((status, said) for types, status, said in _endings() if isinstance(exc, types)), (None, ""))
-        if status is None:
-            raise
-        cause = getattr(exc, "cause", None)  # an actor's error, as Ray carries it: said without Ray's traceback
-        print(f"specbatch: {said}: {plain_text(str(cause if isinstance(cause, BaseException) else exc))}", file=sys.stderr)
-        return EXIT[status]
+        result = None
     finally:
         signal.signal(signal.SIGINT, previous_handler)
-    _print_summary(manifest, config.output_uri)
-    return EXIT.get(manifest.status, EXIT["failed"])
+    if result is None or result.status == "interrupted":
+        print(f"specbatch: {_interrupted(result.manifest if result else None)}; rerun the same command to resume", file=sys.stderr)
+        return EXIT["interrupted"]
+    if result.manifest is None:  # ended by an error specbatch names: one line, no traceback
+        print(f"specbatch: {SAID.get(result.status, 'job failed')}: {result.error}", file=sys.stderr)
+        return result.exit_code
+    _print_summary(result.manifest, result.manifest.config["output_uri"])
+    return result.exit_code
 
 
-def _endings() -> list[tuple[tuple[type, ...], str, str]]:
-    """The errors that end a run with one line and an exit code, not a traceback: (types, the
-    status whose exit code it takes, the line's first word)."""
-    from pipeline.cluster import SchedulingStalled
-    from pipeline.commit.lease import LeaseLost
-    from pipeline.job.breaker import TooManyErrors
-    from pipeline.job.plan import REFUSALS
-    from pipeline.job.watch import EnginesKeepFailing, JobStalled
-    from pipeline.speculation.guard import AcceptanceTooLow
-    from pipeline.storage import StorageUnavailable
+def _command(config_uri: str, output_uri: str | None, flags) -> str:
+    """The `specbatch run` command line a run had (its data set card names it)."""
+    words = ["specbatch", "run", config_uri] + (["--output-uri", output_uri] if output_uri else [])
+    words += [f"--{name.replace('_', '-')}" for name in ("restart", "take_over", "retry_errors") if getattr(flags, name)]
+    return " ".join(words + (["--address", flags.address] if flags.address else []))
 
-    return [
-        (REFUSALS, "refused", "refused"),
-        ((LeaseLost,), "fenced", "fenced"),
-        ((StorageUnavailable,), "failed", "job failed"),
-        ((TooManyErrors, AcceptanceTooLow, SchedulingStalled, JobStalled, EnginesKeepFailing), "failed", "job failed"),
-    ]
+
+SAID = {"refused": "refused", "fenced": "fenced", "failed": "job failed"}  # a run's last line, by how it ended
 
 
 def _print_summary(manifest, output_uri: str) -> None:
@@ -220,15 +206,9 @@ def _drop_rays_error_channel() -> None:
     worker.print_to_stdstream = lambda data, ignore_prefix: None if data.get("pid") == "raylet" else show(data, ignore_prefix)
 
 
-def _interrupted(config) -> str:
+def _interrupted(manifest) -> str:
     """How far the interrupted attempt got, from the manifest it wrote."""
-    from pipeline.commit.outputs import OutputLocation
-    from pipeline.storage import Storage
-    from schemas import JobManifest
-
-    location = None if config is None else OutputLocation(Storage.from_config(config.storage), config.output_uri)
-    manifest = JobManifest.model_validate(location.read_manifest()) if location and location.has_manifest() else None
-    if manifest is None or manifest.status != "interrupted":
+    if manifest is None:
         return "interrupted before the job started"
     return f"interrupted after {manifest.totals.units:,} of {manifest.attempts[-1].units_planned:,} units"
 

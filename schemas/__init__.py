@@ -223,6 +223,23 @@ class InputFile(Contract):
     metadata_type: Optional[str] = None
 
 
+class DuplicateId(Contract):
+    """A row whose id an earlier row of the job has (files in order, rows in order): it is that
+    row's `duplicate_id` error, and the earlier row is generated (pipeline/inputs/ids.py)."""
+
+    source: str
+    row: int
+    first_source: str
+    first_row: int
+
+
+class IdCheck(Contract):
+    """The job's ids checked unique across all its input files, before any engine started."""
+
+    rows: int = Field(description="Rows whose ids were read.")
+    duplicates: list[DuplicateId] = Field(default_factory=list, description="Each repeated id's later rows, in input order.")
+
+
 class PrefixSharing(Contract):
     """What the prompts share, measured over the job's input before any engine starts
     (pipeline/inputs/prefixes.py). Characters of the text that reaches the tokenizer (the
@@ -513,6 +530,7 @@ class JobManifest(Contract):
     accelerator: str = Field(description="What the replicas ran on, e.g. 'cpu' or 'nvidia-a100'.")
     input_files: list[InputFile]
     grouping: Optional[PrefixGrouping] = Field(None, description="Rows grouped by shared prefix (null: decided before grouping existed, or not run).")
+    ids: Optional[IdCheck] = Field(None, description="The ids checked unique across the input (null: a job begun before the check).")
     totals: JobTotals = Field(description="Over everything committed at the output location, all attempts.")
     attempts: list[Attempt] = Field(default_factory=list)
     guard_events: list[GuardEvent] = Field(default_factory=list, description="What the acceptance guard saw and did.")

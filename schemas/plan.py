@@ -17,6 +17,13 @@ class PlanFile(Contract):
     rows: int
     text_column: Literal["prompt", "messages"]
     units: int
+    first_prompt: Optional[str] = Field(
+        None,
+        description=(
+            "With a template (rows.prompt_template, rows.messages_template): the file's first row as the engine would get "
+            "it (messages through the chat template); null when its values cannot render."
+        ),
+    )
 
 
 class PlanInputs(Contract):
@@ -26,6 +33,7 @@ class PlanInputs(Contract):
     rows: int
     prompt_rows: int = Field(description="Rows of files with a `prompt` column.")
     chat_rows: int = Field(description="Rows of files with a `messages` column (rendered with the chat template).")
+    duplicate_ids: int = Field(0, description="Rows whose id an earlier row of the input has: each would be its row's duplicate_id error.")
     converted_files: Optional[int] = Field(
         None, description="openai_batch: JSONL files already converted under OUTPUT_URI/_inputs (not read again)."
     )

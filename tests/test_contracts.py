@@ -48,7 +48,7 @@ def test_corrupt_parquet_names_the_file(tmp_path):
         ({"prompt": ["x"]}, r"missing column 'id'"),
         ({"id": ["a"], "prompt": ["x"], "messages": [[{"role": "user", "content": "x"}]]}, r"has both of the columns"),
         ({"id": ["a"], "text": ["x"]}, r"has neither of the columns"),
-        ({"id": [1], "prompt": ["x"]}, r"column 'id' has type int64, expected string"),
+        ({"id": [1.5], "prompt": ["x"]}, r"column 'id' has type double, expected string or integer"),
         ({"id": ["a"], "prompt": [3]}, r"column 'prompt' has type int64"),
         ({"id": ["a"], "prompt": ["x"], "max_tokens": ["ten"]}, r"column 'max_tokens' has type string"),
         ({"id": ["a"], "messages": [["hi"]]}, r"column 'messages' has type list<element: string>"),
@@ -82,12 +82,12 @@ def test_null_and_empty_ids_pass_the_input_check(tmp_path):
 
 
 def test_rows_a_footer_cannot_check_become_row_errors():
-    """Null, empty and blank ids and ids repeated within a unit: row errors naming the row, its
-    file and the field."""
+    """Null, empty and blank ids, and ids the plan's id check found repeated (pipeline/inputs/ids.py):
+    row errors naming the row, its file and the field."""
     from pipeline.stages.preprocess import PreprocessSettings, Preprocessor
     from tinykit import kit_paths
 
-    pre = Preprocessor(PreprocessSettings(kit_paths()["target"], 256))
+    pre = Preprocessor(PreprocessSettings(kit_paths()["target"], 256, duplicates=(("f.parquet", 12, "f.parquet", 10),)))
     rows = {"id": ["a", "  ", "a", "b", None, ""], "prompt": ["x = 1"] * 6}
     n = len(rows["id"])
     unit = pa.table({

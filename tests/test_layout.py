@@ -13,11 +13,11 @@ PACKAGE = ROOT / "pipeline"
 # The runtime: pipeline/ but for the tooling, its packages (pipeline/config/) included.
 RUNTIME = sorted(p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] != "tools")
 MAX_FUNCTION_LINES = 50
-# The command line is the one runtime module that dispatches to the tools.
-DISPATCHERS = {"cli.py"}
+# The command line and the Python API are the runtime modules that dispatch to the tools.
+DISPATCHERS = {"cli.py", "api.py"}
 # The runtime's packages, bottom first: each imports only from itself and those before it.
 # `fingerprint` is a module at the root because the training kit's recipe hashes it.
-LAYERS = ("fingerprint", "config", "storage", "inputs", "commit", "cluster", "stages", "speculation", "graph", "job", "cli")
+LAYERS = ("fingerprint", "config", "storage", "inputs", "commit", "cluster", "stages", "speculation", "graph", "job", "api", "cli")
 MAX_MODULE_LINES = 400
 MAX_ROOT_MODULES = 8
 

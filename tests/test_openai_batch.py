@@ -354,7 +354,7 @@ def test_the_export_reads_back_through_openai_types(location, capsys):
         assert line["response"]["status_code"] == 200 and line["response"]["request_id"].startswith("req_")
 
     one = ChatCompletion.model_validate(results["chat-1"]["response"]["body"])
-    assert one.object == "chat.completion" and one.model == "gpt-4o-mini"
+    assert one.object == "chat.completion" and one.model == "target@abc"  # what generated it, not the name the line asked for
     assert [c.index for c in one.choices] == [0, 1]  # samples grouped, by sample_index
     assert [c.message.content for c in one.choices] == ['{"city": "Paris"}', '{"city": "Lyon"}']
     assert one.choices[0].message.role == "assistant" and one.choices[0].finish_reason == "stop"
@@ -367,11 +367,11 @@ def test_the_export_reads_back_through_openai_types(location, capsys):
     assert one.created == int(dt.datetime(2026, 11, 29, 11, tzinfo=dt.timezone.utc).timestamp())  # the job's end, not the export's time: exporting twice gives the same file
 
     two = ChatCompletion.model_validate(results["chat-2"]["response"]["body"])
-    assert two.model == "target@abc"  # no body.model in the request: the model that generated it
+    assert two.model == "target@abc"  # no body.model in the request: the same
     assert two.choices[0].finish_reason == "length" and two.choices[0].logprobs is None
 
     cmpl = Completion.model_validate(results["cmpl-1"]["response"]["body"])
-    assert cmpl.object == "text_completion" and cmpl.model == "davinci-002" and cmpl.choices[0].text == " there was"
+    assert cmpl.object == "text_completion" and cmpl.model == "target@abc" and cmpl.choices[0].text == " there was"
     lp = cmpl.choices[0].logprobs
     assert (lp.tokens, lp.token_logprobs, lp.text_offset) == ([" there", " was"], [-0.5, -0.2], [0, 6])
     assert lp.top_logprobs == [{" there": -0.5, " a": -1.5}, {}]
@@ -428,16 +428,18 @@ def test_a_batch_file_runs_through_the_engine_and_exports(tmp_path, ray_local, c
          "body": {"model": "davinci-002", "prompt": "def f(x):\n    return", "max_tokens": 12, "stop": ["\n"], "logprobs": 1}},
         {"custom_id": "min-p", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x = ", "min_p": 0.1}},
         chat("tooled", {"tools": [{"type": "function", "function": {"name": "f"}}]}),  # unsupported: its error line
+        {"custom_id": "other-model", "method": "POST", "url": "/v1/completions",  # vLLM's run-batch test line
+         "body": {"model": "NonExistModel", "prompt": "x = ", "max_tokens": 4}},
     ]
     write_jsonl(tmp_path / "batch" / "requests.jsonl", lines)
     kit = kit_paths()
     config = parse_config(job_config(
         str(tmp_path / "batch"), str(tmp_path / "out"), {"target": kit["target"], "drafter": kit["drafter_eagle31"]},
         input_format="openai_batch", unsupported_requests="errors", engine={"json_whitespace": False},
-        retries={"max_error_fraction": 0.5},
+        retries={"max_error_fraction": 0.6}, model={"served_names": ["gpt-4o-mini", "davinci-002"]},
     ))
     manifest = run_job(config, progress=False)
-    assert (manifest.status, manifest.totals.input_rows, manifest.totals.error_rows) == ("succeeded", 6, 3)  # within 0.5
+    assert (manifest.status, manifest.totals.input_rows, manifest.totals.error_rows) == ("succeeded", 7, 4)  # within 0.6
     location = OutputLocation(Storage(), config.output_uri)
     stats = location.read_table("stats").to_pylist()
     assert sum(s["draft_tokens"] for s in stats) > 0  # the drafter ran
@@ -447,7 +449,7 @@ def test_a_batch_file_runs_through_the_engine_and_exports(tmp_path, ray_local, c
     dest = location.path("export", "openai_batch")
     results = {line["custom_id"]: line for line in read_jsonl(location.storage, f"{dest}/results.jsonl")}
     errors = {line["custom_id"]: line for line in read_jsonl(location.storage, f"{dest}/errors.jsonl")}
-    assert sorted(results) == ["cmpl", "json", "lp"] and sorted(errors) == ["min-p", "sampled", "tooled"]
+    assert sorted(results) == ["cmpl", "json", "lp"] and sorted(errors) == ["min-p", "other-model", "sampled", "tooled"]
 
     outputs = {o["id"]: o for o in location.read_table("outputs").to_pylist()}
     lp = ChatCompletion.model_validate(results["lp"]["response"]["body"])
@@ -458,7 +460,11 @@ def test_a_batch_file_runs_through_the_engine_and_exports(tmp_path, ray_local, c
     answer = ChatCompletion.model_validate(results["json"]["response"]["body"]).choices[0].message.content
     assert set(json.loads(answer)) == {"n"} and outputs["json"]["parsed"] is True
     cmpl = Completion.model_validate(results["cmpl"]["response"]["body"])
-    assert cmpl.model == "davinci-002" and "\n" not in cmpl.choices[0].text and cmpl.choices[0].logprobs.tokens
+    assert cmpl.model == outputs["cmpl"]["model"] and cmpl.model.startswith("target@")  # the model that wrote it
+    assert "\n" not in cmpl.choices[0].text and cmpl.choices[0].logprobs.tokens
+    other = errors["other-model"]["response"]
+    assert (other["status_code"], other["body"]["error"]["code"], other["body"]["error"]["param"]) == (400, "model_not_found", "body.model")
+    assert "The model `NonExistModel` does not exist" in other["body"]["error"]["message"]
     assert BatchError.model_validate(errors["sampled"]["error"]).code == "invalid_sampling"
     assert "min_p" in BatchError.model_validate(errors["min-p"]["error"]).message
     tooled = errors["tooled"]["response"]

@@ -109,13 +109,14 @@ def test_rows_of_two_adapters_and_chat_rows_are_keyed_apart(tmp_path):
 
 def test_the_grouped_copy_holds_every_row_once_in_order_with_its_origin(tmp_path, ray_local):
     from pipeline.graph.regroup import write_grouped_copy
+    from pipeline.inputs.shape import RowShape
     from pipeline.inputs.prefixes import group_order
     from pipeline.storage import Storage
 
     passages_and_questions(tmp_path / "in", passages=20, questions=3, files=3)
     files, keys = _keys(tmp_path / "in")
     order = group_order(keys)
-    copy = write_grouped_copy(Storage(), str(tmp_path / "out"), files, order, keys.kinds, rows_per_unit=8)
+    copy = write_grouped_copy(Storage(), str(tmp_path / "out"), files, order, keys.kinds, rows_per_unit=8, shape=RowShape())
     assert [f.rows for f in copy] == [60] and copy[0].text_column == "prompt"
     table = pq.read_table(copy[0].uri)
     assert table.column("id").to_pylist() == _ids_in_order(files, order)
@@ -177,7 +178,7 @@ def test_grouped_rows_find_their_passage_in_the_prefix_cache(grouped_and_not):
 
 
 @pytest.mark.engine
-def test_a_resume_reuses_the_recorded_grouped_copy_and_refuses_the_other_setting(grouped_and_not):
+def test_a_resume_reuses_the_recorded_grouped_copy_and_refuses_the_other_setting_or_a_lost_copy(grouped_and_not):
     from pipeline.config import parse_config
     from pipeline.job.grouping import GroupingChanged
     from pipeline.job.plan import plan_job
@@ -197,3 +198,6 @@ def test_a_resume_reuses_the_recorded_grouped_copy_and_refuses_the_other_setting
     assert plan.todo[0].source in {f.uri for f in manifest.grouping.files}
     with pytest.raises(GroupingChanged, match="group_prefixes: false.*over its grouped copy"):
         plan_job(parse_config({**data, "resources": {**data["resources"], "group_prefixes": False}}))
+    Storage().delete(manifest.grouping.files[-1].uri)  # a file of the copy gone while a unit is left
+    with pytest.raises(GroupingChanged, match=r"1 file\(s\) of the job's grouped input copy are gone or changed"):
+        plan_job(parse_config(data))

@@ -126,12 +126,15 @@ class OutputLocation:
         of every committed unit; an empty table if none."""
         if name == STATS:
             return self.stats_table()
-        markers = self.markers()
-        uris = [self.path(m.files[name]) for m in markers.values() if name in m.files]
-        tables = self.read_all(lambda uri: self.storage.read_parquet(uri, columns), uris)
+        tables = self.read_all(lambda uri: self.storage.read_parquet(uri, columns), self.committed_files(name))
         if not tables:
             return pa.table({})
         return pa.concat_tables(tables, promote_options="permissive")
+
+    def committed_files(self, name: str) -> list[str]:
+        """The files of outputs or errors that commit markers name, in unit order: a unit's
+        files that no marker names (a run that died before its commit) are not among them."""
+        return [self.path(m.files[name]) for m in self.markers().values() if name in m.files]
 
     def stats_files(self, columns: Optional[Sequence[str]] = None, skip_file: Optional[str] = None) -> dict[str, pa.Table]:
         """Each attempt's stats file (attempt-NNNN -> its rows, oldest attempt first), of `columns`

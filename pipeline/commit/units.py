@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.inputs import short_name
+from pipeline.inputs.shape import SHAPE_COLUMNS, RowShape
 from pipeline.storage import Storage
 from schemas import InputFile
 
@@ -67,14 +68,18 @@ def plan_units(files: Iterable[InputFile], rows_per_unit: int) -> list[WorkUnit]
     ]
 
 
-def read_unit(storage: Storage, unit: WorkUnit) -> pa.Table:
+def read_unit(storage: Storage, unit: WorkUnit, shape: RowShape | None = None) -> pa.Table:
     """The unit's rows, read from the row groups that hold them, in the common unit layout:
-    UNIT_COLUMNS, metadata (if the file has it), and where each row came from. A read that
+    UNIT_COLUMNS, metadata (if the file has it), where each row came from, and what `shape`
+    (the config's `rows` section) adds: a template's errors, the copied columns. A read that
     fails on a store gone silent is read again, for up to storage.outage_seconds."""
-    return storage.retrying(f"read {unit.source}", lambda: _read_rows(storage, unit))
+    return storage.retrying(f"read {unit.source}", lambda: _read_rows(storage, unit, shape or RowShape()))
 
 
-def _read_rows(storage: Storage, unit: WorkUnit) -> pa.Table:
+LAYOUT = [*(f.name for f in UNIT_COLUMNS), "metadata", "copied"]  # what a unit's block carries, by the layout's names
+
+
+def _read_rows(storage: Storage, unit: WorkUnit, shape: RowShape) -> pa.Table:
     with storage.open_ranged(unit.source, size=unit.size) as f:
         parquet = pq.ParquetFile(f)
         groups, group_start, offset = [], 0, None
@@ -85,16 +90,24 @@ def _read_rows(storage: Storage, unit: WorkUnit) -> pa.Table:
                 offset = group_start if offset is None else offset
             group_start += n
         names = parquet.schema_arrow.names
-        wanted = [c for c in (*(f.name for f in UNIT_COLUMNS), "metadata", *ORIGIN_COLUMNS) if c in names]
+        grouped_copy = all(c in names for c in ORIGIN_COLUMNS)  # written in the layout already (pipeline/graph/regroup.py)
+        if grouped_copy:
+            wanted = [c for c in (*LAYOUT, *SHAPE_COLUMNS, *ORIGIN_COLUMNS) if c in names]
+        else:
+            wanted = shape.source_columns(names, LAYOUT)
         table = parquet.read_row_groups(groups, columns=wanted).slice(unit.first_row - (offset or 0), unit.rows)
     if table.num_rows != unit.rows:
         raise IOError(f"{unit.source}: unit {unit.unit_id} expected {unit.rows} rows from row {unit.first_row}, read {table.num_rows}")
+    if not grouped_copy:
+        table = shape.apply(table)
+    names = table.column_names
     columns = {}
     for field in UNIT_COLUMNS:
         columns[field.name] = table.column(field.name).cast(field.type) if field.name in names else pa.nulls(unit.rows, field.type)
     columns["metadata"] = table.column("metadata") if "metadata" in names else pa.nulls(unit.rows)
+    columns.update((c, table.column(c)) for c in SHAPE_COLUMNS if c in names)
     n = unit.rows
-    if all(c in names for c in ORIGIN_COLUMNS):  # a grouped copy's rows name the input file and row they came from
+    if grouped_copy:  # a grouped copy's rows name the input file and row they came from
         columns.update((c, table.column(c)) for c in ORIGIN_COLUMNS)
     else:
         columns.update(

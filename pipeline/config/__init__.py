@@ -13,6 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from pipeline.config.base import ConfigError, Section, closest
+from pipeline.config.input_rows import InputRowsConfig, TemplateMessage
 from pipeline.config.job import JobConfig
 from pipeline.config.messages import config_error_lines, unknown_key_message
 from pipeline.config.paths import PATH_FIELDS, _resolve_relative_paths, output_inside_input
@@ -49,6 +50,7 @@ __all__ = [
     "ConfigError",
     "EngineConfig",
     "GuardConfig",
+    "InputRowsConfig",
     "JobConfig",
     "JsonSchemaFormat",
     "LeaseConfig",
@@ -63,6 +65,7 @@ __all__ = [
     "Section",
     "SpeculativeConfig",
     "StorageConfig",
+    "TemplateMessage",
     "closest",
     "config_error_lines",
     "load_config",

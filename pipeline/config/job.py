@@ -7,6 +7,7 @@ from typing import Any, Literal, Optional
 from pydantic import Field, field_validator, model_validator
 
 from pipeline.config.base import Section
+from pipeline.config.input_rows import InputRowsConfig
 from pipeline.config.paths import output_inside_input
 from pipeline.config.resources import LeaseConfig, ResourcesConfig, RetriesConfig
 from pipeline.config.rows import ChatConfig, LoraConfig, SamplingConfig, speculation_conflicts
@@ -39,6 +40,13 @@ class JobConfig(Section):
             "Where outputs/, errors/, stats/ and _job.json go: a local folder or a URI (any fsspec scheme). A rerun on it "
             "resumes. Never inside input_uri: a rerun would read the outputs as input."
         )
+    )
+    rows: InputRowsConfig = Field(
+        default_factory=InputRowsConfig,
+        description=(
+            "How the input's rows become requests: the id, prompt or messages columns by name, prompts or messages "
+            "rendered from templates over the row's columns, and columns copied to the output rows."
+        ),
     )
     model: ModelConfig = Field(description="The target model: model.path, a local folder with config.json or an s3:// URI.")
     speculative: SpeculativeConfig = Field(
@@ -79,6 +87,15 @@ class JobConfig(Section):
                 f"output_uri ({self.output_uri}) {inside} the folder input_uri ({self.input_uri}) reads from: the job would "
                 "work once, then a rerun would read its own outputs as input. Set output_uri to a folder outside input_uri "
                 "(e.g. a sibling folder), or move the input into a folder of its own"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _rows_of_parquet_files(self):
+        if not self.rows.is_default and self.input_format == "openai_batch":
+            raise ValueError(
+                "rows applies to Parquet input only: an OpenAI batch line names its custom_id and body itself; remove "
+                "the rows section, or set input_format: parquet"
             )
         return self
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 from typing import Any, Iterable, Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
@@ -82,6 +83,19 @@ class StorageConfig(Section):
 class ModelConfig(Section):
     path: str = Field(description=f"The target model. {MODEL_URI_HELP}")
     tokenizer: Optional[str] = Field(None, description="Defaults to the model path; a local folder or a URI like model.path.")
+    served_names: list[str] = Field(
+        default_factory=list,
+        description=(
+            "OpenAI batch input: the names a line's body.model may give for the target, beside model.path and its folder "
+            "name (as vLLM's --served-model-name). A line naming another model is that row's error (model_not_found), as "
+            "vLLM's run-batch answers it."
+        ),
+    )
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """What a request may call the target: its path, its folder's name, and served_names."""
+        return (self.path, posixpath.basename(self.path.rstrip("/")), *self.served_names)
 
     @model_validator(mode="after")
     def _own_storage(self):

@@ -7,24 +7,27 @@
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from pipeline.cluster import PREPROCESS_CPUS, READ_TASK_CPUS, engine_remote_args, read_concurrency
 from pipeline.commit.units import WorkUnit
 from pipeline.config import JobConfig
 from pipeline.storage import TRANSIENT_ERRORS, Storage
+from schemas import DuplicateId
 
 
 if TYPE_CHECKING:  # the engine actor's module imports Ray's metrics: a run imports it once it has work
     from pipeline.graph.generator import EngineActorArgs
 
-def build_dataset(config: JobConfig, units: list[WorkUnit], engines: EngineActorArgs):
+def build_dataset(config: JobConfig, units: list[WorkUnit], engines: EngineActorArgs, duplicates: Sequence[DuplicateId] = ()):
     """The Ray Data graph over `units`; nothing runs until the caller iterates it. `engines`:
-    what each engine actor is built with beside the config (pipeline/graph/generator.py)."""
+    what each engine actor is built with beside the config (pipeline/graph/generator.py);
+    `duplicates`: rows whose id an earlier row has (the plan's id check), each its row's error."""
     import ray
     from ray.data import ActorPoolStrategy
 
     from pipeline.graph.datasource import UnitDatasource
+    from pipeline.inputs.shape import RowShape
     from pipeline.stages.preprocess import PreprocessSettings, Preprocessor
 
     storage = Storage.from_config(config.storage)
@@ -38,11 +41,11 @@ def build_dataset(config: JobConfig, units: list[WorkUnit], engines: EngineActor
     resources = config.resources
     # One read task (one block) per unit, so no extra split either. Reads are I/O-bound and few
     # run at once (cluster.READS_PER_ENGINE).
-    ds = ray.data.read_datasource(UnitDatasource(units, storage), override_num_blocks=len(units), num_cpus=READ_TASK_CPUS,
+    ds = ray.data.read_datasource(UnitDatasource(units, storage, RowShape.for_job(config)), override_num_blocks=len(units), num_cpus=READ_TASK_CPUS,
                                  concurrency=read_concurrency(config))
     ds = ds.map_batches(
         Preprocessor,
-        fn_constructor_kwargs={"settings": PreprocessSettings.for_job(config), "storage": storage},  # a tokenizer in storage: copied on the actor's node
+        fn_constructor_kwargs={"settings": PreprocessSettings.for_job(config, duplicates), "storage": storage},  # a tokenizer in storage: copied on the actor's node
         batch_format="pyarrow",
         batch_size=None,
         compute=ActorPoolStrategy(size=resources.preprocess_concurrency),

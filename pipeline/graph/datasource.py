@@ -11,23 +11,24 @@ from ray.data.block import BlockMetadata
 from ray.data.datasource import ReadTask
 
 from pipeline.commit.units import WorkUnit, read_unit
+from pipeline.inputs.shape import RowShape
 from pipeline.storage import Storage
 
 
 class UnitDatasource(Datasource):
     """One read task per unit, in plan order."""
 
-    def __init__(self, units: list[WorkUnit], storage: Storage):
-        self.units, self.storage = units, storage
+    def __init__(self, units: list[WorkUnit], storage: Storage, shape: RowShape):
+        self.units, self.storage, self.shape = units, storage, shape
 
     def estimate_inmemory_data_size(self) -> Optional[int]:
         return None
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit=None, data_context=None) -> list:
-        storage = self.storage
+        storage, shape = self.storage, self.shape
         return [
             ReadTask(
-                lambda unit=unit: [read_unit(storage, unit)],
+                lambda unit=unit: [read_unit(storage, unit, shape)],
                 BlockMetadata(num_rows=unit.rows, size_bytes=None, input_files=[unit.source], exec_stats=None),
             )
             for unit in self.units

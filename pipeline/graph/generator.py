@@ -49,6 +49,7 @@ from schemas import UnitStats, arrow_schema
 
 # How often an actor looks at its engine's progress, and reports it to the job board.
 ENGINE_WATCH_SECONDS = 1.0
+CARRIED = ("metadata", "copied")  # a block's columns that go to the output rows as they are (stages/unit_results.tables)
 PROGRESS_REPORT_SECONDS = 5.0
 
 
@@ -135,7 +136,8 @@ class Generator:
         received = time.time()
         unit = unit_of(batch)
         unit_id = unit[0]
-        rows = batch.drop_columns(["metadata"]).to_pylist()
+        carried = batch.select([c for c in CARRIED if c in batch.column_names])  # to the output rows, as they are
+        rows = batch.drop_columns(carried.column_names).to_pylist()
         todo = [i for i, r in enumerate(rows) if r["error_kind"] is None]
 
         if self.watching is None:
@@ -156,7 +158,7 @@ class Generator:
         stats.trial_arm = arm
         await self._verdict_passed()
         # Off the event loop: the other units in flight keep the engine busy meanwhile.
-        return await asyncio.to_thread(self._commit, unit_id, out, batch.column("metadata"), stats, received)
+        return await asyncio.to_thread(self._commit, unit_id, out, carried, stats, received)
 
     async def _look_at_engine(self, reported: float) -> float:
         """One look of the engine's watch (`_watch_engine`); returns when it last reported."""
@@ -243,10 +245,10 @@ class Generator:
             return self.location.read_suspects(unit_id)
         return None
 
-    def _commit(self, unit_id: str, out: UnitResults, metadata: pa.ChunkedArray, stats: UnitStats, received: float) -> pa.Table:
+    def _commit(self, unit_id: str, out: UnitResults, carried: pa.Table, stats: UnitStats, received: float) -> pa.Table:
         stats.wall_seconds = time.time() - received
         stats.lease_owner = self.fence["owner"] if self.fence else ""
-        marker = self.location.write_files(unit_id, tables(out, metadata), stats, self.fence["generation"] if self.fence else 0)
+        marker = self.location.write_files(unit_id, tables(out, carried), stats, self.fence["generation"] if self.fence else 0)
         if self.fence is not None:  # a run that lost the location commits nothing more
             check_fence(self.location, **self.fence)
         self.location.publish(marker)

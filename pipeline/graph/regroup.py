@@ -22,6 +22,7 @@ import ray
 from pipeline.commit.outputs import GROUPED
 from pipeline.commit.units import WorkUnit, plan_units, read_unit
 from pipeline.inputs.prefixes import KINDS, rows_per_grouped_file
+from pipeline.inputs.shape import RowShape
 from pipeline.storage import Storage
 from schemas import InputFile
 
@@ -29,9 +30,11 @@ READ_ROWS = 65536
 
 
 def write_grouped_copy(
-    storage: Storage, output_uri: str, files: list[InputFile], order: np.ndarray, kinds: np.ndarray, rows_per_unit: int
+    storage: Storage, output_uri: str, files: list[InputFile], order: np.ndarray, kinds: np.ndarray, rows_per_unit: int,
+    shape: RowShape,
 ) -> list[InputFile]:
-    """Writes the copy (an earlier, unrecorded copy goes first) and returns its files in order."""
+    """Writes the copy (an earlier, unrecorded copy goes first) and returns its files in order,
+    its rows in the unit layout (`shape`: the config's `rows` section, applied once here)."""
     root = storage.join(output_uri, GROUPED)
     storage.delete(root, recursive=True)
     folder = storage.join(root, uuid.uuid4().hex[:12])
@@ -41,7 +44,7 @@ def write_grouped_copy(
     for unit in plan_units(files, READ_ROWS):
         rows = slice(first_row_of[unit.source] + unit.first_row, first_row_of[unit.source] + unit.first_row + unit.rows)
         touched = np.unique(file_of_row[rows])
-        refs = _split.options(num_returns=len(touched)).remote(storage, unit, file_of_row[rows], position_of_row[rows], touched)
+        refs = _split.options(num_returns=len(touched)).remote(storage, unit, shape, file_of_row[rows], position_of_row[rows], touched)
         for f, ref in zip(touched, refs if len(touched) > 1 else [refs]):
             pieces[f].append(ref)
     uris = [storage.join(folder, f"{i:05d}.{KINDS[kind]}.parquet") for i, kind in enumerate(file_kinds)]
@@ -74,8 +77,8 @@ def _destinations(order: np.ndarray, kinds: np.ndarray, rows_per_unit: int) -> t
 
 
 @ray.remote
-def _split(storage: Storage, unit: WorkUnit, dest: np.ndarray, position: np.ndarray, touched: np.ndarray):
-    table = read_unit(storage, unit).drop_columns(["unit_id", "unit_rows", "text_column"]).append_column("position", pa.array(position))
+def _split(storage: Storage, unit: WorkUnit, shape: RowShape, dest: np.ndarray, position: np.ndarray, touched: np.ndarray):
+    table = read_unit(storage, unit, shape).drop_columns(["unit_id", "unit_rows", "text_column"]).append_column("position", pa.array(position))
     by_file = np.argsort(dest, kind="stable")
     table, dest = table.take(pa.array(by_file)), dest[by_file]
     bounds = np.searchsorted(dest, touched, side="left"), np.searchsorted(dest, touched, side="right")

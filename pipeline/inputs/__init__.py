@@ -21,8 +21,9 @@ from typing import Optional
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.inputs.shape import RowShape, plain_type
 from pipeline.storage import Storage
-from schemas import PROMPT_TEXT_COLUMNS, InputFile
+from schemas import InputFile
 
 MESSAGES_TYPE = "list<struct<role: string, content: string>>"
 # Footers are read this many files at a time: the check's wall time is latency-bound.
@@ -74,9 +75,13 @@ COLUMN_CHECKS = {
 }
 
 
-def inspect_inputs(input_uri: str, storage: Storage, known: Optional[list[InputFile]] = None) -> InputReport:
-    """Check every input file; `known` files (from an earlier attempt's `_job.json`) with the
-    same size and version are taken as they were recorded."""
+def inspect_inputs(
+    input_uri: str, storage: Storage, known: Optional[list[InputFile]] = None, shape: Optional[RowShape] = None
+) -> InputReport:
+    """Check every input file against the columns `shape` (the config's `rows` section) names;
+    `known` files (from an earlier attempt's `_job.json`) with the same size and version are
+    taken as they were recorded."""
+    shape = shape or RowShape()
     listed = storage.expand_input(input_uri)
     if not listed:
         raise InputError(
@@ -86,7 +91,7 @@ def inspect_inputs(input_uri: str, storage: Storage, known: Optional[list[InputF
     cached = {(f.uri, f.size, f.version): f for f in known or []}
     todo = [(uri, info) for uri, info in listed.items() if (uri, info["size"], info["version"]) not in cached]
     with ThreadPoolExecutor(PARALLEL_FOOTERS) as pool:
-        checked = dict(zip((uri for uri, _ in todo), pool.map(lambda item: _inspect_file(storage, *item), todo)))
+        checked = dict(zip((uri for uri, _ in todo), pool.map(lambda item: _inspect_file(storage, *item, shape), todo)))
     files, problems = [], []
     for uri, info in listed.items():
         if uri in checked:
@@ -113,13 +118,13 @@ def _footer(storage: Storage, uri: str, size: int) -> pq.FileMetaData:
         return pq.ParquetFile(f).metadata
 
 
-def _inspect_file(storage: Storage, uri: str, info: dict) -> tuple[Optional[InputFile], list[str]]:
+def _inspect_file(storage: Storage, uri: str, info: dict, shape: RowShape) -> tuple[Optional[InputFile], list[str]]:
     try:
         metadata = storage.retrying(f"read {uri}", lambda: _footer(storage, uri, info["size"]))
         schema = metadata.schema.to_arrow_schema()
     except (OSError, pa.ArrowException) as exc:
         return None, [f"{uri}: not a readable Parquet file ({type(exc).__name__}: {exc})"]
-    problems = _check_schema(uri, schema)
+    problems = _check_schema(uri, schema, shape)
     if problems:
         return None, problems
     return InputFile(
@@ -127,22 +132,28 @@ def _inspect_file(storage: Storage, uri: str, info: dict) -> tuple[Optional[Inpu
         size=info["size"],
         version=info["version"],
         rows=metadata.num_rows,
-        text_column=next(c for c in PROMPT_TEXT_COLUMNS if c in schema.names),
-        metadata_type=str(schema.field("metadata").type) if "metadata" in schema.names else None,
+        text_column=shape.text_column(schema.names)[0],
+        metadata_type=str(plain_type(schema.field("metadata").type)) if "metadata" in schema.names else None,
     ), []
 
 
-def _check_schema(uri: str, schema: pa.Schema) -> list[str]:
-    problems = []
-    if "id" not in schema.names:
-        problems.append(f"{uri}: missing column 'id' (columns: {schema.names})")
-    text_columns = [c for c in PROMPT_TEXT_COLUMNS if c in schema.names]
-    if len(text_columns) != 1:
-        which = "both" if text_columns else "neither"
-        problems.append(f"{uri}: has {which} of the columns 'prompt' and 'messages'; exactly one is required")
-    for name, (ok, expected) in COLUMN_CHECKS.items():
-        if name in schema.names and not ok(schema.field(name).type):
-            problems.append(f"{uri}: column {name!r} has type {schema.field(name).type}, expected {expected}")
+def _check_schema(uri: str, schema: pa.Schema, shape: RowShape) -> list[str]:
+    rows, names = shape.rows, schema.names
+    problems = [f"{uri}: missing column {name} (columns: {names})" for name in shape.missing(names)]
+    if not rows.templated and len(shape.text_column(names)) != 1:
+        which = "both" if shape.text_column(names) else "neither"
+        problems.append(
+            f"{uri}: has {which} of the columns {rows.prompt_column!r} and {rows.messages_column!r}; exactly one is "
+            "required (or a template: rows.prompt_template, rows.messages_template)"
+        )
+    checks = {**COLUMN_CHECKS, "id": (lambda t: _is_string(t) or pa.types.is_integer(t), "string or integer")}
+    file_names = {"id": rows.id_column, "prompt": rows.prompt_column, "messages": rows.messages_column}
+    if rows.templated:
+        file_names.update(prompt=None, messages=None)  # the template makes the text: neither column is read
+    for name, (ok, expected) in checks.items():
+        column = file_names.get(name, name)
+        if column in names and not ok(schema.field(column).type):
+            problems.append(f"{uri}: column {column!r} has type {schema.field(column).type}, expected {expected}")
     return problems
 
 

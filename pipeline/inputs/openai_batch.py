@@ -42,6 +42,7 @@ import pyarrow.parquet as pq
 
 from pipeline.inputs import InputError, InputReport, inspect_inputs, short_name
 from pipeline.inputs.openai_requests import LineProblem, convert_request, row_schema, unsupported_row
+from pipeline.inputs.shape import RowShape
 from pipeline.storage import Storage
 from schemas import InputFile
 
@@ -300,7 +301,7 @@ def inspect_job_inputs(
     """The job's input check (`pipeline.inputs.inspect_inputs`), after converting OpenAI batch
     files when `config.input_format` is openai_batch (`scratch`: see `convert_batch_files`)."""
     if config.input_format == "parquet":
-        return inspect_inputs(config.input_uri, storage, known)
+        return inspect_inputs(config.input_uri, storage, known, RowShape.for_job(config))
     converted = convert_batch_files(
         config.input_uri, storage, storage.join(config.output_uri, CONVERTED), scratch, config.unsupported_requests
     )

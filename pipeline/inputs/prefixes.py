@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline.inputs.shape import RowShape
 from pipeline.storage import Storage
 from schemas import InputFile, PrefixSharing
 
@@ -49,22 +50,24 @@ class PrefixKeys:
         return len(self.lengths)
 
 
-def read_keys(storage: Storage, files: list[InputFile]) -> PrefixKeys:
+def read_keys(storage: Storage, files: list[InputFile], shape: RowShape | None = None) -> PrefixKeys:
+    """`shape`: the config's `rows` section; a template is rendered, so the key is the prompt the engine gets."""
+    shape = shape or RowShape()
     with ThreadPoolExecutor(PARALLEL_FILES) as pool:
-        parts = list(pool.map(lambda f: _file_keys(storage, f), files))
+        parts = list(pool.map(lambda f: _file_keys(storage, f, shape), files))
     if not parts:
         return PrefixKeys(np.zeros(0, np.uint8), np.zeros(0, np.uint32), np.zeros((0, len(LEVELS)), np.uint32))
     return PrefixKeys(*(np.concatenate(arrays) for arrays in zip(*parts)))
 
 
-def _file_keys(storage: Storage, file: InputFile) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _file_keys(storage: Storage, file: InputFile, shape: RowShape) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A file's keys, a batch of rows at a time: memory holds one batch's text, not the file's."""
 
     def read() -> list[tuple[np.ndarray, np.ndarray]]:
         with storage.open_ranged(file.uri, size=file.size) as f:
             parquet = pq.ParquetFile(f, pre_buffer=False)
-            columns = [c for c in (file.text_column, "lora") if c in parquet.schema_arrow.names]
-            return [_batch_keys(batch, file.text_column)
+            columns = shape.source_columns(parquet.schema_arrow.names, [file.text_column, "lora"])
+            return [_batch_keys(shape.apply(pa.Table.from_batches([batch])), file.text_column)
                     for batch in parquet.iter_batches(BATCH_ROWS, columns=columns, use_threads=False)]
 
     parts = storage.retrying(f"read {file.uri}", read)
@@ -73,10 +76,10 @@ def _file_keys(storage: Storage, file: InputFile) -> tuple[np.ndarray, np.ndarra
     return np.full(len(lengths), KINDS.index(file.text_column), np.uint8), lengths, hashes
 
 
-def _batch_keys(batch: pa.RecordBatch, text_column: str) -> tuple[np.ndarray, np.ndarray]:
+def _batch_keys(table: pa.Table, text_column: str) -> tuple[np.ndarray, np.ndarray]:
     import pandas as pd  # Ray Data's own dependency; its hash is seeded alike in every process
 
-    text = _key_text(pa.Table.from_batches([batch]), text_column)
+    text = _key_text(table, text_column)
     lengths = pc.binary_length(text).to_numpy(zero_copy_only=False).astype(np.uint32)
     hashes = np.zeros((len(text), len(LEVELS)), np.uint32)
     for level, size in enumerate(LEVELS):

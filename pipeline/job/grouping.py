@@ -14,6 +14,7 @@ import numpy as np
 from pipeline.commit.outputs import OutputLocation
 from pipeline.config import JobConfig
 from pipeline.inputs.prefixes import group_order, grouping_pays, measure_sharing, read_keys
+from pipeline.inputs.shape import RowShape
 from schemas import InputFile, JobManifest, PrefixGrouping
 
 
@@ -57,7 +58,7 @@ def plan_grouping(
         return GroupingPlan(recorded)
     if setting == "false":
         return GroupingPlan(PrefixGrouping(setting=setting, grouped=False, reason="resources.group_prefixes is false"))
-    keys = read_keys(location.storage, input_files)
+    keys = read_keys(location.storage, input_files, RowShape.for_job(config))
     order = group_order(keys)
     sharing = measure_sharing(keys, order, config.engine.max_num_seqs)
     pays, reason = grouping_pays(sharing)

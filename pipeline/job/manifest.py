@@ -67,6 +67,7 @@ def new_manifest(config: JobConfig, plan: JobPlan, cluster: Optional[str], probe
         accelerator=config.resources.accelerator,
         input_files=plan.inputs.files,
         grouping=plan.grouping.record,
+        ids=plan.ids,
         totals=previous.totals if previous else JobTotals(input_rows=plan.inputs.rows),
         attempts=[*(previous.attempts if previous else []), attempt],
         guard_events=previous.guard_events if previous else [],

@@ -21,13 +21,15 @@ from pipeline.commit.outputs import LayoutMismatch, ManifestInvalid, OutputLocat
 from pipeline.commit.units import WorkUnit, plan_units
 from pipeline.config import ConfigError, JobConfig
 from pipeline.inputs import InputError, InputReport
+from pipeline.inputs.ids import TooManyDuplicateIds, find_duplicate_ids
 from pipeline.inputs.openai_batch import inspect_job_inputs
+from pipeline.inputs.shape import RowShape
 from pipeline.job.grouping import GroupingChanged, GroupingPlan, plan_grouping, refuse_a_lost_copy
 from pipeline.job.preflight import check_before_engines
 from pipeline.speculation.drafter_check import DrafterMismatch, check_drafter
 from pipeline.storage import Storage, is_local
 from pipeline.storage.model_cache import remote_files
-from schemas import JobManifest, ModelFingerprint
+from schemas import IdCheck, JobManifest, ModelFingerprint
 from schemas.report import CalibrationReport
 
 log = logging.getLogger("specbatch")
@@ -94,14 +96,14 @@ class ResultsChanged(ValueError):
 # What a run refuses before it starts, with exit 2 (`specbatch: refused: ...`; the dry run says the same).
 REFUSALS = (
     ConfigError, InputError, DrafterMismatch, ResultsChanged, GroupingChanged, LayoutMismatch, ManifestInvalid, LeaseHeld,
-    FileNotFoundError,
+    FileNotFoundError, TooManyDuplicateIds,
 )
 
 
 def results_decisive(config: JobConfig, target: ModelFingerprint, drafter: Optional[ModelFingerprint]) -> dict:
     """What decides the generated text, and which rows make a unit: a resume must not mix
     results of two settings."""
-    return {
+    decisive = {
         "model": target.config_sha256,
         "model files": target.files,
         "drafter": drafter.config_sha256 if drafter else None,
@@ -114,6 +116,9 @@ def results_decisive(config: JobConfig, target: ModelFingerprint, drafter: Optio
         "engine.seed": config.engine.seed,
         "resources.rows_per_unit": config.resources.rows_per_unit,
     }
+    if not config.rows.is_default:  # left out when default: the jobs before the section keep their fingerprint
+        decisive["rows"] = config.rows.model_dump(mode="json")
+    return decisive
 
 
 def _adapter_fingerprints(config: JobConfig) -> Optional[dict]:
@@ -207,6 +212,7 @@ class JobPlan:
     drafter: Optional[ModelFingerprint]
     inputs: InputReport
     grouping: GroupingPlan  # units are row ranges of its copy once written (pipeline/graph/regroup.py)
+    ids: IdCheck  # rows whose id an earlier row has: their rows' errors (pipeline/inputs/ids.py)
     units: list[WorkUnit]
     committed: set[str]
     done: Optional[pa.Table]  # the committed units' stats rows
@@ -243,6 +249,7 @@ def plan_job(
         _refuse_changed_inputs(config, previous, inputs)
     committed = set() if restart else location.committed_units()
     grouping = plan_grouping(config, location, previous, inputs.files, committed)
+    ids = _check_ids(config, storage, inputs, previous)
     units = plan_units(grouping.record.unit_files(inputs.files), config.resources.rows_per_unit)
     done = location.stats_table(committed) if committed else None  # read once: units to retry, and a rerun's totals
     again = error_units(done, retryable_only=not retry_errors) if done is not None else set()
@@ -250,7 +257,15 @@ def plan_job(
     if todo and grouping.record.files:
         refuse_a_lost_copy(location, grouping.record)
     job_id = previous.job_id if previous else job_id or _new_job_id(config)
-    return JobPlan(location, previous, job_id, target, drafter, inputs, grouping, units, committed, done, again, todo)
+    return JobPlan(location, previous, job_id, target, drafter, inputs, grouping, ids, units, committed, done, again, todo)
+
+
+def _check_ids(config: JobConfig, storage: Storage, inputs: InputReport, previous: Optional[JobManifest]) -> IdCheck:
+    """The ids checked unique across the input; a resume on the same files keeps the check it recorded."""
+    identity = lambda files: sorted((f.uri, f.size, f.version) for f in files)  # noqa: E731
+    if previous and previous.ids is not None and identity(previous.input_files) == identity(inputs.files):
+        return previous.ids
+    return IdCheck(rows=inputs.rows, duplicates=find_duplicate_ids(storage, inputs.files, RowShape.for_job(config)))
 
 
 def check_before_any_engine(config: JobConfig, plan: JobPlan) -> list[str]:

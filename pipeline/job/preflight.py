@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.config import ConfigError, JobConfig
 from pipeline.inputs import InputReport
+from pipeline.inputs.shape import RowShape
 from pipeline.storage import Storage
 from pipeline.storage.model_cache import localize
 from schemas import InputFile
@@ -47,7 +50,7 @@ def check_before_engines(config: JobConfig, inputs: InputReport, storage: Storag
                 "tokenizer with one (model.tokenizer), add a chat_template to its tokenizer_config.json, or give "
                 "rendered `prompt` text instead."
             )
-        _render_first_row(tokenizer, tokenizer_path, file, storage, config.chat.template_kwargs)
+        _render_first_row(tokenizer, tokenizer_path, file, storage, config.chat.template_kwargs, RowShape.for_job(config))
 
 
 def _check_structured_and_reasoning(config: JobConfig, tokenizer) -> None:
@@ -88,15 +91,27 @@ def _check_lengths(config: JobConfig, storage: Storage) -> None:
             )
 
 
-def _render_first_row(tokenizer, tokenizer_path: str, file: InputFile, storage: Storage, template_kwargs: dict) -> None:
-    uri, kind = file.uri, file.text_column
+def first_row_text(storage: Storage, file: InputFile, shape: RowShape) -> Any:
+    """The first row's prompt or messages, as the job reads it (a template rendered); None
+    when the file has no row, or the template cannot render it."""
 
     def first_row():
-        with storage.open_ranged(uri, size=file.size) as f:
-            return next(pq.ParquetFile(f).iter_batches(batch_size=1, columns=[kind], use_threads=False), None)  # as Storage.read_parquet
+        with storage.open_ranged(file.uri, size=file.size) as f:
+            parquet = pq.ParquetFile(f)
+            columns = shape.source_columns(parquet.schema_arrow.names, [file.text_column])
+            return next(parquet.iter_batches(batch_size=1, columns=columns, use_threads=False), None)  # as Storage.read_parquet
 
-    batch = storage.retrying(f"read {uri}", first_row)
-    value = batch.column(0)[0].as_py() if batch is not None and batch.num_rows else None
+    batch = storage.retrying(f"read {file.uri}", first_row)
+    if batch is None or not batch.num_rows:
+        return None
+    return shape.apply(pa.Table.from_batches([batch])).column(file.text_column)[0].as_py()
+
+
+def _render_first_row(
+    tokenizer, tokenizer_path: str, file: InputFile, storage: Storage, template_kwargs: dict, shape: RowShape
+) -> None:
+    uri, kind = file.uri, file.text_column
+    value = first_row_text(storage, file, shape)
     if value in (None, "", []):
         return  # an empty first row is the row's own problem (errors/), not the configuration's
     try:

@@ -179,12 +179,13 @@ class JobAttempt:
         """The input copied once in prefix order (pipeline/graph/regroup.py); the units become
         row ranges of the copy. Nothing is committed yet: a job is grouped before its first unit."""
         from pipeline.graph.regroup import write_grouped_copy
+        from pipeline.inputs.shape import RowShape
 
         plan, started = self.plan, time.time()
         grouping = plan.grouping
         grouping.record.files = write_grouped_copy(
             self.location.storage, self.location.uri, plan.inputs.files, grouping.order, grouping.kinds,
-            self.config.resources.rows_per_unit,
+            self.config.resources.rows_per_unit, RowShape.for_job(self.config),
         )
         grouping.order = grouping.kinds = None
         plan.units = plan.todo = plan_units(grouping.record.files, self.config.resources.rows_per_unit)
@@ -235,7 +236,7 @@ class JobAttempt:
                 trial = trial_plan(config, sum(u.rows for u in todo))
             board = start_board(*probe_rows)
             engines = EngineActorArgs(model_id(self.plan.target), drafter, manifest.job_id, disabled, board, self.lease.fence, trial)
-            outcome = run_graph(build_dataset(config, todo, engines), todo, heed, board)
+            outcome = run_graph(build_dataset(config, todo, engines, self.plan.ids.duplicates), todo, heed, board)
             probe_rows = ([], 0)  # judged by this graph, or refused (and then the job has stopped)
             if outcome is GraphOutcome.FINISHED:
                 return

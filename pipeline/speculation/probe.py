@@ -28,6 +28,7 @@ from typing import Any, Optional, Sequence
 
 from pipeline.commit.units import WorkUnit, read_unit
 from pipeline.config import JobConfig
+from pipeline.inputs.shape import RowShape
 from pipeline.speculation.drafter_read import DrafterMismatch
 from pipeline.stages.stats import Acceptance
 from pipeline.storage import Storage
@@ -70,7 +71,7 @@ def probe_rows(config: JobConfig, storage: Storage, units: Sequence[WorkUnit], n
     skipped = 0
     for unit in chosen:
         usable = []
-        for row in read_unit(storage, unit).to_pylist():
+        for row in read_unit(storage, unit, RowShape.for_job(config)).to_pylist():
             if len(usable) == n:
                 break
             try:
@@ -192,7 +193,8 @@ def probe_job_input(
     from pipeline.inputs import inspect_inputs
 
     if units is None:
-        units = plan_units(inspect_inputs(config.input_uri, storage).files, config.resources.rows_per_unit)
+        units = plan_units(inspect_inputs(config.input_uri, storage, shape=RowShape.for_job(config)).files,
+                           config.resources.rows_per_unit)
     rows, near = job_probe_rows(config, storage, units)
     if not rows:
         return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import pyarrow as pa
 
@@ -75,6 +75,20 @@ def check_supported_line(row: dict[str, Any], metadata: Any) -> None:
         raise RowError(UNSUPPORTED, problem.get("field"), problem.get("message") or "not supported by specbatch")
 
 
+def check_model(metadata: Any, served_names: tuple[str, ...]) -> None:
+    """An OpenAI batch line naming a model the job does not serve is its row's error, as vLLM's
+    run-batch answers it (`model_not_found`): generating it with the job's target would answer
+    under a name that did not write the text."""
+    text = metadata.as_py() if isinstance(metadata, pa.Scalar) else metadata
+    model = json.loads(text).get("model") if isinstance(text, str) and '"model"' in text else None
+    if model is not None and model not in served_names:
+        raise RowError(
+            "model_not_found", "body.model",
+            f"The model `{model}` does not exist: this job serves {served_names[1]!r} ({served_names[0]}); name it in "
+            "model.served_names to serve the line with it",
+        )
+
+
 def check_id(row: dict[str, Any]) -> None:
     """A null, empty or blank id is the row's error: the row still lands once, in errors/, by
     its file and row number."""
@@ -97,15 +111,19 @@ class PreprocessSettings:
     speculation: str | None = None
     structured_backend: str = "auto"
     lora_adapters: tuple[str, ...] = ()
+    served_names: tuple[str, ...] | None = None  # OpenAI batch input: what a line's body.model may name
+    duplicates: tuple[tuple[str, int, str, int], ...] = ()  # (source, row, first source, first row): the plan's id check
 
     @classmethod
-    def for_job(cls, config: JobConfig) -> "PreprocessSettings":
+    def for_job(cls, config: JobConfig, duplicates: Sequence[Any] = ()) -> "PreprocessSettings":
         """The job's, in one place: the preprocess actors, the probe, the dry run and calibrate
         prepare a row alike (its adapter included)."""
         return cls(
             tokenizer_path=config.model.tokenizer or config.model.path, max_model_len=config.engine.max_model_len,
             sampling=config.sampling.model_dump(), chat=config.chat.model_dump(), speculation=config.speculation,
             structured_backend=structured_backend(config), lora_adapters=tuple(sorted(config.lora.adapters)) if config.lora else (),
+            served_names=config.model.names if config.input_format == "openai_batch" else None,
+            duplicates=tuple((d.source, d.row, d.first_source, d.first_row) for d in duplicates),
         )
 
 
@@ -129,6 +147,8 @@ class Preprocessor:
         self.formats_checked: dict[str, str | None] = {}  # response_format JSON -> why vLLM refuses it
         self.speculation, self.structured_backend = settings.speculation, settings.structured_backend
         self.lora_adapters = set(settings.lora_adapters)
+        self.served_names = settings.served_names
+        self.earlier_row = {(source, row): (first, first_row) for source, row, first, first_row in settings.duplicates}
 
     def render(self, row: dict[str, Any], text_column: str) -> list[int]:
         if text_column == "messages":
@@ -169,6 +189,8 @@ class Preprocessor:
             raise RowError("invalid_response_format", "response_format", f"vLLM cannot compile it: {self.formats_checked[key]}")
 
     def prepare(self, row: dict[str, Any], text_column: str) -> dict[str, Any]:
+        if row.get("template_error"):  # rows.prompt_template or messages_template could not render it (pipeline/inputs/shape.py)
+            raise RowError("template_error", row["template_field"], row["template_error"])
         lora = row.get("lora")
         if lora is not None and lora not in self.lora_adapters:
             close = closest(lora, self.lora_adapters)
@@ -202,29 +224,35 @@ class Preprocessor:
         values["min_tokens"] = min(values["min_tokens"], values["max_tokens"])
         return {"prompt_token_ids": token_ids, "sampling": json.dumps(values), "max_tokens_clipped": clipped, "lora": lora}
 
+    def check_unique(self, row: dict[str, Any]) -> None:
+        """A row whose id an earlier row of the job has (the plan's id check, pipeline/inputs/ids.py)."""
+        earlier = self.earlier_row.get((row["source"], row["row"]))
+        if earlier is None:
+            return
+        source, first = earlier
+        where = (f"in {source} (rows {first} and {row['row']})" if source == row["source"]
+                 else f"in {source} (row {first}) and {row['source']} (row {row['row']})")
+        raise RowError(
+            "duplicate_id", "id",
+            f"id {row['id']!r} appears twice {where}; row {first} of {source} is generated, this one is not: "
+            "give it an id of its own",
+        )
+
     def __call__(self, batch: pa.Table) -> pa.Table:
         columns = {f.name: [] for f in PREPARED_SCHEMA_FIELDS}
-        first_row_of: dict[str, tuple[str, int]] = {}  # ids are checked unique within a unit
         metadata = batch.column("metadata")
-        for i, row in enumerate(batch.drop_columns(["metadata"]).to_pylist()):
+        for i, row in enumerate(batch.drop_columns([c for c in ("metadata", "copied") if c in batch.column_names]).to_pylist()):
             out = {name: row[name] for name in ("id", "source", "row", "unit_id", "unit_rows")}
             try:
                 check_id(row)
                 check_supported_line(row, metadata[i])  # converted only for a row with no prompt
-                if row["id"] in first_row_of:  # a grouped unit holds rows of several files
-                    source, first = first_row_of[row["id"]]
-                    where = (f"in {source} (rows {first} and {row['row']})" if source == row["source"]
-                             else f"in {source} (row {first}) and {row['source']} (row {row['row']})")
-                    raise RowError(
-                        "duplicate_id", "id",
-                        f"id {row['id']!r} appears twice {where}; row {first} of {source} is generated, this one is not: "
-                        "give it an id of its own",
-                    )
-                first_row_of[row["id"]] = (row["source"], row["row"])
+                if self.served_names is not None:
+                    check_model(metadata[i], self.served_names)
+                self.check_unique(row)
                 out.update(self.prepare(row, row["text_column"]))
             except RowError as err:
                 out.update(id=out["id"] or "", error_kind=err.kind, error_field=err.field, error_message=err.message)
             for name in columns:
                 columns[name].append(out.get(name))
-        prepared = pa.table(columns, schema=pa.schema(PREPARED_SCHEMA_FIELDS))
-        return prepared.append_column("metadata", batch.column("metadata"))
+        prepared = pa.table(columns, schema=pa.schema(PREPARED_SCHEMA_FIELDS)).append_column("metadata", batch.column("metadata"))
+        return prepared.append_column("copied", batch.column("copied")) if "copied" in batch.column_names else prepared

@@ -118,9 +118,15 @@ def unit_stats(
     )
 
 
-def tables(out: UnitResults, metadata: pa.ChunkedArray) -> dict[str, pa.Table]:
-    """The unit's outputs (each with its row's metadata) and errors, in the output contract."""
+def tables(out: UnitResults, carried: pa.Table) -> dict[str, pa.Table]:
+    """The unit's outputs and errors, in the output contract. Each output row gets its input
+    row's `carried` columns: `metadata`, and the columns of `copied` (rows.copy_columns) by name."""
+    index = pa.array(out.output_index, type=pa.int64())
     output_table = pa.Table.from_pylist(out.outputs, schema=arrow_schema(OutputRow)).append_column(
-        "metadata", metadata.take(pa.array(out.output_index, type=pa.int64()))
+        "metadata", carried.column("metadata").take(index)
     )
+    if "copied" in carried.column_names:
+        copied = carried.column("copied").combine_chunks().take(index)
+        for i in range(copied.type.num_fields):
+            output_table = output_table.append_column(copied.type.field(i), copied.field(i))
     return {"outputs": output_table, "errors": pa.Table.from_pylist(out.errors, schema=arrow_schema(ErrorRow))}

@@ -33,9 +33,10 @@ from typing import Any, Optional, Sequence
 
 import pyarrow.parquet as pq
 
-from pipeline.commit.units import UNIT_COLUMNS
-from pipeline.config import ConfigError, JobConfig, load_config
+from pipeline.commit.units import LAYOUT, UNIT_COLUMNS
+from pipeline.config import ConfigError, InputRowsConfig, JobConfig, load_config
 from pipeline.inputs import InputError, inspect_inputs
+from pipeline.inputs.shape import RowShape
 from pipeline.speculation.measure import measure_depth
 from pipeline.stages.engine import schedule_text
 from pipeline.stages.stats import Acceptance
@@ -62,7 +63,8 @@ def sample_prompts(config: JobConfig, storage: Storage, n: int, seed: int = 0) -
     row groups holding sampled rows. Returns (prepared rows, rows skipped)."""
     from pipeline.stages.preprocess import Preprocessor, RowError
 
-    inputs = inspect_inputs(config.input_uri, storage)
+    shape = RowShape.for_job(config)
+    inputs = inspect_inputs(config.input_uri, storage, shape=shape)
     rng = random.Random(seed)
     candidates = rng.sample(range(inputs.rows), min(inputs.rows, 2 * n + 16))  # spare rows for the refused ones
     wanted: dict[str, dict[int, int]] = {}  # file -> local row -> sample order
@@ -83,13 +85,13 @@ def sample_prompts(config: JobConfig, storage: Storage, n: int, seed: int = 0) -
         fs, path = storage.fs(uri)
         with fs.open(path, "rb") as f:
             parquet = pq.ParquetFile(f)
-            columns = [c.name for c in UNIT_COLUMNS if c.name in parquet.schema_arrow.names]  # what a unit carries
+            columns = shape.source_columns(parquet.schema_arrow.names, LAYOUT)  # what a unit carries
             start = 0
             for group in range(parquet.metadata.num_row_groups):
                 size = parquet.metadata.row_group(group).num_rows
                 inside = [r for r in local_rows if start <= r < start + size]
                 if inside:
-                    table = parquet.read_row_group(group, columns=columns, use_threads=False)  # as Storage.read_parquet
+                    table = shape.apply(parquet.read_row_group(group, columns=columns, use_threads=False))  # as read_unit
                     for r in inside:
                         row = table.slice(r - start, 1).to_pylist()[0]
                         try:
@@ -232,7 +234,8 @@ def job_check(
     from pipeline.commit.units import plan_units, read_unit
     from pipeline.job.runner import run_job
 
-    units = plan_units(inspect_inputs(config.input_uri, storage).files, config.resources.rows_per_unit)
+    shape = RowShape.for_job(config)
+    units = plan_units(inspect_inputs(config.input_uri, storage, shape=shape).files, config.resources.rows_per_unit)
     spread = units[:: max(1, len(units) // max(1, -(-rows // config.resources.rows_per_unit)))]
     chosen_units, total = [], 0
     for unit in spread + [u for u in units if u not in spread]:  # spread over the input, then what is needed
@@ -242,7 +245,7 @@ def job_check(
         total += unit.rows
     input_uri = storage.join(work_uri, "input")
     for unit in chosen_units:
-        table = read_unit(storage, unit)
+        table = read_unit(storage, unit, shape)  # in the row layout: the runs below read it with the default `rows`
         keep = [c.name for c in UNIT_COLUMNS if c.name in ("id", unit.text_column) or table.column(c.name).null_count < table.num_rows]
         if table.column("metadata").null_count < table.num_rows:
             keep.append("metadata")
@@ -257,6 +260,7 @@ def job_check(
         })
         run_config = config.model_copy(update={
             "input_uri": input_uri, "output_uri": storage.join(work_uri, f"run-{n}"), "speculative": spec,
+            "rows": InputRowsConfig(),
         })
         print(f"[calibrate] job check: {label} ...", file=sys.stderr, flush=True)
         run_job(run_config, progress=False, restart=True)

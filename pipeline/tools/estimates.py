@@ -32,6 +32,7 @@ from pipeline.commit.outputs import OutputLocation
 from pipeline.commit.units import UNIT_COLUMNS, WorkUnit
 from pipeline.config import JobConfig
 from pipeline.inputs import InputReport
+from pipeline.inputs.shape import RowShape
 from pipeline.job.plan import read_calibration
 from pipeline.speculation.guard import depth_at
 from pipeline.stages.engine import schedule_text
@@ -53,7 +54,7 @@ def estimate_tokens(
 ) -> TokenEstimate:
     """Prompt tokens estimated from a sample prepared as the preprocess stage prepares rows,
     per input kind; output tokens bounded by max_tokens x n (module docstring)."""
-    from pipeline.stages.preprocess import Preprocessor, check_id, check_supported_line
+    from pipeline.stages.preprocess import Preprocessor, check_id, check_model, check_supported_line
     from pipeline.stages.sampling import RowError
 
     preprocessor = Preprocessor.for_job(config, storage)
@@ -77,13 +78,15 @@ def estimate_tokens(
         counts: list[int] = []
         bounds: list[int] = []  # each row's own max_tokens x n; 0 for a row the stage refuses
         batch_lines = config.input_format == "openai_batch"  # their rows' metadata may hold an unsupported line
-        for row in _sample_kind(storage, files, rows, want, draws, rng, batch_lines):
+        for row in _sample_kind(storage, files, rows, want, draws, rng, RowShape.for_job(config), batch_lines):
             groups_read += row is None
             if row is None:
                 continue
             try:
                 check_id(row)
                 check_supported_line(row, row.get("metadata"))
+                if preprocessor.served_names is not None:
+                    check_model(row.get("metadata"), preprocessor.served_names)
                 prepared = preprocessor.prepare(row, kind)
             except RowError as err:
                 errors += 1
@@ -114,7 +117,8 @@ def estimate_tokens(
 
 
 def _sample_kind(
-    storage: Storage, files: list, rows: int, want: int, draws: int, rng: random.Random, with_metadata: bool = False
+    storage: Storage, files: list, rows: int, want: int, draws: int, rng: random.Random, shape: RowShape,
+    with_metadata: bool = False,
 ):
     """Yields None for each row group read, then its sampled rows in the unit layout
     (pipeline/commit/units.UNIT_COLUMNS; `metadata` only `with_metadata`) with its `source` and `row`. Every row, when `want` is all of them;
@@ -139,15 +143,15 @@ def _sample_kind(
         with storage.open_ranged(f.uri, size=f.size) as handle:
             parquet = pq.ParquetFile(handle)
             names = parquet.schema_arrow.names
-            columns = [c.name for c in UNIT_COLUMNS if c.name in names] + (["metadata"] if with_metadata and "metadata" in names else [])
+            columns = shape.source_columns(names, [c.name for c in UNIT_COLUMNS] + (["metadata"] if with_metadata else []))
             first = 0
             for group in range(parquet.metadata.num_row_groups):
                 size = parquet.metadata.row_group(group).num_rows
                 landed = 1 if picks[f.uri] is None else sum(n for r, n in picks[f.uri].items() if first <= r < first + size)
                 if landed and size:
-                    read = parquet.read_row_group(group, columns=columns, use_threads=False)  # as Storage.read_parquet
-                    table = _unit_layout(read, names)
-                    if "metadata" in columns:
+                    read = shape.apply(parquet.read_row_group(group, columns=columns, use_threads=False))  # as read_unit
+                    table = _unit_layout(read)
+                    if "metadata" in read.column_names:
                         table = table.append_column("metadata", read.column("metadata"))
                     yield None
                     if picks[f.uri] is None:
@@ -161,13 +165,15 @@ def _sample_kind(
                 first += size
 
 
-def _unit_layout(table: pa.Table, names: list[str]) -> pa.Table:
+def _unit_layout(table: pa.Table) -> pa.Table:
     """The columns a unit's block carries to the preprocess stage (as pipeline/commit/units.read_unit)."""
-    n = table.num_rows
-    return pa.table({
+    n, names = table.num_rows, table.column_names
+    columns = {
         field.name: table.column(field.name).cast(field.type) if field.name in names else pa.nulls(n, field.type)
         for field in UNIT_COLUMNS
-    })
+    }
+    columns.update((c, table.column(c)) for c in ("template_error", "template_field") if c in names)
+    return pa.table(columns)
 
 
 # ---------------------------------------------------------------- GPU-hours and cost

@@ -83,7 +83,7 @@ def result_line(samples: list[dict], job_id: str, created: int, where: str) -> d
         "id": f"{'chatcmpl' if chat else 'cmpl'}-{request_id[4:]}",
         "object": "chat.completion" if chat else "text_completion",
         "created": created,
-        "model": meta.get("model") or first["model"],
+        "model": first["model"],  # what generated it (`<folder>@<config sha256>`), whatever name the line asked for
         "choices": choices,
         "usage": {"prompt_tokens": first["prompt_tokens"], "completion_tokens": completion_tokens,
                   "total_tokens": first["prompt_tokens"] + completion_tokens},

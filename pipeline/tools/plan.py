@@ -56,7 +56,7 @@ from pipeline.inputs import InputReport
 from pipeline.inputs.openai_batch import CONVERTED
 from pipeline.inputs.prefixes import grouped_unit_count
 from pipeline.job.plan import REFUSALS, JobPlan, RunOptions, plan_job, results_fingerprint
-from pipeline.job.preflight import check_before_engines
+from pipeline.job.preflight import check_before_engines, first_row_text
 from pipeline.speculation.drafter_check import check_drafter
 from pipeline.speculation.probe import refusal, rejudged
 from pipeline.storage import Storage
@@ -64,6 +64,7 @@ from pipeline.tools.estimates import estimate_cost, estimate_tokens
 from schemas.plan import DryRunPlan, PlanCheck, PlanFile, PlanGrouping, PlanInputs, PlanUnits
 
 FILES_SHOWN = 10
+PROMPT_LINES_SHOWN = 12
 
 
 def dry_run(config_uri: str, output_uri: Optional[str] = None, flags: RunOptions = RunOptions(), as_json: bool = False) -> int:
@@ -111,9 +112,12 @@ def make_plan(config: JobConfig, plan: DryRunPlan, scratch: str, flags: RunOptio
     location, previous, inputs, todo = job.location, job.previous, job.inputs, job.todo
     storage = location.storage
     plan.inputs = _inputs_section(config, storage, inputs, scratch)
+    plan.inputs.duplicate_ids = len(job.ids.duplicates)
     _files_and_units(
         plan, config, storage, scratch, job.units, job.committed, job.again, todo, previous.job_id if previous else None
     )
+    if config.rows.templated:
+        _first_prompts(plan, config, storage, inputs)
     if restart and location.has_manifest():
         plan.warnings.append(
             f"--restart: the run would delete what {config.output_uri} holds ({len(location.committed_units()):,} committed "
@@ -211,6 +215,22 @@ def _files_and_units(
     )
 
 
+def _first_prompts(plan: DryRunPlan, config: JobConfig, storage: Storage, inputs: InputReport) -> None:
+    """The first row of each file shown, rendered by the job's template (and chat template)."""
+    from pipeline.inputs.shape import RowShape
+    from pipeline.stages.preprocess import load_tokenizer
+    from pipeline.storage.model_cache import localize
+
+    shape, shown = RowShape.for_job(config), {f.uri: f for f in plan.inputs.file_list[:FILES_SHOWN]}
+    tokenizer = None
+    for file in (f for f in inputs.files if f.uri in shown):
+        value = first_row_text(storage, file, shape)
+        if value is not None and file.text_column == "messages":
+            tokenizer = tokenizer or load_tokenizer(localize(config.model.tokenizer or config.model.path, storage, weights=False))
+            value = tokenizer.apply_chat_template(value, tokenize=False, add_generation_prompt=True, **config.chat.template_kwargs)
+        shown[file.uri].first_prompt = value
+
+
 def _probe_check(plan: DryRunPlan, config: JobConfig, job: JobPlan) -> None:
     """The probe as the run would take it: an earlier verdict of the same settings is kept
     (a refusal refuses again, as the run does), else it would run on the job's first engine."""
@@ -300,12 +320,17 @@ def format_plan(plan: DryRunPlan) -> str:
         kind = "OpenAI batch files, converted to " if i.input_format == "openai_batch" else ""
         lines.append(f"  input     {kind}{i.files:,} Parquet file{'s' if i.files != 1 else ''}, {i.rows:,} rows: "
                      f"{i.prompt_rows:,} prompt, {i.chat_rows:,} chat (messages); {i.footers_read:,} footers read")
+        if i.duplicate_ids:
+            lines.append(f"            {i.duplicate_ids:,} rows repeat an earlier row's id: each would be its row's error "
+                         "(duplicate_id), the earlier row generated")
         if i.input_format == "openai_batch":
             lines.append(f"            {i.converted_files} JSONL file(s) already converted under the output's _inputs/, "
                          f"{i.conversions_checked} not yet: checked line by line in a temporary folder (deleted); "
                          "the run converts them")
         for f in i.file_list[:FILES_SHOWN]:
             lines.append(f"            {f.uri}  {f.rows:,} rows ({f.text_column}), {f.units:,} unit{'s' if f.units != 1 else ''}")
+            if f.first_prompt is not None:
+                lines += [f"              first prompt | {line}" for line in f.first_prompt.splitlines()[:PROMPT_LINES_SHOWN]]
         if len(i.file_list) > FILES_SHOWN:
             lines.append(f"            ... and {len(i.file_list) - FILES_SHOWN:,} more files")
     u = plan.units
