@@ -1051,7 +1051,7 @@ def _workflows_values(**workflow) -> dict:
     entry = {"schedule": "0 2 * * *", "dataset": "support-chats", "job_config_yaml": "job_name: x\n",
              "job_config_uri": "/etc/specbatch/job.yaml", "replicas": 1, "max_replicas": None, "gpus_per_replica": 1,
              "gpus_per_worker": None, "worker_cpu": None, "worker_memory": None, "shm_size": None,
-             "timeout_hours": 20, "pre_running_deadline_minutes": 30, "suspend": False, "env": {}}
+             "timeout_hours": 20, "pre_running_deadline_minutes": 30, "suspend": False, "env": {}, "output": "dated"}
     return {"image": "registry/specbatch:0.1.0", "ray_role_arn": "arn:aws:iam::1:role/ray", "aws_region": "us-east-1",
             "bucket_name": "acme", "workflows": {"daily": {**entry, **workflow}}}
 
@@ -1325,7 +1325,7 @@ def test_workflow_objects_pass_kubernetes_schema(rendered):
     context = {
         "each.key": "daily", "each.value.schedule": "0 2 * * *", "each.value.suspend": False,
         "each.value.config_map": "specbatch-daily-config", "each.value.job_config_yaml": "job_name: x\n",
-        "each.value.output_uri": "s3://acme/outputs/support-chats/__RUN_DATE__/",
+        "each.value.output_uri": "s3://acme/outputs/support-chats/__RUN_DATE__/", "each.value.output": "dated",
         "local.labels": labels, "local.namespace": "specbatch", "var.namespace": "specbatch",
         "var.create_namespace ? 1 : 0": 1, "var.service_account": "specbatch-ray",
         "var.scheduler_service_account": "specbatch-scheduler", "var.ray_role_arn": "arn:aws:iam::1:role/ray",
@@ -1432,9 +1432,11 @@ elif args[0] == "get":
 '''
 
 FAKE_AWS = r'''#!/bin/sh
-# Stands in for the aws CLI: `aws s3 cp URI -` prints $FAKE_JOB_JSON when URI is $FAKE_JOB_URI.
+# Stands in for the aws CLI: `aws s3 cp URI -` prints $FAKE_JOB_JSON when URI is $FAKE_JOB_URI;
+# `aws s3 ls --recursive URI` prints $FAKE_LS (the listing's lines) when URI is $FAKE_LS_URI.
 echo "aws $*" >> "$FAKE_DIR/calls"
 if [ "$1 $2" = "s3 cp" ] && [ "$3" = "$FAKE_JOB_URI" ] && [ -f "$FAKE_JOB_JSON" ]; then cat "$FAKE_JOB_JSON"; exit 0; fi
+if [ "$1 $2 $3" = "s3 ls --recursive" ] && [ "$4" = "$FAKE_LS_URI" ] && [ -f "$FAKE_LS" ]; then cat "$FAKE_LS"; exit 0; fi
 echo "fatal error: An error occurred (404) when calling the HeadObject operation: Not Found" >&2
 exit 1
 '''
@@ -1578,6 +1580,41 @@ def test_a_finished_date_starts_no_gpus(scheduler):
     # Error rows a rerun would generate again, or a failed run: it runs.
     proc = scheduler.run(**scheduler.finished_manifest("succeeded", retryable=5))
     assert proc.returncode == 0 and scheduler.created() == ["daily-20261129-1", "daily-20261129-1-report"]
+
+
+def test_a_per_dataset_location_runs_only_when_its_input_has_a_file_no_run_generated(scheduler):
+    """output = "per_dataset": one location per data set; a finished job there with every
+    Parquet file of its input already is nothing to do, a new file is a run (of that file only:
+    specbatch plans the rest as committed)."""
+    if shutil.which("jq") is None:
+        pytest.skip("jq not found (run.sh reads _job.json with jq, as in the scheduler image)")
+    out, prompts = "s3://acme-specbatch-data/outputs/support-chats/", "s3://acme-specbatch-data/prompts/support-chats/"
+    manifest = scheduler.tmp / "_job.json"
+    manifest.write_text(json.dumps({"job_id": "x", "status": "succeeded", "totals": {"retryable_error_rows": 0},
+                                    "config": {"input_uri": prompts}, "input_files": [{"uri": f"{prompts}2026-11-28.parquet"}]}))
+    listing = scheduler.tmp / "ls"
+    env = {"OUTPUT_MODE": "per_dataset", "OUTPUT_URI": out, "FAKE_JOB_JSON": manifest, "FAKE_JOB_URI": f"{out}_job.json",
+           "FAKE_LS": listing, "FAKE_LS_URI": prompts}
+    listing.write_text("2026-11-28 02:00:00       1234 prompts/support-chats/2026-11-28.parquet\n"
+                       "2026-11-28 02:00:00         20 prompts/support-chats/notes.txt\n")
+    proc = scheduler.run(**env)
+    assert proc.returncode == 0 and "every Parquet file of" in proc.stdout and "no GPU started" in proc.stdout, proc.stdout
+    assert not scheduler.created()
+    listing.write_text(listing.read_text() + "2026-11-29 02:00:00       1300 prompts/support-chats/2026-11-29.parquet\n")
+    proc = scheduler.run(FAKE_GENERATE="Running,Complete:SUCCEEDED", **env)
+    assert proc.returncode == 0 and f"new input files since the last run: 1 (e.g. {prompts}2026-11-29.parquet)" in proc.stdout
+    assert scheduler.created() == ["daily-20261129-1", "daily-20261129-1-report"] and f"output {out}" in proc.stdout
+
+
+def test_a_workflows_output_is_dated_or_the_data_sets_one_prefix():
+    """modules/workflows evaluated: each workflow's output prefix, and its validation of `output`."""
+    def output_uri(**workflow) -> str:
+        return HclModule(MODULES / "workflows", _workflows_values(**workflow)).local("workflows")["daily"]["output_uri"]
+
+    assert output_uri() == "s3://acme/outputs/support-chats/__RUN_DATE__/"
+    assert output_uri(output="per_dataset") == "s3://acme/outputs/support-chats/"
+    (message,) = HclModule(MODULES / "workflows", _workflows_values(output="weekly")).failures()
+    assert message.startswith('output must be "dated"'), message
 
 
 def test_a_date_without_job_json_runs(scheduler):

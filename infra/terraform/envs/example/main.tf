@@ -96,6 +96,7 @@ module "workflows" {
     daily = {
       schedule         = var.schedule
       dataset          = var.dataset
+      output           = var.output
       replicas         = var.replicas
       max_replicas     = var.max_replicas
       gpus_per_replica = var.tensor_parallel_size

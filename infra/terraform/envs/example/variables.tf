@@ -175,6 +175,17 @@ variable "dataset" {
   default     = "example"
 }
 
+variable "output" {
+  description = "dated: each run regenerates the whole input into OUTPUTS_PREFIX<dataset>/<date>/; per_dataset: one location OUTPUTS_PREFIX<dataset>/, where each run generates only the input files no run generated before (and a run with none starts nothing)."
+  type        = string
+  default     = "dated"
+
+  validation {
+    condition     = contains(["dated", "per_dataset"], var.output)
+    error_message = "output must be \"dated\" or \"per_dataset\"."
+  }
+}
+
 variable "schedule" {
   description = "Cron schedule (UTC) of the dataset-generation workflow."
   type        = string

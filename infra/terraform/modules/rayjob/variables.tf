@@ -40,7 +40,7 @@ variable "dataset" {
 }
 
 variable "output_uri" {
-  description = "Dated output prefix of a run, with __RUN_DATE__ where the run's date goes."
+  description = "Output prefix of a run: dated, with __RUN_DATE__ where the run's date goes, or the data set's one prefix."
   type        = string
 }
 

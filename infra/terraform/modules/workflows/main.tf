@@ -3,7 +3,9 @@
 #   ConfigMap <name>-scheduler  the two RayJob manifests (generation, cost report; rendered
 #                               by modules/rayjob) and run.sh;
 #   CronJob   specbatch-<name>  on schedule, runs run.sh: generation RayJob on the dated
-#                               prefix, then the report RayJob on the same prefix.
+#                               prefix (or, with output = "per_dataset", on the data set's one
+#                               prefix, where each run adds only new input files), then the
+#                               report RayJob on the same prefix.
 # The Ray pods run as one service account bound to the IRSA role; the scheduler pods run as
 # another that may only create and read RayJobs in this namespace.
 
@@ -14,7 +16,8 @@ locals {
   workflows = {
     for name, w in var.workflows : name => merge(w, {
       config_map = "specbatch-${name}-config"
-      output_uri = "s3://${var.bucket_name}/${var.outputs_prefix}${w.dataset}/__RUN_DATE__/"
+      output_uri = (w.output == "per_dataset" ? "s3://${var.bucket_name}/${var.outputs_prefix}${w.dataset}/"
+      : "s3://${var.bucket_name}/${var.outputs_prefix}${w.dataset}/__RUN_DATE__/")
     })
   }
 }

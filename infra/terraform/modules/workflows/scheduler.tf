@@ -108,6 +108,10 @@ resource "kubernetes_cron_job_v1" "workflow" {
                 value = each.value.output_uri
               }
               env {
+                name  = "OUTPUT_MODE"
+                value = each.value.output
+              }
+              env {
                 name  = "KEEP_RUNS"
                 value = tostring(var.keep_runs)
               }

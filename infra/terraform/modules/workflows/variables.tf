@@ -113,9 +113,12 @@ variable "scheduler_image" {
 variable "workflows" {
   description = <<-EOT
     Scheduled dataset-generation workflows, by name (a lower-case DNS label of at most 20 characters).
-    Each run writes s3://BUCKET/OUTPUTS_PREFIX/<dataset>/<YYYY-MM-DD>/ and then a cost report under it.
+    Each run writes s3://BUCKET/OUTPUTS_PREFIX/<dataset>/<YYYY-MM-DD>/ and then a cost report under it;
+    with output = "per_dataset", every run writes s3://BUCKET/OUTPUTS_PREFIX/<dataset>/ and generates only
+    the input files no run there generated before (a run with none starts nothing).
       schedule            cron expression (UTC), e.g. "0 2 * * *"
       dataset             dataset name, the first path element under outputs_prefix
+      output              "dated" (default): a full generation per run date; "per_dataset": one location, new files only
       job_config_yaml     the job config (YAML), mounted at /etc/specbatch/job.yaml; its output_uri is replaced by the dated prefix
       job_config_uri      where the job reads its config; defaults to the mounted file (an s3:// URI must be under a prefix the role can read)
       replicas            engine replicas (resources.replicas of the job config); the minimum when max_replicas is larger
@@ -135,6 +138,7 @@ variable "workflows" {
   type = map(object({
     schedule                     = string
     dataset                      = string
+    output                       = optional(string, "dated")
     job_config_yaml              = optional(string, "")
     job_config_uri               = optional(string, "/etc/specbatch/job.yaml")
     replicas                     = optional(number, 1)
@@ -159,6 +163,11 @@ variable "workflows" {
   validation {
     condition     = alltrue([for w in var.workflows : length(split(" ", trimspace(w.schedule))) == 5 || startswith(w.schedule, "@")])
     error_message = "schedule must be a five-field cron expression or a macro such as @daily."
+  }
+
+  validation {
+    condition     = alltrue([for w in var.workflows : contains(["dated", "per_dataset"], w.output)])
+    error_message = "output must be \"dated\" (a full generation per run date) or \"per_dataset\" (one location, new input files only)."
   }
 
   validation {

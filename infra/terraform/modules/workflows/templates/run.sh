@@ -2,6 +2,8 @@
 # One scheduled run of a specbatch workflow, started by its CronJob:
 #   0. deletes this workflow's finished RayJobs older than its last KEEP_RUNS run dates;
 #   1. a date whose _job.json says finished, with no error rows left to retry, starts nothing;
+#      with OUTPUT_MODE=per_dataset (one output location per data set), nor does a location
+#      whose job has every Parquet file of its input_uri already (a run adds only new files);
 #   2. generation: creates RayJob WORKFLOW-YYYYMMDD-N on the dated output prefix and waits;
 #      N is one more than the date's last attempt, so a second scheduler of the same date
 #      gets AlreadyExists from the API instead of a second run, and an active run of the
@@ -10,8 +12,9 @@
 # A wait ends on every terminal state (Complete, Failed, ValidationFailed) and when the RayJob
 # is gone. Exit 0: succeeded, or nothing to do; 1: anything else.
 # The CronJob's concurrencyPolicy (Forbid) holds because this pod lives as long as the run.
-# Environment: WORKFLOW, NAMESPACE, OUTPUT_URI (with __RUN_DATE__); optional POLL_SECONDS,
-# KEEP_RUNS, TEMPLATES (default /etc/specbatch-workflow), RUN_DATE (default today, UTC).
+# Environment: WORKFLOW, NAMESPACE, OUTPUT_URI (with __RUN_DATE__, unless per_dataset); optional
+# OUTPUT_MODE (dated, per_dataset), POLL_SECONDS, KEEP_RUNS, TEMPLATES (default
+# /etc/specbatch-workflow), RUN_DATE (default today, UTC).
 set -eu
 
 TEMPLATES="${TEMPLATES:-/etc/specbatch-workflow}"
@@ -20,6 +23,7 @@ DAY="$(echo "$RUN_DATE" | tr -d -)"
 POLL_SECONDS="${POLL_SECONDS:-30}"
 KEEP_RUNS="${KEEP_RUNS:-14}"
 MAX_READ_ERRORS="${MAX_READ_ERRORS:-20}"
+OUTPUT_MODE="${OUTPUT_MODE:-dated}"
 OUTPUT="$(echo "$OUTPUT_URI" | sed "s|__RUN_DATE__|$RUN_DATE|g")"
 SELECTOR="specbatch.io/workflow=$WORKFLOW"
 
@@ -54,7 +58,32 @@ finished() { # 0 when the date's _job.json says done and no error row is left to
   fi
   log "${OUTPUT}_job.json: $(echo "$manifest" | jq -c '{status, retryable_error_rows: .totals.retryable_error_rows}')"
   echo "$manifest" | jq -e '(.status == "succeeded" or .status == "completed_with_errors")
-    and ((.totals.retryable_error_rows // 0) == 0)' >/dev/null
+    and ((.totals.retryable_error_rows // 0) == 0)' >/dev/null || return 1
+  [ "$OUTPUT_MODE" != per_dataset ] || ! new_inputs "$manifest"
+}
+
+new_inputs() { # manifest; 0 when input_uri holds a Parquet file the job does not have (or it cannot tell)
+  input="$(echo "$1" | jq -r '.config.input_uri // empty')"
+  case "$input" in
+    s3://*/*) ;;
+    *) log "input_uri ${input:-unknown} is not an s3:// folder this check lists: running"; return 0 ;;
+  esac
+  case "$input" in *"*"* | *"?"* | *"["*) log "input_uri $input is a glob: running"; return 0 ;; esac
+  bucket="$(echo "$input" | sed 's|^s3://\([^/]*\)/.*|\1|')"
+  if ! listing="$(aws s3 ls --recursive "${input%/}/" 2>&1)"; then
+    log "cannot list $input: $listing; running"
+    return 0
+  fi
+  known="$(echo "$1" | jq -r '.input_files[].uri')"
+  new="$(echo "$listing" | awk -v b="s3://$bucket/" '$4 ~ /\.parquet$/ { print b $4 }' | while read -r uri; do
+    echo "$known" | grep -qxF "$uri" || echo "$uri"
+  done)"
+  if [ -n "$new" ]; then
+    log "new input files since the last run: $(echo "$new" | wc -l | tr -d ' ') (e.g. $(echo "$new" | head -1))"
+    return 0
+  fi
+  log "every Parquet file of $input is generated already"
+  return 1
 }
 
 create() { # template rayjob-name
@@ -104,7 +133,7 @@ log "workflow $WORKFLOW, run date $RUN_DATE, output $OUTPUT"
 cleanup || log "could not clean up old RayJobs; going on"
 
 if finished; then
-  log "$RUN_DATE is finished and nothing is left to retry: no RayJob created, no GPU started"
+  log "$OUTPUT is finished and nothing is left to do: no RayJob created, no GPU started"
   exit 0
 fi
 
