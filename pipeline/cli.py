@@ -140,8 +140,9 @@ def run_from_config(config_uri: str, output_uri: str | None = None, dry_run: boo
     took the output location over while this one ran), 130 interrupted. `options`: the run's
     flags (pipeline/job/plan.RunOptions). `dry_run`: the checks and the plan only
     (pipeline/tools/plan.py), 0 when the run would be accepted."""
-    from pipeline.api import run
+    from pipeline.api import ending_status, run
     from pipeline.cluster.startup import StartClock
+    from pipeline.job.manifest import plain_text
     from pipeline.job.plan import RunOptions
 
     flags = RunOptions(**options)
@@ -150,7 +151,13 @@ def run_from_config(config_uri: str, output_uri: str | None = None, dry_run: boo
         if dry_run:
             from pipeline.tools.plan import dry_run as plan
 
-            return plan(config_uri, output_uri, flags, as_json)
+            try:
+                return plan(config_uri, output_uri, flags, as_json)
+            except Exception as exc:  # the real run's refusal, said as the real run says it
+                if ending_status(exc) is None:
+                    raise
+                print(f"specbatch: {SAID[ending_status(exc)]}: {plain_text(str(exc))}", file=sys.stderr)
+                return EXIT[ending_status(exc)]
         result = run(config_uri, output_uri, clock=StartClock(from_process_start=True),
                      command=_command(config_uri, output_uri, flags), **dataclasses.asdict(flags))
     except KeyboardInterrupt:

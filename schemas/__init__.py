@@ -233,6 +233,15 @@ class DuplicateId(Contract):
     first_row: int
 
 
+class InputJob(Contract):
+    """The finished job whose committed output rows a chained job reads as its input."""
+
+    job_id: str
+    output_uri: str
+    status: str = Field(description="How that job ended, when this job read it.")
+    results_fingerprint: str = Field(description="That job's results fingerprint: the settings that made its rows.")
+
+
 class IdCheck(Contract):
     """The job's ids checked unique across all its input files, before any engine started."""
 
@@ -263,10 +272,18 @@ class PrefixGrouping(Contract):
     reason: str
     sharing: Optional[PrefixSharing] = None
     files: list[InputFile] = Field(default_factory=list, description="The grouped copy's files, in order; units are their row ranges.")
+    sources: Optional[list[str]] = Field(
+        None, description="The input files the copy holds (null: a copy written before they were recorded, of every input file)."
+    )
 
     def unit_files(self, input_files: list[InputFile]) -> list[InputFile]:
-        """The files the units are row ranges of: the grouped copy's once written, else the input's."""
-        return self.files if self.grouped and self.files else input_files
+        """The files the units are row ranges of: the grouped copy's once written, else the
+        input's; input files the copy does not hold (added since: a later run on the same
+        location) are planned as they are, after it."""
+        if not (self.grouped and self.files):
+            return input_files
+        held = set(self.sources) if self.sources is not None else {f.uri for f in input_files}
+        return self.files + [f for f in input_files if f.uri not in held]
 
 
 class Lease(Contract):
@@ -413,6 +430,20 @@ class StartCost(Contract):
     engine_starts: list[EngineStart] = Field(default_factory=list, description="Every engine this attempt started.")
 
 
+class AttemptAdded(Contract):
+    """What one attempt added to its output location: the units it committed, and the input
+    files that were not there at the attempt before (a scheduled run on one location per data
+    set generates only those)."""
+
+    units: int = 0
+    rows: int = Field(0, description="Input rows of the units it committed: output rows and error rows.")
+    output_rows: int = 0
+    error_rows: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    new_input_files: int = Field(0, description="Input files the attempt before did not have (the first attempt: all).")
+
+
 class Attempt(Contract):
     """One run of the job over its output location (a rerun resumes: it adds an attempt)."""
 
@@ -433,6 +464,7 @@ class Attempt(Contract):
         None, description="The Ray cluster the attempt ran on: joined ADDRESS, or its own local Ray; null: no engine ran."
     )
     start: Optional[StartCost] = Field(None, description="Where the time to the first committed unit went; null: no engine ran.")
+    added: Optional[AttemptAdded] = Field(None, description="What this attempt generated: a rerun over new input files adds only theirs.")
 
 
 GuardAction = Literal["warn", "fail", "disable-speculation"]
@@ -531,6 +563,7 @@ class JobManifest(Contract):
     input_files: list[InputFile]
     grouping: Optional[PrefixGrouping] = Field(None, description="Rows grouped by shared prefix (null: decided before grouping existed, or not run).")
     ids: Optional[IdCheck] = Field(None, description="The ids checked unique across the input (null: a job begun before the check).")
+    input_job: Optional[InputJob] = Field(None, description="A chained job: the job whose output rows are its input.")
     totals: JobTotals = Field(description="Over everything committed at the output location, all attempts.")
     attempts: list[Attempt] = Field(default_factory=list)
     guard_events: list[GuardEvent] = Field(default_factory=list, description="What the acceptance guard saw and did.")

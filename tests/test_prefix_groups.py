@@ -5,6 +5,7 @@ on a real local Ray, and one grouped job against the same job ungrouped on the r
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -196,6 +197,13 @@ def test_a_resume_reuses_the_recorded_grouped_copy_and_refuses_the_other_setting
     assert not plan.grouping.copy_to_write and plan.grouping.record.files == manifest.grouping.files
     assert [u.unit_id for u in plan.todo] == [marker.rsplit("/", 1)[1].removesuffix(".json")]
     assert plan.todo[0].source in {f.uri for f in manifest.grouping.files}
+    # a later run on the same location with a new input file: the copy's units, then the new file's as it is
+    new_file = Path(data["input_uri"]) / "zz-new.parquet"
+    pq.write_table(pa.table({"id": ["new-0", "new-1"], "prompt": ["x", "y"]}), new_file)
+    later = plan_job(parse_config(data))
+    assert [u.source for u in later.units[-1:]] == [str(new_file)] and later.units[:-1] == plan.units
+    assert {u.source for u in later.todo} == {str(new_file), plan.todo[0].source}
+    new_file.unlink()
     with pytest.raises(GroupingChanged, match="group_prefixes: false.*over its grouped copy"):
         plan_job(parse_config({**data, "resources": {**data["resources"], "group_prefixes": False}}))
     Storage().delete(manifest.grouping.files[-1].uri)  # a file of the copy gone while a unit is left

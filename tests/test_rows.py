@@ -15,16 +15,20 @@ from tests.conftest import job_config
 
 
 
-def readme_rows() -> dict:
-    """The README's `rows` excerpt ("Bring your own data"): the job below runs it as written."""
+def readme_excerpt(marker: str) -> dict:
+    """The README's YAML excerpt holding `marker` ("Bring your own data"): the jobs below run it as written."""
     import re
     from pathlib import Path
 
     import yaml
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", readme, re.S) if "prompt_template" in b]
-    return yaml.safe_load(block)["rows"]
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", readme, re.S) if marker in b]
+    return yaml.safe_load(block)
+
+
+def readme_rows() -> dict:
+    return readme_excerpt("id_column")["rows"]
 
 
 PASSAGE_TEMPLATE = readme_rows()["prompt_template"]
@@ -257,3 +261,106 @@ def test_a_changed_template_under_the_finished_job_is_refused_as_a_changed_setti
     changed = {**data, "rows": {**data["rows"], "prompt_template": "Context: {{ context }}\n{{ question }}"}}
     with pytest.raises(ResultsChanged, match="rows: prompt_template"):
         plan_job(parse_config(changed))
+
+
+# ---------------------------------------------------------------- a chain: a judge job over the passage job's outputs
+
+JUDGE = readme_excerpt("input_uri")  # the README's judge job over the first job's output location
+JUDGE_TEMPLATE = JUDGE["rows"]["prompt_template"]
+
+
+@pytest.mark.engine
+def test_a_judge_job_reads_the_finished_jobs_outputs_and_resumes_after_its_driver_is_killed(passage_job, ray_local, trained_kit):
+    """The second job's input_uri is the first job's output location: it reads the committed
+    output rows (ids, the generated text, the copied topic), renders its judge prompt from them,
+    records the job it read, and, its driver SIGKILLed after its first commit, finishes on the
+    same command: every first-job output exactly once in the judge's outputs."""
+    import json
+    import os
+    import signal
+
+    import yaml
+
+    from pipeline.commit.outputs import OutputLocation
+    from pipeline.job.runner import run_job
+    from pipeline.storage import Storage
+    from tests.test_resilience import assert_exactly_once, start_job, wait_for_commits
+
+    root, _, _, _ = passage_job
+    first = json.loads((root / "out" / "_job.json").read_text())
+    judged = pq.read_table(root / "out" / "outputs").column("id").to_pylist()
+    data = job_config(str(root / "out"), str(root / "judge"), trained_kit, sampling={"max_tokens": 8},
+                      resources={"rows_per_unit": 1, "units_in_flight": 1},
+                      rows=JUDGE["rows"])
+    config_path = root / "judge.yaml"
+    config_path.write_text(yaml.safe_dump(data))
+    location = OutputLocation(Storage(), str(root / "judge"))
+
+    proc = start_job(config_path)
+    wait_for_commits(location, 1, proc)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray it started
+    proc.wait()
+    assert len(location.committed_units()) < len(judged)  # the kill left units to run
+
+    manifest = run_job(parse_config(data), progress=False)  # the same job again: it takes over the dead run's lease
+    assert manifest.status == "succeeded" and len(manifest.attempts) == 2
+    assert_exactly_once(location, judged)
+    assert manifest.input_job.job_id == first["job_id"] and manifest.input_job.output_uri == str(root / "out")
+    assert manifest.input_job.results_fingerprint == first["results_fingerprint"]
+    outputs = {r["id"]: r for r in location.read_table("outputs").to_pylist()}
+    first_outputs = {r["id"]: r for r in pq.read_table(root / "out" / "outputs").to_pylist()}
+    assert all(outputs[i]["topic"] == first_outputs[i]["topic"] for i in judged)  # copied through both jobs
+    assert all(outputs[i]["source"].startswith(str(root / "out" / "outputs")) for i in judged)  # the row it judged
+    from pipeline.config.input_rows import template_environment
+    from pipeline.stages.preprocess import load_tokenizer
+
+    tokenizer, template = load_tokenizer(trained_kit["target"]), template_environment().from_string(JUDGE_TEMPLATE)
+    for i in judged:  # each judge prompt: the template over the first job's output row (its text and topic), tokenized
+        assert outputs[i]["prompt_tokens"] == len(tokenizer.encode(template.render(first_outputs[i]))), i
+
+
+def test_a_job_that_has_not_ended_is_no_input_yet(tmp_path, trained_kit):
+    from pipeline.storage import Storage
+
+    (tmp_path / "first").mkdir()
+    Storage().write_bytes(str(tmp_path / "first" / "_job.json"), json_manifest("first-1", "running"))
+    data = job_config(str(tmp_path / "first"), str(tmp_path / "judge"), trained_kit, rows={"prompt_template": JUDGE_TEMPLATE})
+    with pytest.raises(InputError, match="is the output of job first-1, which has not ended"):
+        plan_job(parse_config(data))
+
+
+def json_manifest(job_id: str, status: str) -> bytes:
+    import json
+
+    from schemas import LAYOUT_VERSION, JobManifest, JobTotals, ModelFingerprint, Versions
+
+    manifest = JobManifest(
+        layout_version=LAYOUT_VERSION, job_id=job_id, status=status, started_at="2026-12-07T00:00:00+00:00", config={},
+        versions=Versions(specbatch="dev", vllm=None, ray="x", torch=None, python="3.11"),
+        model=ModelFingerprint(path="/models/t", config_sha256="abc", architectures=[]), accelerator="cpu", input_files=[],
+        totals=JobTotals(),
+    )
+    return json.dumps(manifest.model_dump(mode="json")).encode()
+
+
+@pytest.mark.engine
+def test_an_incremental_run_on_the_same_location_generates_only_the_new_file_and_says_what_it_added(passage_job, ray_local):
+    """A scheduled run that keeps one output location per data set: the input folder gains a
+    file, the same job again generates only that file's rows and records what it added; a run
+    that adds nothing starts no engine. (Last in this module: the chain above read the job as it was.)"""
+    from pipeline import api
+
+    root, uids, data, _ = passage_job
+    pq.write_table(pa.table({"uid": pa.array([200, 201, 202], pa.int64()), "context": ["A lake.", "A hill.", "A road."],
+                             "question": ["What?", "Where?", "Why?"], "topic": ["new"] * 3}), root / "in" / "c.parquet")
+    second = api.run(data)
+    assert second.status == "completed_with_errors" and len(second.manifest.attempts) == 2  # 1 error row of 15
+    added = second.manifest.attempts[-1].added
+    assert (added.new_input_files, added.units, added.rows, added.output_rows, added.error_rows) == (1, 1, 3, 3, 0)
+    assert added.generated_tokens > 0 and second.manifest.attempts[-1].units_skipped == 4  # a.parquet and b.parquet: 4 + 2 rows each
+    assert sorted(api.read_outputs(str(root / "out")).column("id").to_pylist()) == sorted(
+        [str(u) for u in uids if u != 104] + ["200", "201", "202"])
+    assert "| rows | 14 generated" in (root / "out" / "README.md").read_text()
+
+    third = api.run(data)
+    assert third.manifest.attempts[-1].ray_cluster is None and third.manifest.attempts[-1].processed_rows == 0  # no engine

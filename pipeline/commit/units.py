@@ -19,6 +19,7 @@ from typing import Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.commit.outputs import GROUPED
 from pipeline.inputs import short_name
 from pipeline.inputs.shape import SHAPE_COLUMNS, RowShape
 from pipeline.storage import Storage
@@ -90,7 +91,8 @@ def _read_rows(storage: Storage, unit: WorkUnit, shape: RowShape) -> pa.Table:
                 offset = group_start if offset is None else offset
             group_start += n
         names = parquet.schema_arrow.names
-        grouped_copy = all(c in names for c in ORIGIN_COLUMNS)  # written in the layout already (pipeline/graph/regroup.py)
+        # written in the layout already (pipeline/graph/regroup.py); a job's outputs, read by a chained job, are not
+        grouped_copy = f"/{GROUPED}/" in unit.source and all(c in names for c in ORIGIN_COLUMNS)
         if grouped_copy:
             wanted = [c for c in (*LAYOUT, *SHAPE_COLUMNS, *ORIGIN_COLUMNS) if c in names]
         else:

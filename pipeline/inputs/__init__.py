@@ -81,13 +81,21 @@ def inspect_inputs(
     """Check every input file against the columns `shape` (the config's `rows` section) names;
     `known` files (from an earlier attempt's `_job.json`) with the same size and version are
     taken as they were recorded."""
-    shape = shape or RowShape()
     listed = storage.expand_input(input_uri)
     if not listed:
         raise InputError(
             f"input_uri {input_uri!r} matches no Parquet file; set input_uri to a Parquet file, a folder holding .parquet "
             "files or a glob (s3://bucket/prompts/*.parquet); for OpenAI batch .jsonl files set input_format: openai_batch"
         )
+    return inspect_listed(input_uri, listed, storage, known, shape)
+
+
+def inspect_listed(
+    input_uri: str, listed: dict[str, dict], storage: Storage, known: Optional[list[InputFile]] = None,
+    shape: Optional[RowShape] = None,
+) -> InputReport:
+    """`inspect_inputs` of the files `listed` (uri -> size and version, as Storage lists them)."""
+    shape = shape or RowShape()
     cached = {(f.uri, f.size, f.version): f for f in known or []}
     todo = [(uri, info) for uri, info in listed.items() if (uri, info["size"], info["version"]) not in cached]
     with ThreadPoolExecutor(PARALLEL_FOOTERS) as pool:

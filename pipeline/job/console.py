@@ -130,6 +130,11 @@ def summary(manifest: JobManifest) -> list[str]:
         attempts = f" in {len(manifest.attempts)} attempts" if len(manifest.attempts) > 1 else ""
         lines.append(f"  speed     {t.engine_tokens_per_second:,.0f} tok/s of engine time, {t.tokens_per_second:,.0f} tok/s of "
                      f"wall time ({t.wall_seconds:,.1f} s of generation{attempts}){share}")
+    if attempt and attempt.added and attempt.number > 1:
+        a = attempt.added
+        lines.append(f"  this run  added {a.rows:,} rows ({a.output_rows:,} generated, {a.error_rows:,} failed) in {a.units:,} "
+                     f"units, {a.generated_tokens:,} tokens generated from {a.prompt_tokens:,} prompt tokens; "
+                     f"{a.new_input_files:,} new input file{'s' if a.new_input_files != 1 else ''}")
     start = attempt.start if attempt else None
     if start and start.to_first_commit_seconds is not None:
         lines.append(f"  start     {start_line(start)}")

@@ -12,7 +12,7 @@ from typing import Optional
 from pipeline.commit.units import WorkUnit
 from pipeline.config import JobConfig
 from pipeline.job.plan import JobPlan, results_fingerprint
-from schemas import LAYOUT_VERSION, Attempt, JobManifest, JobTotals, Lease, ProbeResult, Versions
+from schemas import LAYOUT_VERSION, Attempt, AttemptAdded, InputFile, JobManifest, JobTotals, Lease, ProbeResult, Versions
 
 
 def now() -> str:
@@ -68,6 +68,7 @@ def new_manifest(config: JobConfig, plan: JobPlan, cluster: Optional[str], probe
         input_files=plan.inputs.files,
         grouping=plan.grouping.record,
         ids=plan.ids,
+        input_job=plan.input_job,
         totals=previous.totals if previous else JobTotals(input_rows=plan.inputs.rows),
         attempts=[*(previous.attempts if previous else []), attempt],
         guard_events=previous.guard_events if previous else [],
@@ -88,6 +89,17 @@ def close_killed_attempt(previous: JobManifest, dead_owner: Optional[Lease]) -> 
         last.ended_at = dt.datetime.fromtimestamp(dead_owner.heartbeat_at, dt.timezone.utc).isoformat(timespec="seconds")
         started = dt.datetime.fromisoformat(last.started_at).timestamp()
         last.wall_seconds = max(0.0, dead_owner.heartbeat_at - started)
+
+
+def added_by(heard: list[dict], files: list[InputFile], previous: Optional[JobManifest]) -> AttemptAdded:
+    """What an attempt added: the stats rows of the units it committed, and its new input files."""
+    before = {(f.uri, f.size, f.version) for f in previous.input_files} if previous else set()
+    return AttemptAdded(
+        units=len(heard), rows=sum(r["rows"] for r in heard), output_rows=sum(r["output_rows"] for r in heard),
+        error_rows=sum(r["error_rows"] for r in heard), prompt_tokens=sum(r["prompt_tokens"] for r in heard),
+        generated_tokens=sum(r["generated_tokens"] for r in heard),
+        new_input_files=sum((f.uri, f.size, f.version) not in before for f in files),
+    )
 
 
 def finished_status(totals: JobTotals, config: JobConfig) -> str:

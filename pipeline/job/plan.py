@@ -24,12 +24,13 @@ from pipeline.inputs import InputError, InputReport
 from pipeline.inputs.ids import TooManyDuplicateIds, find_duplicate_ids
 from pipeline.inputs.openai_batch import inspect_job_inputs
 from pipeline.inputs.shape import RowShape
+from pipeline.job.chain import chained_inputs
 from pipeline.job.grouping import GroupingChanged, GroupingPlan, plan_grouping, refuse_a_lost_copy
 from pipeline.job.preflight import check_before_engines
 from pipeline.speculation.drafter_check import DrafterMismatch, check_drafter
 from pipeline.storage import Storage, is_local
 from pipeline.storage.model_cache import remote_files
-from schemas import IdCheck, JobManifest, ModelFingerprint
+from schemas import IdCheck, InputJob, JobManifest, ModelFingerprint
 from schemas.report import CalibrationReport
 
 log = logging.getLogger("specbatch")
@@ -218,6 +219,7 @@ class JobPlan:
     done: Optional[pa.Table]  # the committed units' stats rows
     again: set[str]  # committed units that run again (their error rows)
     todo: list[WorkUnit]
+    input_job: Optional[InputJob] = None  # a chained job: the job whose outputs are its input (pipeline/job/chain.py)
 
     @property
     def attempt_number(self) -> int:
@@ -244,7 +246,9 @@ def plan_job(
     )
     if previous:
         _refuse_changes(config, previous, target, drafter, location)
-    inputs = inspect_job_inputs(config, storage, previous.input_files if previous else None, scratch)
+    known = previous.input_files if previous else None
+    chained = chained_inputs(config, storage, known)  # input_uri names a finished job's output location
+    inputs = chained[0] if chained else inspect_job_inputs(config, storage, known, scratch)
     if previous:
         _refuse_changed_inputs(config, previous, inputs)
     committed = set() if restart else location.committed_units()
@@ -257,7 +261,8 @@ def plan_job(
     if todo and grouping.record.files:
         refuse_a_lost_copy(location, grouping.record)
     job_id = previous.job_id if previous else job_id or _new_job_id(config)
-    return JobPlan(location, previous, job_id, target, drafter, inputs, grouping, ids, units, committed, done, again, todo)
+    return JobPlan(location, previous, job_id, target, drafter, inputs, grouping, ids, units, committed, done, again, todo,
+                   chained[1] if chained else None)
 
 
 def _check_ids(config: JobConfig, storage: Storage, inputs: InputReport, previous: Optional[JobManifest]) -> IdCheck:

@@ -25,7 +25,7 @@ from pipeline.config import JobConfig
 from pipeline.commit.units import plan_units
 from pipeline.job.console import say
 from pipeline.job.graph_run import AttemptProgress, GraphOutcome, run_graph
-from pipeline.job.manifest import close_killed_attempt, finished_status, new_manifest, now, plain_text, plan_summary
+from pipeline.job.manifest import added_by, close_killed_attempt, finished_status, new_manifest, now, plain_text, plan_summary
 from pipeline.job.plan import (
     JobPlan,
     RunOptions,
@@ -187,6 +187,7 @@ class JobAttempt:
             self.location.storage, self.location.uri, plan.inputs.files, grouping.order, grouping.kinds,
             self.config.resources.rows_per_unit, RowShape.for_job(self.config),
         )
+        grouping.record.sources = [f.uri for f in plan.inputs.files]
         grouping.order = grouping.kinds = None
         plan.units = plan.todo = plan_units(grouping.record.files, self.config.resources.rows_per_unit)
         say(self.options.progress, f"grouped {plan.inputs.rows:,} rows by shared prompt prefix in {time.time() - started:.1f} s "
@@ -272,6 +273,7 @@ class JobAttempt:
         else:  # files of commits that never finished or were superseded; this attempt's stats file
             location.cleanup(committed, since=self.started, generation=self.lease.lease.generation)
             stats = location.write_stats(record.number, list(self.heard.values()), committed)
+            record.added = added_by(list(self.heard.values()), plan.inputs.files, plan.previous)
         record.wall_seconds, record.ended_at = time.time() - self.started, now()
         manifest.ended_at = record.ended_at
         wall = sum(a.wall_seconds for a in manifest.attempts)
