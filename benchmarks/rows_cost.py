@@ -14,6 +14,9 @@ files of 100,000 rows (`uid` int64 with one id in 10,000 repeated, `context` ~30
   render       RowShape.apply over `--render-rows` rows read as a unit's read reads them, with
                the template and without (the prompt column read as it is): CPU seconds per 1M
                rows of each, and the template's extra
+  preprocess   the whole preprocess stage's work on templated units (read_unit, then the
+               Preprocessor: checks, the kit's tokenizer, sampling), CPU seconds per 1M rows over
+               --preprocess-rows rows
   engine       for scale: the engine seconds per 1M rows of a job of this shape, from
                --engine-rows-per-second (default: 2,048 rows in 37.4 s, benchmarks/prefix_sharing.py
                (b) grouped steady engine time on this machine, 16 tokens per answer)
@@ -81,6 +84,20 @@ if kind == "ids":
     found = len(find_duplicate_ids(Storage(), inputs.files, templated))
     print("RESULT " + json.dumps({"wall": time.time() - wall, "cpu": time.process_time() - cpu, "rows": inputs.rows,
           "duplicates": found, "peak_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024}))
+elif kind == "preprocess":
+    from pipeline.commit.units import plan_units, read_unit
+    from pipeline.stages.preprocess import Preprocessor, PreprocessSettings
+    from pipeline.tools.demo import trained_kit
+    preprocessor = Preprocessor(PreprocessSettings(trained_kit()["target"], 2048))
+    done, read = 0.0, 0
+    for unit in plan_units(inputs.files, 4096):
+        started = time.process_time()
+        preprocessor(read_unit(Storage(), unit, templated))
+        done += time.process_time() - started
+        read += unit.rows
+        if read >= render_rows:
+            break
+    print("RESULT " + json.dumps({"cpu_per_million": done / read * 1e6, "rows": read}))
 else:
     import pyarrow.parquet as pq
     from pipeline.commit.units import LAYOUT
@@ -103,7 +120,7 @@ else:
 """ % TEMPLATE
 
 
-def child(kind: str, folder: str, render_rows: int) -> dict:
+def child(kind: str, folder: str, render_rows: int) -> dict:  # render_rows: rows shaped or preprocessed
     done = subprocess.run([sys.executable, "-c", CHILD, kind, folder, str(render_rows)], capture_output=True, text=True, cwd=ROOT)
     if done.returncode:
         raise SystemExit(done.stderr[-3000:])
@@ -116,16 +133,18 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--render-rows", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--preprocess-rows", type=int, default=50_000)
     parser.add_argument("--engine-rows-per-second", type=float, default=2048 / 37.4)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="specbatch-rows-") as tmp:
         started = time.time()
         files = write_table(Path(tmp) / "in", args.rows)
         print(f"{args.rows:,} rows in {len(files)} files written in {time.time() - started:.0f} s", flush=True)
-        runs = {kind: [] for kind in ("ids", "template", "plain")}
+        runs = {kind: [] for kind in ("ids", "template", "plain", "preprocess")}
         for _ in range(args.repeats):
             for kind in runs:
-                runs[kind].append(child(kind, str(Path(tmp) / "in"), args.render_rows))
+                rows = args.preprocess_rows if kind == "preprocess" else args.render_rows
+                runs[kind].append(child(kind, str(Path(tmp) / "in"), rows))
         ids = runs["ids"]
         med = lambda key, rs: statistics.median(r[key] for r in rs)  # noqa: E731
         print(f"id check, {ids[0]['rows']:,} rows: {med('wall', ids):.1f} s wall, {med('cpu', ids):.1f} s CPU, "
@@ -135,6 +154,9 @@ def main() -> None:
         engine = 1e6 / args.engine_rows_per_second
         print(f"rows shaped, CPU s per 1M rows: template {template:.1f}, plain column {plain:.1f}; the template's extra "
               f"{template - plain:.1f} s = {(template - plain) / engine:.2%} of the engine's {engine:,.0f} s per 1M rows")
+        preprocess = med("cpu_per_million", runs["preprocess"])
+        print(f"preprocess stage on templated units, CPU s per 1M rows: {preprocess:.1f} = {preprocess / engine:.2%} of the "
+              f"engine's time (over {runs['preprocess'][0]['rows']:,} rows)")
 
 
 if __name__ == "__main__":

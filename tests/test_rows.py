@@ -360,7 +360,8 @@ def test_an_incremental_run_on_the_same_location_generates_only_the_new_file_and
     assert added.generated_tokens > 0 and second.manifest.attempts[-1].units_skipped == 4  # a.parquet and b.parquet: 4 + 2 rows each
     assert sorted(api.read_outputs(str(root / "out")).column("id").to_pylist()) == sorted(
         [str(u) for u in uids if u != 104] + ["200", "201", "202"])
-    assert "| rows | 14 generated" in (root / "out" / "README.md").read_text()
+    card = (root / "out" / "README.md").read_text()
+    assert "| rows | 14 generated" in card and f"| this run | attempt 2: 3 rows added (1 new input files), {added.prompt_tokens:,} prompt and" in card
 
     third = api.run(data)
     assert third.manifest.attempts[-1].ray_cluster is None and third.manifest.attempts[-1].processed_rows == 0  # no engine

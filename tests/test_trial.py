@@ -135,10 +135,11 @@ def test_the_trial_tells_whether_speculation_cost_more_than_it_saved():
 PROMPTS = 64  # distinct prompts, repeated: each arm generates every one of them
 
 
-def trial_input(folder: Path, files: int) -> str:
+def trial_input(folder: Path, files: int, first: int = 0) -> str:
+    """`files` files of PROMPTS rows; ids unique across the files numbered from `first` on."""
     folder.mkdir(parents=True, exist_ok=True)
     for f in range(files):
-        ids = [f"f{f}-{i:03d}" for i in range(PROMPTS)]
+        ids = [f"f{first + f}-{i:03d}" for i in range(PROMPTS)]
         write_prompts(folder / f"part-{f}.parquet", {"id": ids, "prompt": [f"def g{i}(x):\n    return" for i in range(PROMPTS)]})
     return str(folder)
 
@@ -170,7 +171,7 @@ def busy_job(tmp_path_factory, ray_local, stripped_drafter):
     first = run_job(config, progress=True)
     location = OutputLocation(Storage(), config.output_uri)
     stats_first = location.read_table("stats").to_pylist()
-    trial_input(root / "more", 1)
+    trial_input(root / "more", 1, first=9)  # ids of its own: a repeated id would be its row's error
     (folder / "part-9.parquet").write_bytes((root / "more" / "part-0.parquet").read_bytes())
     resumed = run_job(config, progress=False)
     return first, resumed, stats_first, location

@@ -5,8 +5,8 @@ files at a time, a batch of rows at a time. Each id becomes two 64-bit hashes (p
 hash_array under two keys: 128 bits, so two different ids of a 10M-row job collide with a
 probability near 1e-25); sorting the hashes puts equal ids side by side. The first row of an
 id (in input order: files in order, rows in order) is generated; each later one is its row's
-`duplicate_id` error, naming both places. At 10M rows the driver holds 24 bytes a row (240 MB)
-while it sorts. A resume on the same input files reuses the pass recorded in `_job.json`.
+`duplicate_id` error, naming both places. At 10M rows the driver holds about 60 bytes a row while it
+sorts (measured: benchmarks/rows_cost.py). A resume on the same input files reuses the pass recorded in `_job.json`.
 """
 
 from __future__ import annotations
@@ -38,26 +38,33 @@ def find_duplicate_ids(storage: Storage, files: list[InputFile], shape: RowShape
         parts = list(pool.map(lambda f: _file_hashes(storage, f, shape), files))
     if not parts:
         return []
-    hashes = np.concatenate([h for h, _ in parts]) if parts else np.zeros((0, 2), np.uint64)
+    low, high = (np.concatenate([h[:, k] for h, _ in parts]) for k in (0, 1))
     valid = np.concatenate([v for _, v in parts])
-    where = [(f.uri, row) for f, (h, _) in zip(files, parts) for row in range(len(h))]
+    starts = np.cumsum([0] + [len(h) for h, _ in parts])  # each file's first row in the job's order
+    del parts  # the per-file arrays: concatenated above
+
+    def where(position: int) -> tuple[str, int]:
+        i = int(np.searchsorted(starts, position, side="right")) - 1
+        return files[i].uri, int(position - starts[i])
+
     positions = np.flatnonzero(valid)
-    order = positions[np.lexsort((positions, hashes[positions, 1], hashes[positions, 0]))]  # equal ids together, in input order
-    same = np.all(hashes[order[1:]] == hashes[order[:-1]], axis=1)
+    del valid
+    order = positions[np.lexsort((positions, high[positions], low[positions]))]  # equal ids together, in input order
+    low, high = low[order], high[order]
+    same = (low[1:] == low[:-1]) & (high[1:] == high[:-1])
     if not same.any():
         return []
     repeats = np.flatnonzero(same) + 1  # places in `order` of rows whose id the row before has
     first_of_run = np.maximum.accumulate(np.where(np.concatenate([[True], ~same]), np.arange(len(order)), 0))
     if len(repeats) > MAX_DUPLICATES:
-        (source, row), (first_source, first_row) = where[order[repeats[0]]], where[order[first_of_run[repeats[0]]]]
+        (source, row), (first_source, first_row) = where(order[repeats[0]]), where(order[first_of_run[repeats[0]]])
         raise TooManyDuplicateIds(
             f"the input repeats {len(repeats):,} ids (more than {MAX_DUPLICATES:,} are refused): e.g. row {row} of {source} "
             f"has the id of row {first_row} of {first_source}. Check rows.id_column, or give the rows ids of their own"
         )
     duplicates = []
     for place in repeats:
-        source, row = where[order[place]]
-        first_source, first_row = where[order[first_of_run[place]]]
+        (source, row), (first_source, first_row) = where(order[place]), where(order[first_of_run[place]])
         duplicates.append(DuplicateId(source=source, row=row, first_source=first_source, first_row=first_row))
     return sorted(duplicates, key=lambda d: (d.source, d.row))
 
