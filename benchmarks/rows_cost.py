@@ -14,6 +14,9 @@ files of 100,000 rows (`uid` int64 with one id in 10,000 repeated, `context` ~30
   render       RowShape.apply over `--render-rows` rows read as a unit's read reads them, with
                the template and without (the prompt column read as it is): CPU seconds per 1M
                rows of each, and the template's extra
+  key pass     pipeline/inputs/prefixes.read_keys with the template (resources.group_prefixes
+               auto renders every prompt in the driver to find shared prefixes), then without it
+               (the rows' own `context` column as the prompt): wall, CPU, peak memory
   preprocess   the whole preprocess stage's work on templated units (read_unit, then the
                Preprocessor: checks, the kit's tokenizer, sampling), CPU seconds per 1M rows over
                --preprocess-rows rows
@@ -80,7 +83,12 @@ plain = RowShape(InputRowsConfig(id_column="uid", prompt_column="context"))
 inputs = inspect_inputs(folder, Storage(), shape=templated)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 wall, cpu = time.time(), time.process_time()
-if kind == "ids":
+if kind in ("keys", "keys-plain"):
+    from pipeline.inputs.prefixes import read_keys
+    keys = read_keys(Storage(), inputs.files, templated if kind == "keys" else plain)
+    print("RESULT " + json.dumps({"wall": time.time() - wall, "cpu": time.process_time() - cpu, "rows": len(keys),
+          "peak_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024}))
+elif kind == "ids":
     found = len(find_duplicate_ids(Storage(), inputs.files, templated))
     print("RESULT " + json.dumps({"wall": time.time() - wall, "cpu": time.process_time() - cpu, "rows": inputs.rows,
           "duplicates": found, "peak_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024}))
@@ -134,13 +142,14 @@ def main() -> None:
     parser.add_argument("--render-rows", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--preprocess-rows", type=int, default=50_000)
+    parser.add_argument("--key-pass", action="store_true", help="also the prefix key pass with and without the template")
     parser.add_argument("--engine-rows-per-second", type=float, default=2048 / 37.4)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="specbatch-rows-") as tmp:
         started = time.time()
         files = write_table(Path(tmp) / "in", args.rows)
         print(f"{args.rows:,} rows in {len(files)} files written in {time.time() - started:.0f} s", flush=True)
-        runs = {kind: [] for kind in ("ids", "template", "plain", "preprocess")}
+        runs = {kind: [] for kind in ("ids", "template", "plain", "preprocess", *(("keys", "keys-plain") if args.key_pass else ()))}
         for _ in range(args.repeats):
             for kind in runs:
                 rows = args.preprocess_rows if kind == "preprocess" else args.render_rows
@@ -154,6 +163,10 @@ def main() -> None:
         engine = 1e6 / args.engine_rows_per_second
         print(f"rows shaped, CPU s per 1M rows: template {template:.1f}, plain column {plain:.1f}; the template's extra "
               f"{template - plain:.1f} s = {(template - plain) / engine:.2%} of the engine's {engine:,.0f} s per 1M rows")
+        for kind in ("keys", "keys-plain") if args.key_pass else ():
+            rs = runs[kind]
+            print(f"key pass {'with the template' if kind == 'keys' else 'on a plain column'}, {rs[0]['rows']:,} rows: "
+                  f"{med('wall', rs):.1f} s wall, {med('cpu', rs):.1f} s CPU, peak memory +{med('peak_mb', rs):,.0f} MB")
         preprocess = med("cpu_per_million", runs["preprocess"])
         print(f"preprocess stage on templated units, CPU s per 1M rows: {preprocess:.1f} = {preprocess / engine:.2%} of the "
               f"engine's time (over {runs['preprocess'][0]['rows']:,} rows)")
