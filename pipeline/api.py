@@ -66,7 +66,7 @@ def run(config: Union[JobConfig, dict[str, Any], str, os.PathLike], output_uri: 
     location = None
     try:
         config = job_config(config, output_uri)
-        location = _location(config.output_uri, "outputs", config.storage, must_exist=False)
+        location = _location(config.output_uri, config.storage, must_exist=False)
         manifest = run_job(config, clock=clock, **dataclasses.asdict(flags))
         if manifest.status in ("succeeded", "completed_with_errors"):
             _card(config, command or f"pipeline.api.run(<config of job {config.job_name}>)")
@@ -115,30 +115,33 @@ def ending_status(exc: BaseException) -> Optional[str]:
 def read_outputs(output_uri: str, table: str = "outputs", storage: Optional[Union[StorageConfig, dict]] = None) -> pa.Table:
     """A job's committed rows of `table` (outputs, errors or stats) as one pyarrow table: files
     of units no commit marker names (a run that died mid-write) are not read."""
-    return _location(output_uri, table, storage).read_table(table)
+    return _location(output_uri, storage).read_table(_table(table))
 
 
 def read_dataset(output_uri: str, table: str = "outputs", storage: Optional[Union[StorageConfig, dict]] = None):
     """A job's committed rows of `table` as a Ray dataset, read by Ray Data from the committed
     files only (for what does not fit one process's memory)."""
+    import pyarrow.fs as pafs
     import ray
 
-    import pyarrow.fs as pafs
-
-    location = _location(output_uri, table, storage)
-    files = location.committed_files(table) if table != "stats" else []
+    location = _location(output_uri, storage)
+    files = location.committed_files(table) if _table(table) != "stats" else []
     if not files:  # stats, or nothing committed yet
         return ray.data.from_arrow(location.read_table(table))
     fs, _ = location.storage.fs(files[0])
     return ray.data.read_parquet([location.storage.fs(uri)[1] for uri in files], filesystem=pafs.PyFileSystem(pafs.FSSpecHandler(fs)))
 
 
-def _location(output_uri: str, table: str, storage, must_exist: bool = True):
+def _table(table: str) -> str:
+    if table not in TABLES:
+        raise ValueError(f"table {table!r}: one of {', '.join(TABLES)}")
+    return table
+
+
+def _location(output_uri: str, storage, must_exist: bool = True):
     from pipeline.commit.outputs import OutputLocation
     from pipeline.storage import Storage
 
-    if table not in TABLES:
-        raise ValueError(f"table {table!r}: one of {', '.join(TABLES)}")
     if isinstance(storage, dict):
         storage = StorageConfig.model_validate(storage)
     location = OutputLocation(Storage.from_config(storage or StorageConfig()), output_uri)

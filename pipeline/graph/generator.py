@@ -42,6 +42,7 @@ from pipeline.stages.engine import EngineProcesses, lora_requests, prepare_proce
 from pipeline.stages.engine_requests import EngineRequests
 from pipeline.stages.engine_watch import EngineClock, engine_stacks
 from pipeline.stages.metrics import ReplicaMetrics
+from pipeline.stages.preprocess import CARRIED
 from pipeline.stages.unit_results import Identity, UnitResults, collect, tables, unit_stats
 from pipeline.storage import Storage
 from schemas import UnitStats, arrow_schema
@@ -49,7 +50,6 @@ from schemas import UnitStats, arrow_schema
 
 # How often an actor looks at its engine's progress, and reports it to the job board.
 ENGINE_WATCH_SECONDS = 1.0
-CARRIED = ("metadata", "copied")  # a block's columns that go to the output rows as they are (stages/unit_results.tables)
 PROGRESS_REPORT_SECONDS = 5.0
 
 

@@ -20,6 +20,9 @@ from pipeline.stages.engine import structured_backend
 from pipeline.stages.sampling import COLUMNS as SAMPLING_COLUMNS
 from pipeline.stages.sampling import RowError, engine_values, resolve
 
+# A block's columns that go to the output rows as they are (stages/unit_results.tables): the
+# user's metadata and the columns rows.copy_columns names.
+CARRIED = ("metadata", "copied")
 PREPARED_SCHEMA_FIELDS = [
     pa.field("id", pa.string()),
     pa.field("source", pa.string()),
@@ -241,7 +244,8 @@ class Preprocessor:
     def __call__(self, batch: pa.Table) -> pa.Table:
         columns = {f.name: [] for f in PREPARED_SCHEMA_FIELDS}
         metadata = batch.column("metadata")
-        for i, row in enumerate(batch.drop_columns([c for c in ("metadata", "copied") if c in batch.column_names]).to_pylist()):
+        carried = batch.select([c for c in CARRIED if c in batch.column_names])
+        for i, row in enumerate(batch.drop_columns(carried.column_names).to_pylist()):
             out = {name: row[name] for name in ("id", "source", "row", "unit_id", "unit_rows")}
             try:
                 check_id(row)
@@ -254,5 +258,7 @@ class Preprocessor:
                 out.update(id=out["id"] or "", error_kind=err.kind, error_field=err.field, error_message=err.message)
             for name in columns:
                 columns[name].append(out.get(name))
-        prepared = pa.table(columns, schema=pa.schema(PREPARED_SCHEMA_FIELDS)).append_column("metadata", batch.column("metadata"))
-        return prepared.append_column("copied", batch.column("copied")) if "copied" in batch.column_names else prepared
+        prepared = pa.table(columns, schema=pa.schema(PREPARED_SCHEMA_FIELDS))
+        for name in carried.column_names:
+            prepared = prepared.append_column(name, carried.column(name))
+        return prepared
