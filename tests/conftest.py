@@ -9,6 +9,7 @@ selection that starts one without the mark (in a whole run, it warns).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -129,6 +130,27 @@ HEADS_TO_STOP: list[str] = []
 S3_SERVER = None  # the running moto server (test_model_cache records the requests it answers)
 
 
+def serialize_object_puts() -> None:
+    """S3 decides a conditional PUT (If-None-Match, If-Match) atomically; moto's server checks the
+    condition, then writes, on one thread per request with no lock between, so two PUTs at the
+    same instant can both pass (test_lease's race caught it: both runs proceeded). One lock around
+    moto's PutObject handler gives the test server the atomicity the real store has."""
+    from moto.s3.responses import S3Response
+
+    handler = S3Response.put_object
+    if getattr(handler, "serialized", False):
+        return
+    lock = threading.Lock()
+
+    @functools.wraps(handler)
+    def put_object(self, *args, **kwargs):
+        with lock:
+            return handler(self, *args, **kwargs)
+
+    put_object.serialized = True
+    S3Response.put_object = put_object
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint():
     """moto's S3 server on 127.0.0.1, with a bucket `specbatch`."""
@@ -136,6 +158,7 @@ def s3_endpoint():
     import boto3
     from moto.server import ThreadedMotoServer
 
+    serialize_object_puts()
     port = free_port()
     S3_SERVER = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     S3_SERVER.start()
