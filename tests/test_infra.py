@@ -570,7 +570,10 @@ def _checkov() -> str | None:
 def checkov_reports() -> list[dict]:
     exe = _checkov()
     if exe is None:
-        pytest.fail("checkov not found: run `make test` (it installs checkov into .venv/checkov) or set CHECKOV")
+        missing = "checkov not found: `make test` installs it into .venv/checkov (or set CHECKOV to one)"
+        if os.environ.get("CHECKOV") or os.environ.get("CI"):
+            pytest.fail(missing)  # the full run (`make test`, CI) holds it: a missing install fails there
+        pytest.skip(missing)  # the quick loop after `make demo`, which installs no test tools
     # Offline: no platform download, no update check.
     env = dict(os.environ, BC_SKIP_MAPPING="TRUE", CKV_SKIP_PACKAGE_UPDATE_CHECK="true", LOG_LEVEL="WARNING")
     proc = subprocess.run(

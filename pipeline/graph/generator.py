@@ -223,12 +223,13 @@ class Generator:
         with the configured speculation (or none) starts in its place; returns its start's seconds."""
         await _cancel_output_handler(self.engine)
         self.engine.shutdown()
+        _ENGINES_UNTIL_STOPPED.discard(self.engine)
         await asyncio.to_thread(self.processes.end, 10.0, 10.0)  # a worker still exiting is given time first
         self.config = self.as_configured if speculative else self.as_configured.without_speculation()
         began = time.time()
         self.clock = EngineClock(self.config.retries.engine_stall_seconds)
         loggers = [self.clock.stat_logger_factory()]
-        self.engine = await asyncio.to_thread(start_engine, self.config, self.processes, self.vllm_classes, loggers)
+        self.engine = held_until_stopped(await asyncio.to_thread(start_engine, self.config, self.processes, self.vllm_classes, loggers))
         self.requests = EngineRequests(self.engine, self.location, lora_requests(self.config), self.processes.end, **self.where)
         self.identity = dataclasses.replace(self.identity, drafter_id=self.drafter_id if speculative else None)
         ready = time.time()

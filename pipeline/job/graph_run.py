@@ -30,6 +30,7 @@ log = logging.getLogger("specbatch")
 # The driver writes its stats file at least this often: a killed driver leaves the next
 # attempt few markers to read.
 STATS_FLUSH_SECONDS = 60.0
+ENGINE_EXIT_SECONDS = 30  # an engine stops in a few seconds (vLLM gives EngineCore 5 s before it kills it)
 
 
 class GraphOutcome(enum.Enum):
@@ -219,8 +220,13 @@ def _stop_engines(board) -> None:
     except Exception as exc:  # the board went with a lost node; so did its engines, or Ray stops them with the job
         log.warning("the job board could not be read (%s): engines are left to Ray to stop", type(exc).__name__)
         engines = []
-    for engine in engines:
-        engine.__ray_terminate__.remote()
+    exits = [engine.__ray_terminate__.remote() for engine in engines]
+    # Waited for: a driver that went on to end its Ray (the demo's, a local run's) tore an actor
+    # down before its graceful exit had stopped the engine in order, which then logged EngineDeadError.
+    ended, _ = ray.wait(exits, num_returns=len(exits), timeout=ENGINE_EXIT_SECONDS) if exits else ([], [])
+    if len(ended) < len(exits):
+        log.warning("%d of %d engine actors had not exited %d s after they were asked to; Ray ends them",
+                    len(exits) - len(ended), len(exits), ENGINE_EXIT_SECONDS)
     ray.kill(board)
 
 
