@@ -263,6 +263,15 @@ class PrefixSharing(Contract):
     rows_in_groups: int
 
 
+class HeadUnits(Contract):
+    """The job's first rows, planned in units of the job's sequences at once, so that its
+    speculation trial measures whatever resources.rows_per_unit is (pipeline/commit/units.py).
+    Decided when the job begins and kept by every resume: the units of a job never change."""
+
+    rows: int = Field(description="How many of the job's first rows (its unit files in order) the head units hold.")
+    rows_per_unit: int = Field(description="Rows of each head unit.")
+
+
 class PrefixGrouping(Contract):
     """The job's decision on grouping rows by shared prefix, and the grouped copy of its input
     (`_grouped/`) its units are planned over when `grouped`; recorded once, reused on resume."""
@@ -506,6 +515,16 @@ class SpeculationVerdict(Contract):
     )
     cost_unknown_because: Optional[str] = Field(None, description="Why cost_more_than_saved could not be told.")
     flags: list[str] = Field(description="What a reader of the job must know, one sentence each; empty when it paid.")
+    source: Optional[Literal["trial", "calibration", "none"]] = Field(
+        None,
+        description=(
+            "What measured speculation against off: this job's trial, a calibration of the same models, accelerator and "
+            "engine settings, or none (the acceptance floors alone). Null in jobs written before it was recorded."
+        ),
+    )
+    source_detail: Optional[str] = Field(
+        None, description="The trial's reason, the calibration's date and place, or why there is none and the command that gives one."
+    )
 
 
 class TrialArm(Contract):
@@ -562,6 +581,7 @@ class JobManifest(Contract):
     accelerator: str = Field(description="What the replicas ran on, e.g. 'cpu' or 'nvidia-a100'.")
     input_files: list[InputFile]
     grouping: Optional[PrefixGrouping] = Field(None, description="Rows grouped by shared prefix (null: decided before grouping existed, or not run).")
+    head_units: Optional[HeadUnits] = Field(None, description="The job's first rows in smaller units for its trial (null: none).")
     ids: Optional[IdCheck] = Field(None, description="The ids checked unique across the input (null: a job begun before the check).")
     input_job: Optional[InputJob] = Field(None, description="A chained job: the job whose output rows are its input.")
     totals: JobTotals = Field(description="Over everything committed at the output location, all attempts.")

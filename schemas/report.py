@@ -227,3 +227,26 @@ class CalibrationReport(Contract):
     )
     config_snippet: str
     warnings: list[str] = Field(default_factory=list)
+
+
+class CalibrationKey(Contract):
+    """What a calibration is valid for (pipeline/speculation/calibrations.py): a job whose key is
+    equal uses it; one that differs in a field is told which."""
+
+    target: str = Field(description="sha256 of the target's config and its weight and tokenizer files' sizes and versions.")
+    drafter: str = Field(description="The same for the drafter.")
+    accelerator: str = Field(description="resources.accelerator.")
+    dtype: str = Field(description="engine.dtype.")
+    max_num_seqs: int = Field(description="engine.max_num_seqs.")
+    tensor_parallel_size: int = Field(description="engine.tensor_parallel_size.")
+    max_model_len: int = Field(description="engine.max_model_len.")
+    specbatch: str = Field(description="The specbatch version that measured it.")
+
+
+class StoredCalibration(Contract):
+    """One entry of the calibration store: `specbatch calibrate`'s report and what it is valid for."""
+
+    key: CalibrationKey
+    stored_at: str
+    config_uri: str = Field(description="The config the calibration ran (its models, prompts and engine settings).")
+    report: CalibrationReport

@@ -99,6 +99,11 @@ class StatusReport(Contract):
     speculation_trial: Optional[str] = Field(
         None, description="The speculation trial's verdict as the console printed it (_job.json trial.reason); null: none yet."
     )
+    speculation_verdict: Optional[str] = Field(
+        None,
+        description="Whether speculation paid and what says so, as the console's summary says it (_job.json speculation); "
+        "null while the job runs, or when it did not speculate.",
+    )
     generated_tokens: int
     prompt_tokens: int = Field(0, description="Prompt tokens of the committed units (once per request, whatever its samples).")
     cached_prompt_tokens: int = Field(0, description="Of prompt_tokens, those vLLM served from its prefix cache; the rest were computed.")

@@ -13,6 +13,7 @@ import functools
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -23,6 +24,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.ray_cluster import free_port  # noqa: F401 (the tests import it from here)
+
+# The calibration store of the tests' own (pipeline/speculation/calibrations.py), one per test
+# process and inherited by its Ray workers and subprocesses: never the user's ~/.cache.
+os.environ["SPECBATCH_CALIBRATIONS"] = tempfile.mkdtemp(prefix="specbatch-calibrations-")
 
 # Dummy credentials for moto's S3 server, from the environment like real ones; set before Ray
 # starts so that its workers inherit them. No real endpoint is ever contacted.

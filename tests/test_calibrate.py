@@ -4,6 +4,7 @@ choice, --apply keeping comments), then a real calibration on the trained tiny k
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -232,3 +233,30 @@ def test_calibration_recommends_the_best_measured_rows_and_applies_them(calibrat
             assert applied.speculative.num_speculative_tokens == report.recommended_depth
     assert config_path.read_text().startswith("# tiny job\n")
     assert json.loads((out / "calibration.json").read_text())["recommended_depth"] == report.recommended_depth
+
+
+@pytest.mark.engine
+def test_a_job_of_the_same_models_and_settings_takes_its_depth_and_verdict_from_the_stored_calibration(calibrated, capsys):
+    """calibrate stored its result (the tests' store: tests/conftest.py); a job with
+    speculative.depth_from: calibration, on another output location, finds it at plan time and
+    runs the depth it recommends, and its verdict names the calibration as its source."""
+    from pipeline.job.runner import run_job
+
+    root, config_path, report = calibrated
+    stored = list(Path(os.environ["SPECBATCH_CALIBRATIONS"]).rglob("*.json"))
+    assert any(json.loads(p.read_text())["report"]["measured_at"] == report.measured_at for p in stored)
+    config = load_config(str(config_path))
+    job = config.model_copy(update={
+        "output_uri": str(root / "job-out"), "speculative": config.speculative.model_copy(update={
+            "enabled": True, "depth_from": "calibration", "num_speculative_tokens": 1, "depth_schedule": None})})
+    manifest = run_job(job)
+    said = capsys.readouterr().err
+    assert manifest.status == "succeeded", manifest.error
+    assert "recommended by the calibration of" in said or "measured off fastest" in said, said
+    ran = manifest.config["speculative"]
+    if report.recommended_depth == 0 and not report.recommended_schedule:
+        assert ran["enabled"] is False and manifest.speculation is None
+    else:
+        assert ran["num_speculative_tokens"] == (max(k for *_, k in report.recommended_schedule) if report.recommended_schedule
+                                                 else report.recommended_depth)
+        assert manifest.speculation.source == "calibration" and report.measured_at in manifest.speculation.source_detail

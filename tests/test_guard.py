@@ -99,6 +99,7 @@ def test_guard_is_on_by_default_and_needs_a_floor():
 
 
 def test_the_verdict_flags_acceptance_below_the_floor_and_a_measured_loss():
+    from pipeline.speculation.calibrations import JobCalibration
     from pipeline.speculation.guard import speculation_verdict
     from pipeline.tools.calibration_choice import calibration_rows
     from schemas import JobTotals
@@ -126,9 +127,15 @@ def test_the_verdict_flags_acceptance_below_the_floor_and_a_measured_loss():
                                  price_per_gpu_hour=None, max_num_seqs=32, sample_requested=64, sample_measured=64,
                                  concurrencies=[32], rows=rows, recommended_depth=0, config_snippet="")
 
-    slower = speculation_verdict(config, good, [], calibration(900.0))  # the schedule's k at 32 sequences is 1
+    where = "the calibration of t in STORE/abc.json"
+    slower = speculation_verdict(config, good, [], JobCalibration(calibration(900.0), where))  # the schedule's k at 32 is 1
     assert slower.cost_more_than_saved is True and "depth 1 at 32 sequences at once at 0.90x" in slower.flags[0]
-    assert speculation_verdict(config, good, [], calibration(1100.0)).cost_more_than_saved is False
+    assert slower.source == "calibration" and slower.source_detail.startswith(where)
+    faster = speculation_verdict(config, good, [], JobCalibration(calibration(1100.0), where))
+    assert faster.cost_more_than_saved is False and faster.source == "calibration" and "1.10x" in faster.source_detail
+    assert unmeasured.source == "none" and "specbatch calibrate" in unmeasured.source_detail
+    none_here = speculation_verdict(config, good, [], JobCalibration(None, "no calibration of this target and drafter in STORE"))
+    assert none_here.source == "none" and "no calibration of this target and drafter in STORE" in none_here.cost_unknown_because
     assert speculation_verdict(config.model_copy(update={"speculative": config.speculative.model_copy(update={"enabled": False})}),
                                good, []) is None
 

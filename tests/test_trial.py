@@ -41,11 +41,33 @@ def arm(setting: str, tokens_per_second: float, rows: int = 128, tokens: int = 4
 # ---------------------------------------------------------------- decisions, without an engine
 
 
-def test_a_job_of_few_units_skips_the_trial_and_says_why():
+def test_a_job_of_few_units_skips_the_trial_and_says_how_many_rows_a_trial_needs():
     config = config_with(speculative={"trial": {"units": 2}})
-    skipped = too_few_units(config, 7)
-    assert skipped.outcome == "skipped" and "7 units to run, fewer than the 8" in skipped.reason
-    assert too_few_units(config, 8) is None
+    skipped = too_few_units(config, 7, 100, None)
+    assert skipped.outcome == "skipped" and "100 rows to run in 7 units, fewer than the 8 units" in skipped.reason
+    assert f"at least {8 * config.resources.rows_per_unit:,} rows, in units of" in skipped.reason
+    assert too_few_units(config, 8, 100, None) is None
+
+
+def test_a_job_whose_units_hold_more_rows_than_it_runs_at_once_begins_with_head_units_the_trial_measures():
+    """The default 4,096 rows a unit at 256 sequences: the first 16 units hold 256 rows each, so a
+    job of 8,192 rows has a trial (16 + 1 units) where it had two units and none; units of at
+    most the job's sequences at once, a trial turned off, or no drafter: no head units."""
+    from pipeline.commit.units import plan_units
+    from pipeline.speculation.trial import head_units
+    from schemas import InputFile
+
+    config = config_with(engine={"max_num_seqs": 256}, resources={"rows_per_unit": 4096, "units_in_flight": 2})
+    head = head_units(config)
+    assert (head.rows, head.rows_per_unit) == (16 * 256, 256)
+    files = [InputFile(uri=f"in/{n}.parquet", size=1, version="v", rows=4096, text_column="prompt") for n in "ab"]
+    units = plan_units(files, 4096, head)
+    assert [u.rows for u in units] == [256] * 16 + [4096] and too_few_units(config, len(units), 8192, head) is None
+    small = too_few_units(config, 10, 2560, head)
+    assert "2,560 rows to run in 10 units, fewer than the 16 units" in small.reason and "at least 4,096 rows, in units of 256" in small.reason
+    assert head_units(config_with(resources={"rows_per_unit": 16, "units_in_flight": 2})) is None  # 16 <= 32 at once
+    assert head_units(config_with(engine={"max_num_seqs": 256}, resources={"rows_per_unit": 4096}, speculative={"trial": None})) is None
+    assert head_units(config_with(engine={"max_num_seqs": 256}, resources={"rows_per_unit": 4096}, speculative={"enabled": False})) is None
 
 
 def test_off_or_null_turns_the_trial_off():
@@ -67,18 +89,18 @@ def test_an_arm_rate_is_its_tokens_over_its_time_in_the_engine():
 def test_an_arm_takes_its_units_then_more_until_min_seconds_in_the_engine_up_to_a_quarter_of_the_job():
     config = config_with(speculative={"trial": {"units": 2, "min_seconds": 10}}, resources={"rows_per_unit": 4})
     clock = ArmClock("k=3")
-    assert arm_wants_more(config, 0, clock, 1000) and arm_wants_more(config, 1, clock, 1000)
+    assert arm_wants_more(config, 0, clock, 1000, 4) and arm_wants_more(config, 1, clock, 1000, 4)
     clock.add(100.0, 3.0, 4, 400)
     clock.add(103.0, 3.0, 4, 400)
-    assert arm_wants_more(config, 2, clock, 1000)  # 6 s in the engine: fewer than 10
+    assert arm_wants_more(config, 2, clock, 1000, 4)  # 6 s in the engine: fewer than 10
     clock.add(106.0, 4.0, 4, 400)
-    assert not arm_wants_more(config, 3, clock, 1000)  # 10 s
+    assert not arm_wants_more(config, 3, clock, 1000, 4)  # 10 s
     short = ArmClock("k=3")
     short.add(100.0, 1.0, 4, 100)
     short.add(101.0, 1.0, 4, 100)
-    assert arm_wants_more(config, 2, short, 40)  # 8 rows in: fewer than a quarter of the job's 40
-    assert not arm_wants_more(config, 3, short, 40)  # 12 rows: the arm stops short of its 10 s
-    assert not arm_wants_more(config_with(speculative={"trial": {"units": 2, "min_seconds": 0}}), 2, short, 1000)
+    assert arm_wants_more(config, 2, short, 40, 4)  # 8 rows in: fewer than a quarter of the job's 40
+    assert not arm_wants_more(config, 3, short, 40, 4)  # 12 rows: the arm stops short of its 10 s
+    assert not arm_wants_more(config_with(speculative={"trial": {"units": 2, "min_seconds": 0}}), 2, short, 1000, 4)
 
 
 def test_the_off_arm_runs_only_when_the_rest_pays_back_an_engine_start():
@@ -126,8 +148,8 @@ def test_the_trial_tells_whether_speculation_cost_more_than_it_saved():
     faster = decide(config, arm("k=3", 1480.0), arm("off", 1000.0), 100_000, 1, 20.0)
     assert speculation_verdict(config, totals, [], None, slower).cost_more_than_saved is True
     assert speculation_verdict(config, totals, [], None, faster).cost_more_than_saved is False
-    unknown = speculation_verdict(config, totals, [], None, too_few_units(config, 3))
-    assert unknown.cost_more_than_saved is None and "trial skipped: 3 units to run" in unknown.cost_unknown_because
+    unknown = speculation_verdict(config, totals, [], None, too_few_units(config, 3, 48, None))
+    assert unknown.cost_more_than_saved is None and "trial skipped: 48 rows to run in 3 units" in unknown.cost_unknown_because
 
 
 # ---------------------------------------------------------------- jobs on real engines
@@ -226,11 +248,14 @@ def test_with_a_drafter_that_is_always_right_the_verdict_follows_the_arms_measur
     config = parse_config(job_config(
         str(folder), str(tmp_path / "out"), zero_kit,
         engine={"max_num_seqs": 2}, sampling={"max_tokens": 128, "ignore_eos": True},
-        resources={"rows_per_unit": 2, "units_in_flight": 1},
+        # one unit's worth of rows: the job begins with head units of its 2 sequences at once, 8 of them
+        resources={"rows_per_unit": 16, "units_in_flight": 1},
         speculative={"trial": {"units": 2, "payback_starts": 0}},  # 512 tokens a setting
     ))
     manifest = run_job(config, progress=False)
+    assert (manifest.head_units.rows, manifest.head_units.rows_per_unit) == (16, 2)
     trial = manifest.trial
+    assert manifest.speculation.source == "trial" and manifest.speculation.source_detail == trial.reason
     measured = trial.speculation.tokens_per_second / trial.off.tokens_per_second
     print(f"zero kit, k=3 at 2 sequences: {measured:.2f}x of off: {trial.outcome}")
     assert trial.speedup_vs_off == pytest.approx(measured, abs=1e-3) and trial.concurrency == 2

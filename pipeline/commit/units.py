@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -23,7 +23,7 @@ from pipeline.commit.outputs import GROUPED
 from pipeline.inputs import short_name
 from pipeline.inputs.shape import SHAPE_COLUMNS, RowShape
 from pipeline.storage import Storage
-from schemas import InputFile
+from schemas import HeadUnits, InputFile
 
 # The columns every unit's block has, whatever its file's columns; missing ones are nulls.
 UNIT_COLUMNS = [
@@ -60,13 +60,20 @@ def unit_id_for(file: InputFile, first_row: int, rows: int) -> str:
     return f"{short_name(file.uri)}-r{first_row:010d}-{digest}"
 
 
-def plan_units(files: Iterable[InputFile], rows_per_unit: int) -> list[WorkUnit]:
-    return [
-        WorkUnit(unit_id_for(f, start, min(rows_per_unit, f.rows - start)), f.uri, f.size, start,
-                 min(rows_per_unit, f.rows - start), f.text_column)
-        for f in files
-        for start in range(0, f.rows, rows_per_unit)
-    ]
+def plan_units(files: Iterable[InputFile], rows_per_unit: int, head: Optional[HeadUnits] = None) -> list[WorkUnit]:
+    """Units of `rows_per_unit` rows, file by file; the first `head.rows` rows of the job in
+    units of `head.rows_per_unit` (schemas.HeadUnits)."""
+    units, before = [], 0  # rows of the earlier files
+    for f in files:
+        start = 0
+        while start < f.rows:
+            left_in_head = head.rows - (before + start) if head else 0
+            size = min(head.rows_per_unit, left_in_head) if left_in_head > 0 else rows_per_unit
+            size = min(size, f.rows - start)
+            units.append(WorkUnit(unit_id_for(f, start, size), f.uri, f.size, start, size, f.text_column))
+            start += size
+        before += f.rows
+    return units
 
 
 def read_unit(storage: Storage, unit: WorkUnit, shape: RowShape | None = None) -> pa.Table:

@@ -209,6 +209,21 @@ class SpeculativeConfig(Section):
             "ranges covering 1..engine.max_num_seqs, k in 0..16 (0: no drafting). `specbatch calibrate --apply` writes it."
         ),
     )
+    depth_from: Literal["config", "calibration"] = Field(
+        "config",
+        description=(
+            "calibration: the depth (or schedule, or off) that the matching calibration in the store recommends, "
+            "read when the job plans; without one the job runs num_speculative_tokens and says so."
+        ),
+    )
+    calibrations: Optional[str] = Field(
+        None,
+        description=(
+            "The calibration store (a folder or URI) that `specbatch calibrate` writes to and jobs read from, keyed by "
+            "target, drafter, accelerator and engine settings. Default: $SPECBATCH_CALIBRATIONS, else "
+            "~/.cache/specbatch/calibrations on the machine that drives the job (a cluster's head node)."
+        ),
+    )
     probe: ProbeConfig = Field(
         default_factory=ProbeConfig, description="The drafter probe, on the job's first engine before any unit commits."
     )

@@ -24,6 +24,7 @@ from ray.exceptions import RayActorError
 
 from pipeline.config import JobConfig
 from pipeline.speculation.trial import ArmClock, arm_wants_more, decide, setting_text, worth_a_trial, worth_measuring_off
+from schemas import HeadUnits
 
 Restart = Callable[[bool], Awaitable[float]]
 logger = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ class EngineTrial:
         if not self.measuring:
             await self._follow(restart)
             return None
-        if arm_wants_more(self.config, self.entered, self.arms[-1], self.plan["rows"]):
+        if arm_wants_more(self.config, self.entered, self.arms[-1], self.plan["rows"], self.plan["unit_rows"]):
             self.entered += 1
             return "on" if len(self.arms) == 1 else "off"
         await self._drained()
@@ -102,8 +103,7 @@ class EngineTrial:
         probe = ((await self.board.read.remote())["verdict"] or {}).get("result")
         if not probe:
             return None
-        trial, rows_per_unit = self.config.speculative.trial, self.config.resources.rows_per_unit
-        rows_left = self.plan["rows"] - 2 * trial.units * rows_per_unit
+        rows_left = self.plan["rows"] - 2 * self.config.speculative.trial.units * self.plan["unit_rows"]
         return worth_a_trial(self.config, probe["tokens_per_second"], rows_left, self.plan["engines"], self.start_seconds)
 
     async def _follow(self, restart: Restart) -> None:
@@ -134,6 +134,8 @@ class EngineTrial:
         self.start_seconds = seconds or (time.time() - began)
 
 
-def trial_plan(config: JobConfig, rows: int) -> dict[str, Any]:
-    """What the engines of a graph that runs the trial are told: the job's rows left, its replicas."""
-    return {"rows": rows, "engines": config.resources.max_replicas}
+def trial_plan(config: JobConfig, rows: int, head: Optional[HeadUnits]) -> dict[str, Any]:
+    """What the engines of a graph that runs the trial are told: the job's rows left, its
+    replicas, and the rows of the units its arms measure (the head units', when it has them)."""
+    return {"rows": rows, "engines": config.resources.max_replicas,
+            "unit_rows": head.rows_per_unit if head else config.resources.rows_per_unit}

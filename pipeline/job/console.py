@@ -15,6 +15,7 @@ from collections import deque
 from itertools import islice
 from typing import Optional
 
+from pipeline.speculation.guard import verdict_text
 from schemas import JobManifest, StartCost
 
 # A steady pace needs commits this far apart: units that finish together say nothing of it.
@@ -147,6 +148,8 @@ def summary(manifest: JobManifest) -> list[str]:
         measured = f"{p.mean_acceptance_length:.2f}" if p.mean_acceptance_length is not None else "none"
         lines.append(f"  probe     {'passed' if p.passed else 'refused'}: mean acceptance length {measured} on {p.rows} rows "
                      f"(floor {p.floor})")
+    if manifest.speculation:
+        lines.append(f"  verdict   {verdict_text(manifest.speculation)}")
     return lines
 
 

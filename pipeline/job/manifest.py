@@ -67,6 +67,7 @@ def new_manifest(config: JobConfig, plan: JobPlan, cluster: Optional[str], probe
         accelerator=config.resources.accelerator,
         input_files=plan.inputs.files,
         grouping=plan.grouping.record,
+        head_units=plan.head,
         ids=plan.ids,
         input_job=plan.input_job,
         totals=previous.totals if previous else JobTotals(input_rows=plan.inputs.rows),

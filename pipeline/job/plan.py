@@ -28,10 +28,10 @@ from pipeline.job.chain import chained_inputs
 from pipeline.job.grouping import GroupingChanged, GroupingPlan, plan_grouping, refuse_a_lost_copy
 from pipeline.job.preflight import check_before_engines
 from pipeline.speculation.drafter_check import DrafterMismatch, check_drafter
+from pipeline.speculation.trial import head_units
 from pipeline.storage import Storage, is_local
 from pipeline.storage.model_cache import remote_files
-from schemas import IdCheck, InputJob, JobManifest, ModelFingerprint
-from schemas.report import CalibrationReport
+from schemas import HeadUnits, IdCheck, InputJob, JobManifest, ModelFingerprint
 
 log = logging.getLogger("specbatch")
 
@@ -220,6 +220,7 @@ class JobPlan:
     again: set[str]  # committed units that run again (their error rows)
     todo: list[WorkUnit]
     input_job: Optional[InputJob] = None  # a chained job: the job whose outputs are its input (pipeline/job/chain.py)
+    head: Optional[HeadUnits] = None  # the job's first rows in smaller units, for its trial (pipeline/speculation/trial.py)
 
     @property
     def attempt_number(self) -> int:
@@ -254,7 +255,8 @@ def plan_job(
     committed = set() if restart else location.committed_units()
     grouping = plan_grouping(config, location, previous, inputs.files, committed)
     ids = _check_ids(config, storage, inputs, previous)
-    units = plan_units(grouping.record.unit_files(inputs.files), config.resources.rows_per_unit)
+    head = previous.head_units if previous else head_units(config)  # a job's units never change
+    units = plan_units(grouping.record.unit_files(inputs.files), config.resources.rows_per_unit, head)
     done = location.stats_table(committed) if committed else None  # read once: units to retry, and a rerun's totals
     again = error_units(done, retryable_only=not retry_errors) if done is not None else set()
     todo = [u for u in units if u.unit_id not in committed or u.unit_id in again]
@@ -262,7 +264,7 @@ def plan_job(
         refuse_a_lost_copy(location, grouping.record)
     job_id = previous.job_id if previous else job_id or _new_job_id(config)
     return JobPlan(location, previous, job_id, target, drafter, inputs, grouping, ids, units, committed, done, again, todo,
-                   chained[1] if chained else None)
+                   chained[1] if chained else None, head)
 
 
 def _check_ids(config: JobConfig, storage: Storage, inputs: InputReport, previous: Optional[JobManifest]) -> IdCheck:
@@ -308,15 +310,3 @@ def _refuse_a_file(location: OutputLocation) -> None:
 
 def _new_job_id(config: JobConfig) -> str:
     return f"{config.job_name}-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
-
-
-def read_calibration(location: OutputLocation) -> Optional[CalibrationReport]:
-    """`specbatch calibrate`'s report for this job, when it wrote it to the job's output."""
-    uri = location.storage.join(location.uri, "calibration", "calibration.json")
-    try:
-        return CalibrationReport.model_validate_json(location.storage.read_bytes(uri))
-    except FileNotFoundError:
-        return None
-    except ValueError as exc:  # another version's or a damaged report: say so, decide without it
-        log.warning("%s: not read (%s)", uri, str(exc).splitlines()[0])
-        return None

@@ -32,9 +32,9 @@ from pipeline.job.plan import (
     check_before_any_engine,
     model_id,
     plan_job,
-    read_calibration,
     results_fingerprint,
 )
+from pipeline.speculation.calibrations import JobCalibration, calibrated_setting, job_calibration
 from pipeline.speculation.guard import AcceptanceGuard, speculation_verdict
 from pipeline.speculation.probe import job_probe_rows, refusal, rejudged
 from pipeline.speculation.trial import too_few_units
@@ -63,11 +63,13 @@ class JobAttempt:
         self.plan: JobPlan
         self.lease: OutputLease
         self.manifest: JobManifest
+        self.calibration: Optional[JobCalibration] = None
         self.probe_rows: tuple[list, int] = ([], 0)  # for the first graph's first engine to measure
         self.started = 0.0  # when generation began: the attempt's wall time and what its cleanup may delete
 
     def run(self) -> JobManifest:
         self.plan = plan_job(self.config, self.options.job_id, self.options.restart, self.options.retry_errors)
+        self._calibrated()
         self._check()
         dead_owner = self._take_lease()
         try:
@@ -94,6 +96,14 @@ class JobAttempt:
             self.location.write_manifest(self.manifest.model_dump(mode="json"))
 
     # ------------------------------------------------------------ the steps, in order
+
+    def _calibrated(self) -> None:
+        """The job's calibration (one GET when there is one: pipeline/speculation/calibrations.py)
+        and, with speculative.depth_from: calibration, the setting it recommends."""
+        self.calibration = job_calibration(self.config, self.location, self.plan.target, self.plan.drafter)
+        if self.config.speculative.enabled and self.config.speculative.depth_from == "calibration":
+            self.config, said = calibrated_setting(self.config, self.calibration)
+            say(self.options.progress, said)
 
     def _check(self) -> None:
         if self.plan.todo:
@@ -189,7 +199,7 @@ class JobAttempt:
         )
         grouping.record.sources = [f.uri for f in plan.inputs.files]
         grouping.order = grouping.kinds = None
-        plan.units = plan.todo = plan_units(grouping.record.files, self.config.resources.rows_per_unit)
+        plan.units = plan.todo = plan_units(grouping.record.files, self.config.resources.rows_per_unit, plan.head)
         say(self.options.progress, f"grouped {plan.inputs.rows:,} rows by shared prompt prefix in {time.time() - started:.1f} s "
             f"({grouping.record.reason}): {len(grouping.record.files)} file(s) under {self.location.uri}/_grouped/")
         self.clock.mark("grouped")
@@ -221,7 +231,7 @@ class JobAttempt:
         from pipeline.graph.generator import EngineActorArgs
 
         config, todo, manifest = self.config, self.plan.todo, self.manifest
-        drafter = model_id(self.plan.drafter) if self.plan.drafter else None
+        drafter = model_id(self.plan.drafter) if self.plan.drafter and config.speculative.enabled else None
         guard_config = config.speculative.guard
         # An earlier attempt's guard turned speculation off: a resume keeps it off.
         disabled = any(e.action == "disable-speculation" for e in manifest.guard_events)
@@ -234,7 +244,7 @@ class JobAttempt:
             if disabled or (manifest.trial and manifest.trial.outcome == "turned-off"):
                 config, drafter, heed.guard, probe_rows = config.without_speculation(), None, None, ([], 0)
             elif drafter and config.speculative.trial and manifest.trial is None:
-                trial = trial_plan(config, sum(u.rows for u in todo))
+                trial = trial_plan(config, sum(u.rows for u in todo), self.plan.head)
             board = start_board(*probe_rows)
             engines = EngineActorArgs(model_id(self.plan.target), drafter, manifest.job_id, disabled, board, self.lease.fence, trial)
             outcome = run_graph(build_dataset(config, todo, engines, self.plan.ids.duplicates), todo, heed, board)
@@ -250,7 +260,7 @@ class JobAttempt:
         config, manifest = self.config, self.manifest
         if not (speculating and config.speculative.trial and manifest.trial is None):
             return
-        manifest.trial = too_few_units(config, len(self.plan.todo))
+        manifest.trial = too_few_units(config, len(self.plan.todo), sum(u.rows for u in self.plan.todo), self.plan.head)
         if manifest.trial is not None:
             say(self.options.progress, manifest.trial.reason)
             self.save()
@@ -279,7 +289,7 @@ class JobAttempt:
         wall = sum(a.wall_seconds for a in manifest.attempts)
         manifest.totals = totals_from_stats(stats, plan.inputs.rows, wall, billed_replicas(config, stats))
         manifest.speculation = speculation_verdict(
-            config, manifest.totals, manifest.guard_events, read_calibration(location), manifest.trial
+            config, manifest.totals, manifest.guard_events, self.calibration, manifest.trial
         )
         if manifest.status == "succeeded":
             record.status = manifest.status = finished_status(manifest.totals, config)

@@ -18,8 +18,8 @@ from typing import Optional
 
 from pipeline.config import GuardConfig, JobConfig
 from pipeline.stages.stats import Acceptance
+from pipeline.speculation.calibrations import JobCalibration
 from schemas import GuardEvent, JobTotals, SpeculationVerdict, TrialVerdict
-from schemas.report import CalibrationReport
 
 
 class AcceptanceTooLow(RuntimeError):
@@ -95,16 +95,16 @@ def depth_at(config: JobConfig, concurrency: int) -> int:
 
 
 def speculation_verdict(
-    config: JobConfig, totals: JobTotals, events: list[GuardEvent], calibration: Optional[CalibrationReport] = None,
+    config: JobConfig, totals: JobTotals, events: list[GuardEvent], calibration: Optional[JobCalibration] = None,
     trial: Optional[TrialVerdict] = None,
 ) -> Optional[SpeculationVerdict]:
     """Did speculation pay over the committed units? None when the job did not speculate. Its
     figures are those of the units that speculated (JobTotals: not the trial's off arm, nor the
     units after the trial or the guard turned speculation off, which yield one token per pass by
     definition). What measured speculation against off decides whether it cost more than it
-    saved: the job's own trial, else a calibration of the job (OUTPUT_URI/calibration) at its
-    steady concurrency (the highest measured); only without either does a figure below a floor
-    decide it. Each reason is a flag of its own."""
+    saved, and is the verdict's `source`: the job's own trial, else its calibration
+    (pipeline/speculation/calibrations.py) at its steady concurrency (the highest measured);
+    only without either does a figure below a floor decide it. Each reason is a flag of its own."""
     spec = config.speculative
     if not spec.enabled:
         return None
@@ -113,15 +113,14 @@ def speculation_verdict(
     tpp_floor = guard.min_tokens_per_target_pass if guard and guard.min_tokens_per_target_pass else spec.probe.min_tokens_per_target_pass
     mal, tpp = totals.mean_acceptance_length, totals.tokens_per_target_pass
     measured = _measured(config, calibration, trial)
-    flags = _below_floors(mal, tpp, floor, tpp_floor, decides=measured is None)
+    flags = _below_floors(mal, tpp, floor, tpp_floor, decides=measured.speedup is None)
     below = bool(flags)
     flags += [f"the acceptance guard acted ({e.action}): {e.message}" for e in events]
-    if measured:
-        (speedup, reason), unknown = measured, None
-        cost = speedup < 1
-        flags += [reason] if reason else []
+    if measured.speedup is not None:
+        cost, unknown = measured.speedup < 1, None
+        flags += [measured.flag] if measured.flag else []
     else:
-        cost, unknown = (True, None) if below else (None, _unknown_because(trial))
+        cost, unknown = (True, None) if below else (None, measured.detail)
     if mal is None and totals.units:
         flags.append("speculation was on but nothing was drafted (a depth schedule with k=0 at the job's concurrency?)")
     return SpeculationVerdict(
@@ -133,6 +132,8 @@ def speculation_verdict(
         cost_more_than_saved=cost,
         cost_unknown_because=unknown,
         flags=flags,
+        source=measured.source,
+        source_detail=measured.detail,
     )
 
 
@@ -150,27 +151,46 @@ def _below_floors(mal: Optional[float], tpp: Optional[float], floor: float, tpp_
     return []
 
 
-def _measured(config: JobConfig, calibration: Optional[CalibrationReport],
-              trial: Optional[TrialVerdict]) -> Optional[tuple[float, Optional[str]]]:
-    """What measured speculation against off, as (its speed over off's, the flag it raises or
-    None): the job's own trial, else a calibration at the job's steady concurrency."""
+class Measured:
+    """What measured speculation against off: its `source`, the speed over off's (None: not
+    measured), the flag it raises and `detail`, which names it or says why there is none."""
+
+    def __init__(self, source: str, detail: str, speedup: Optional[float] = None, flag: Optional[str] = None):
+        self.source, self.detail, self.speedup, self.flag = source, detail, speedup, flag
+
+
+def _measured(config: JobConfig, calibration: Optional[JobCalibration], trial: Optional[TrialVerdict]) -> Measured:
     if trial is not None and trial.speedup_vs_off is not None:
         if trial.speedup_vs_off < 1:
             slower = f"the speculation trial measured it slower than off: it cost more than it saved ({trial.reason})"
-            return trial.speedup_vs_off, slower
-        return trial.speedup_vs_off, trial.reason if trial.outcome == "turned-off" else None
-    if not calibration:
-        return None
-    top = max(calibration.concurrencies)
+            return Measured("trial", trial.reason, trial.speedup_vs_off, slower)
+        return Measured("trial", trial.reason, trial.speedup_vs_off, trial.reason if trial.outcome == "turned-off" else None)
+    no_trial = trial.reason if trial is not None else "the job ran no speculation trial"
+    how = ("`specbatch calibrate` on this job's config measures one for every later job of these models and settings, "
+           "or `specbatch pilot`")
+    if calibration is None or calibration.report is None:
+        where = calibration.where if calibration is not None else "no calibration was looked for"
+        return Measured("none", f"{no_trial}; {where}: {how}")
+    report = calibration.report
+    top = max(report.concurrencies)
     depth = depth_at(config, top)
-    row = next((r for r in calibration.rows if r.concurrency == top and r.depth == depth), None)
+    row = next((r for r in report.rows if r.concurrency == top and r.depth == depth), None)
     if row is None or row.speedup_vs_off is None:
-        return None
-    flag = (f"the job's calibration measured depth {depth} at {top} sequences at once at {row.speedup_vs_off:.2f}x "
-            "the speed of speculation off: it cost more than it saved (apply the calibrated schedule)")
-    return row.speedup_vs_off, flag if row.speedup_vs_off < 1 else None
+        return Measured("none", f"{no_trial}; {calibration.where} did not measure depth {depth} at {top} sequences "
+                                f"against off: {how}")
+    detail = (f"{calibration.where} measured depth {depth} at {top} sequences at once at {row.speedup_vs_off:.2f}x "
+              "the speed of speculation off")
+    flag = f"{detail}: it cost more than it saved (apply the calibrated depth: speculative.depth_from: calibration)"
+    return Measured("calibration", detail, row.speedup_vs_off, flag if row.speedup_vs_off < 1 else None)
 
 
-def _unknown_because(trial: Optional[TrialVerdict]) -> str:
-    why = trial.reason if trial is not None else "the job ran no speculation trial"
-    return f"{why}; the output location has no calibration (specbatch calibrate measures one)"
+def verdict_text(verdict: SpeculationVerdict) -> str:
+    """The verdict in one sentence, with what it rests on: the console's summary, `specbatch
+    status` and the report say it in these words."""
+    if verdict.cost_more_than_saved is None:
+        return f"whether speculation paid is not known: {verdict.cost_unknown_because or verdict.source_detail}"
+    said = "cost more than it saved" if verdict.cost_more_than_saved else "paid"
+    if verdict.source in ("trial", "calibration"):
+        by = "this job's trial" if verdict.source == "trial" else "a calibration"
+        return f"speculation {said}, by {by}: {verdict.source_detail}"
+    return f"speculation {said}: {verdict.flags[0] if verdict.flags else 'acceptance above the floors, nothing measured it against off'}"

@@ -27,7 +27,7 @@ from typing import Optional
 from pipeline.config import JobConfig
 from pipeline.stages.engine import schedule_text
 from pipeline.stages.stats import EngineBusyTime
-from schemas import TrialArm, TrialVerdict
+from schemas import HeadUnits, TrialArm, TrialVerdict
 
 # A job with fewer units than this many times trial.units skips the trial: its two arms
 # would be half of it or more.
@@ -49,16 +49,34 @@ def skipped(config: JobConfig, reason: str, **figures) -> TrialVerdict:
                         setting=setting_text(config), concurrency=trial_concurrency(config), **figures)
 
 
-def too_few_units(config: JobConfig, todo_units: int) -> Optional[TrialVerdict]:
-    """The driver's check before any engine: a trial of 2 x trial.units units in a job of a few units."""
+def head_units(config: JobConfig) -> Optional[HeadUnits]:
+    """The units a new job begins with when its trial would measure units larger than its
+    sequences at once: its first rows in units of that many rows, enough for the trial
+    (MIN_UNITS_PER_TRIAL_UNIT x trial.units of them), so that the arms measure slices of the job
+    at its concurrency, in engine seconds, whatever resources.rows_per_unit (4,096 by default)."""
+    spec = config.speculative
+    if not (spec.enabled and spec.drafter and spec.trial):
+        return None
+    rows = trial_concurrency(config)
+    if config.resources.rows_per_unit <= rows:
+        return None
+    return HeadUnits(rows=MIN_UNITS_PER_TRIAL_UNIT * spec.trial.units * rows, rows_per_unit=rows)
+
+
+def too_few_units(config: JobConfig, todo_units: int, todo_rows: int, head: Optional[HeadUnits]) -> Optional[TrialVerdict]:
+    """The driver's check before any engine: a trial of 2 x trial.units units in a job of a few
+    units. The skip says how many rows a trial needs: MIN_UNITS_PER_TRIAL_UNIT x trial.units units
+    of the job's first units (its head units, when it has them)."""
     trial = config.speculative.trial
     need = MIN_UNITS_PER_TRIAL_UNIT * trial.units
     if todo_units >= need:
         return None
+    unit_rows = head.rows_per_unit if head else config.resources.rows_per_unit
     return skipped(
         config,
-        f"{todo_units} units to run, fewer than the {need} a trial of 2 x {trial.units} units needs to pay back its engine "
-        "start (speculative.trial.units)",
+        f"{todo_rows:,} rows to run in {todo_units} units, fewer than the {need} units a trial of 2 x {trial.units} units "
+        f"needs to pay back its engine start: at least {need * unit_rows:,} rows, in units of {unit_rows:,} rows "
+        "(speculative.trial.units)",
     )
 
 
@@ -88,7 +106,7 @@ class ArmClock:
         )
 
 
-def arm_wants_more(config: JobConfig, entered: int, clock: ArmClock, job_rows: int) -> bool:
+def arm_wants_more(config: JobConfig, entered: int, clock: ArmClock, job_rows: int, unit_rows: int) -> bool:
     """Whether the next unit joins the arm being measured: until it has trial.units units, then
     until its units spent trial.min_seconds in the engine, but never past a quarter of the job's
     rows. A unit of 4 rows at 4 sequences took 0.6-0.9 s here and unit rates spread by 25%
@@ -97,7 +115,7 @@ def arm_wants_more(config: JobConfig, entered: int, clock: ArmClock, job_rows: i
     trial = config.speculative.trial
     if entered < trial.units:
         return True
-    return clock.seconds() < trial.min_seconds and entered * config.resources.rows_per_unit < job_rows / MIN_UNITS_PER_TRIAL_UNIT
+    return clock.seconds() < trial.min_seconds and entered * unit_rows < job_rows / MIN_UNITS_PER_TRIAL_UNIT
 
 
 def rest_seconds(arm: TrialArm, rows_left: int, engines: int) -> float:

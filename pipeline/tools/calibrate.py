@@ -330,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         storage = Storage.from_config(config.storage)
         out_uri = (args.out or storage.join(config.output_uri, "calibration")).rstrip("/")
         write_results(storage, out_uri, report)
+        stored = store_calibration(config, storage, report, args.config)
         if args.apply:
             write_config_depth(storage, args.config, report.recommended_depth, report.recommended_schedule)
     except (CalibrationError, ConfigError, InputError, FileNotFoundError) as exc:
@@ -345,7 +346,21 @@ def main(argv: list[str] | None = None) -> int:
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     print(f"written to {out_uri}/" + (f"; {args.config} updated" if args.apply else ""))
+    if stored:
+        print(f"stored in {stored}: jobs of this target, drafter, accelerator and engine settings use it")
     return 0
+
+
+def store_calibration(config: JobConfig, storage: Storage, report: CalibrationReport, config_uri: str) -> Optional[str]:
+    """Into the calibration store (pipeline/speculation/calibrations.py), for every later job it is valid for."""
+    from pipeline.job.plan import model_fingerprint
+    from pipeline.speculation.calibrations import calibration_key, save_calibration, store_uri
+
+    if not config.speculative.drafter:
+        return None
+    target = model_fingerprint(config.model.path, storage, field="model.path")
+    drafter = model_fingerprint(config.speculative.drafter, storage, field="speculative.drafter")
+    return save_calibration(storage, store_uri(config), calibration_key(config, target, drafter), report, config_uri)
 
 
 if __name__ == "__main__":

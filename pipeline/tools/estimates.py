@@ -33,7 +33,7 @@ from pipeline.commit.units import UNIT_COLUMNS, WorkUnit
 from pipeline.config import JobConfig
 from pipeline.inputs import InputReport
 from pipeline.inputs.shape import RowShape
-from pipeline.job.plan import read_calibration
+from pipeline.speculation.calibrations import read_calibration
 from pipeline.speculation.guard import depth_at
 from pipeline.stages.engine import schedule_text
 from pipeline.storage import Storage

@@ -36,6 +36,7 @@ from typing import Any, Optional
 from pipeline.commit.lease import heartbeat_age, is_stale, read_lease
 from pipeline.commit.outputs import LayoutMismatch, ManifestInvalid, OutputLocation
 from pipeline.job.console import prefill_text
+from pipeline.speculation.guard import verdict_text
 from pipeline.storage import Storage
 from pipeline.tools.status_counts import ERROR_COLUMNS, error_kinds, read_stats, running_counts
 from pipeline.tools.status_progress import age, iso, overdue_warning, progress_warnings
@@ -97,7 +98,9 @@ def job_status(
         attempts=len(manifest.attempts), last_attempt=_attempt_state(last), lease=_lease_state(lease, now) if lease else None,
         input_rows=input_rows, output_rows=totals.output_rows, error_rows=totals.error_rows,
         retryable_error_rows=totals.retryable_error_rows, units_planned=last.units_planned if last else 0,
-        speculation_trial=manifest.trial.reason if manifest.trial else None, generated_tokens=totals.generated_tokens,
+        speculation_trial=manifest.trial.reason if manifest.trial else None,
+        speculation_verdict=verdict_text(manifest.speculation) if manifest.speculation and manifest.status != "running" else None,
+        generated_tokens=totals.generated_tokens,
         prompt_tokens=totals.prompt_tokens, cached_prompt_tokens=totals.cached_prompt_tokens,
         prefix_cache_hit_rate=totals.prefix_cache_hit_rate, tokens_per_second=totals.tokens_per_second,
         engine_tokens_per_second=totals.engine_tokens_per_second,
@@ -282,6 +285,8 @@ def _speed_lines(r: StatusReport) -> list[str]:
         lines.append("  acceptance: none (no drafts)")
     if r.speculation_trial:
         lines.append(f"  trial:     {r.speculation_trial}")
+    if r.speculation_verdict:
+        lines.append(f"  verdict:   {r.speculation_verdict}")
     lines.append(f"  generated: {r.generated_tokens:,} tokens, {r.tokens_per_second:,.1f} tok/s of wall time")
     if r.prompt_tokens:
         lines.append(f"  prefill:   {r.prompt_tokens:,} prompt tokens ({prefill_text(r.prompt_tokens, r.cached_prompt_tokens)})")

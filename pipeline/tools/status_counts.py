@@ -125,7 +125,7 @@ def resource(manifest: JobManifest, name: str) -> int:
 
 def planned_rows(manifest: JobManifest) -> dict[str, int]:
     """Unit id -> its input rows, from the plan the recorded input files give."""
-    return {u.unit_id: u.rows for u in plan_units(manifest.unit_files, resource(manifest, "rows_per_unit"))}
+    return {u.unit_id: u.rows for u in plan_units(manifest.unit_files, resource(manifest, "rows_per_unit"), manifest.head_units)}
 
 
 def running_counts(location: OutputLocation, manifest: JobManifest, input_rows: int) -> RunningCounts:
