@@ -525,6 +525,7 @@ class SpeculationVerdict(Contract):
     source_detail: Optional[str] = Field(
         None, description="The trial's reason, the calibration's date and place, or why there is none and the command that gives one."
     )
+    calibration_uri: Optional[str] = Field(None, description="The calibration the verdict rests on (source calibration).")
 
 
 class TrialArm(Contract):

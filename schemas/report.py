@@ -58,6 +58,7 @@ class JobFigures(Contract):
     busy_gpu_hours: float = Field(description="gpus_per_replica x busy time, in hours.")
     utilization: Optional[float] = Field(description="busy_gpu_hours / gpu_hours.")
     price_per_gpu_hour: Optional[float] = Field(description="Null when the price file has no price for the accelerator.")
+    price_source: Optional[str] = Field(None, description="Where the price came from: a --prices file or specbatch's defaults.")
     cost: Optional[float] = Field(description="gpu_hours x price_per_gpu_hour.")
     cost_per_million_generated_tokens: Optional[float]
     cost_per_million_total_tokens: Optional[float] = Field(description="Prompt plus generated tokens.")
@@ -84,6 +85,9 @@ class JobFigures(Contract):
     speculation_flags: list[str] = Field(
         default_factory=list,
         description="Acceptance below the floor, guard actions, or speculation slower than off: one sentence each.",
+    )
+    speculation_verdict: Optional[str] = Field(
+        None, description="Whether speculation paid and what says so, as the console and `specbatch status` say it."
     )
     trial: Optional[str] = Field(None, description="The job's speculation trial, as its console line said (_job.json trial).")
     trial_outcome: Optional[str] = Field(None, description="kept, turned-off or skipped; null: no trial.")

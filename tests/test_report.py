@@ -23,14 +23,15 @@ from pipeline.tools.prices import Prices
 from pipeline.tools.report import default_report_uri, terminal_summary
 from pipeline.tools.report import main as report_main
 from schemas import JobManifest, UnitStats
-from schemas.report import CostReport
+from schemas.report import CalibrationReport, CalibrationRow, CostReport
 
 SHA_TARGET, SHA_OTHER = "a" * 64, "b" * 64
 PRICES = "currency: USD\ngpu:\n  test-gpu: 2.0\ncpu:\n  test-node: 0.36\n"
 
 
-def manifest(job_id, *, accelerator, replicas, gpus, wall, speculative, k=3, sha=SHA_TARGET, input_rows=0):
+def manifest(job_id, *, accelerator, replicas, gpus, wall, speculative, k=3, sha=SHA_TARGET, input_rows=0, verdict=None):
     return JobManifest(
+        speculation=verdict,
         job_id=job_id,
         status="succeeded",
         started_at="2026-11-29T00:00:00+00:00",
@@ -83,16 +84,37 @@ JOB_B = [unit("b-1", "b1", 2000, 100, 200_000, 50_000), unit("b-2", "b1", 2100, 
 JOB_C = [unit("c-1", "c1", 5000, 50, 90_000, 10_000, 10, 30, (8, 5, 2), k=3)]
 
 
+CALIBRATION = CalibrationReport(
+    config_uri="job.yaml", measured_at="2026-11-28T00:00:00+00:00", accelerator="test-gpu", gpus_per_replica=1.0, currency="USD",
+    price_per_gpu_hour=2.0, max_num_seqs=8, sample_requested=16, sample_measured=16, concurrencies=[8], recommended_depth=2,
+    config_snippet="", rows=[CalibrationRow(
+        concurrency=8, depth=d, prompts=16, prompt_tokens=160, generated_tokens=1000, seconds=s, tokens_per_second=1000 / s,
+        tokens_per_second_per_gpu=1000 / s, speedup_vs_off=2.0 / s, num_drafts=0, draft_tokens=0, accepted_tokens=0,
+        acceptance_rate=None, mean_acceptance_length=None, accepted_per_position=[], cost_per_million_generated_tokens=None,
+        cost_per_million_total_tokens=None, recommended=d == 2) for d, s in ((0, 2.0), (2, 1.0))],
+)
+
+
 @pytest.fixture(scope="module")
 def three_jobs(tmp_path_factory, s3_endpoint):
     """Jobs A and B on local disk, job C on moto's S3; one combined report under --out."""
     root = tmp_path_factory.mktemp("report")
     local, s3 = Storage(), Storage(endpoint_url=s3_endpoint)
     uris = [str(root / "out" / "2026-11-28"), str(root / "out" / "2026-11-29"), "s3://specbatch/report-test/cpu-job"]
-    write_job(local, uris[0], manifest("job-a", accelerator="test-gpu", replicas=2, gpus=1, wall=1800, speculative=True, k=2, input_rows=41), JOB_A,
-              uncommitted=[unit("a-dead", "a1", 1100, 500, 9_999_999, 1, k=2)])
+    calibration = Path(uris[0]) / "calibration" / "calibration.json"  # what job A's verdict rests on
+    calibration.parent.mkdir(parents=True)
+    calibration.write_text(CALIBRATION.model_dump_json())
+    judged = {"floor": 1.3, "mean_acceptance_length": 2.0, "below_floor": False, "cost_more_than_saved": False, "flags": [],
+              "source": "calibration", "source_detail": f"the calibration of T in {calibration.parent} measured depth 2 at 8 "
+              "sequences at once at 1.20x the speed of speculation off", "calibration_uri": str(calibration)}
+    unknown = {"floor": 1.3, "mean_acceptance_length": 2.5, "below_floor": False, "cost_more_than_saved": None, "flags": [],
+               "cost_unknown_because": "the job ran no speculation trial; no calibration of this target and drafter in S",
+               "source": "none", "source_detail": "the job ran no speculation trial; no calibration of this target and drafter in S"}
+    write_job(local, uris[0], manifest("job-a", accelerator="test-gpu", replicas=2, gpus=1, wall=1800, speculative=True, k=2, input_rows=41,
+                                       verdict=judged), JOB_A, uncommitted=[unit("a-dead", "a1", 1100, 500, 9_999_999, 1, k=2)])
     write_job(local, uris[1], manifest("job-b", accelerator="test-gpu", replicas=1, gpus=2, wall=900, speculative=False, input_rows=20), JOB_B)
-    write_job(s3, uris[2], manifest("job-c", accelerator="test-node", replicas=3, gpus=0, wall=3600, speculative=True, k=3, sha=SHA_OTHER), JOB_C)
+    write_job(s3, uris[2], manifest("job-c", accelerator="test-node", replicas=3, gpus=0, wall=3600, speculative=True, k=3, sha=SHA_OTHER,
+                                    verdict=unknown), JOB_C)
     prices = root / "prices.yaml"
     prices.write_text(PRICES)
     out = root / "combined"
@@ -176,6 +198,11 @@ def test_files_written_csv_and_markdown(three_jobs):
     assert "| job-c | succeeded | test-node | 3 replicas, CPU | k=3 |" in markdown  # gpus_per_replica 0: no "x 1" GPU
     assert rows[2]["cpu_only"] == "True" and rows[0]["cpu_only"] == "False"
     assert "+20.0%" in markdown  # the saving of k=2 over off
+    # what the console and `specbatch status` say of each verdict, and where each price came from
+    assert "| job-a | k=2 | speculation paid, by a calibration: the calibration of T in " in markdown
+    assert "| job-c | k=3 | whether speculation paid is not known: the job ran no speculation trial; no calibration" in markdown
+    prices = f"--prices {out.parent / 'prices.yaml'}"
+    assert f"| test-gpu | GPU-hour | 2.0000 | {prices} |" in markdown and f"| test-node | node-hour | 0.3600 | {prices} |" in markdown
 
 
 def test_single_job_report_goes_under_its_output_and_missing_price_is_a_warning(tmp_path, capsys):
@@ -314,11 +341,12 @@ class Browser:
             self.process.kill()
         shutil.rmtree(self.profile, ignore_errors=True)
 
-    def load(self, url: str, script: str) -> tuple[list[str], object]:
-        """Open `url` in a new tab; (console errors and uncaught exceptions, value of `script`)."""
-        return asyncio.run(self._load(url, script))
+    def load(self, url: str, script: str, width: int | None = None) -> tuple[list[str], object]:
+        """Open `url` in a new tab (a window `width` px wide, if given); (console errors and
+        uncaught exceptions, value of `script`)."""
+        return asyncio.run(self._load(url, script, width))
 
-    async def _load(self, url: str, script: str):
+    async def _load(self, url: str, script: str, width: int | None):
         import aiohttp
 
         async with aiohttp.ClientSession() as session:
@@ -353,6 +381,8 @@ class Browser:
                 await call("Page.enable")
                 await call("Runtime.enable")
                 await call("Log.enable")
+                if width:
+                    await call("Emulation.setDeviceMetricsOverride", width=width, height=900, deviceScaleFactor=1, mobile=False)
                 await call("Page.navigate", url=url)
                 while not loaded:
                     collect(await asyncio.wait_for(ws.receive_json(), timeout=60))
@@ -384,7 +414,8 @@ def test_html_report_loads_without_console_errors_and_shows_its_plots(three_jobs
     errors, value = browser.load((out / "report.html").as_uri(), PLOTS_ON_PAGE)
     assert errors == []
     plots = {p["plot"]: p for p in json.loads(value)}
-    assert set(plots) == {"acceptance", "throughput", "cost"}
+    # job A's verdict rests on a calibration: it is drawn; job C's on none
+    assert set(plots) == {"acceptance", "throughput", "cost", "calibration-speed-job-a", "calibration-positions-job-a"}
     assert all(p["width"] > 100 and p["height"] > 100 and p["visible"] for p in plots.values())
     assert plots["acceptance"]["points"] == 2 + 3 and plots["acceptance"]["lines"] == 2  # jobs A and C, k=2 and k=3
     assert plots["throughput"]["points"] == 4 + 2 + 1 and plots["throughput"]["lines"] == 3  # one point per unit
@@ -438,15 +469,20 @@ LEGENDS_ON_PAGE = """JSON.stringify([...document.querySelectorAll('svg.plot')].m
 }))"""
 
 
-def test_legend_labels_are_whole_and_inside_their_chart(tmp_path, browser):
-    """A job id longer than the legend's old 170 px: the chart widens (or the label wraps) so that
-    every label shows in full, inside the chart, in a real browser's layout."""
+def long_id_report(tmp_path) -> None:
+    """The report of a job with a long id and job A, in tmp_path/report."""
     uris = [str(tmp_path / "long"), str(tmp_path / "a")]
     write_job(Storage(), uris[0], manifest(LONG_ID, accelerator="test-node", replicas=1, gpus=0, wall=3600, speculative=True, k=3), JOB_C)
     write_job(Storage(), uris[1], manifest("job-a", accelerator="test-gpu", replicas=2, gpus=1, wall=1800, speculative=True, k=2), JOB_A)
     prices = tmp_path / "prices.yaml"
     prices.write_text(PRICES)
     assert report_main([*uris, "--prices", str(prices), "--out", str(tmp_path / "report")]) == 0
+
+
+def test_legend_labels_are_whole_and_inside_their_chart(tmp_path, browser):
+    """A job id longer than the legend's old 170 px: the chart widens (or the label wraps) so that
+    every label shows in full, inside the chart, in a real browser's layout."""
+    long_id_report(tmp_path)
     html = (tmp_path / "report" / "report.html").read_text()
     assert "1 replica, CPU" in html and "…" not in html
     errors, value = browser.load((tmp_path / "report" / "report.html").as_uri(), LEGENDS_ON_PAGE)
@@ -467,3 +503,19 @@ def test_legend_labels_are_whole_and_inside_their_chart(tmp_path, browser):
     for label in bar_labels:
         assert charts["cost"]["left"] <= label["left"] and label["right"] <= charts["cost"]["right"], label
         assert charts["cost"]["top"] <= label["top"] and label["bottom"] <= charts["cost"]["bottom"], label
+
+
+WIDEST_ON_PAGE = """JSON.stringify({page: document.documentElement.scrollWidth, window: window.innerWidth,
+  tables: [...document.querySelectorAll('table')].map(t => [t.previousElementSibling.textContent, t.getBoundingClientRect().right])})"""
+
+
+def test_every_table_of_a_report_fits_a_1280_px_window(tmp_path, browser):
+    """The report of a job with a long id, in a window 1,280 px wide: no table runs past its right
+    edge and the page needs no horizontal scroll bar (its Jobs table once did)."""
+    long_id_report(tmp_path)
+    errors, value = browser.load((tmp_path / "report" / "report.html").as_uri(), WIDEST_ON_PAGE, width=1280)
+    assert errors == []
+    page = json.loads(value)
+    assert page["window"] == 1280 and page["page"] <= 1280, page
+    assert all(right <= 1280 for _, right in page["tables"]), page["tables"]
+

@@ -97,21 +97,31 @@ def assert_no_engine_actor_left(timeout: float) -> None:
 
 
 @pytest.mark.engine
-def test_the_probe_refuses_a_same_shape_drafter_of_another_target_on_the_jobs_engine(tmp_path, ray_local, prompts, stripped_drafter):
+def test_the_probe_refuses_a_same_shape_drafter_of_another_target_on_the_jobs_engine(tmp_path, ray_local, prompts, stripped_drafter, capfd):
+    """`specbatch run` says the probe's refusal as it says the static check's: one named line and
+    exit 2, no Ray error or trace around it (the engines wait; the driver ends the graph)."""
+    import yaml
+
+    from pipeline.cli import main
+    from schemas import ProbeResult
+
     config = kit_job(tmp_path, prompts[0], stripped_drafter, speculative={"probe": {"rows": 16}})
-    with pytest.raises(DrafterRejected) as refused:
-        run_job(config, progress=False)
-    result = refused.value.result
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    assert main(["run", str(path)]) == 2
+    said = capfd.readouterr()
+    refusal = [line for line in said.err.splitlines() if line.startswith("specbatch: refused: ")]
+    assert len(refusal) == 1 and "another base model" in refusal[0], said.err[-3000:]
+    assert "Traceback" not in said.err + said.out and "RayTaskError" not in said.err + said.out, said.err[-3000:]
+    location = OutputLocation(Storage(), config.output_uri)
+    manifest = location.read_manifest()
+    result = ProbeResult.model_validate(manifest["probe"])
     assert result.rows == 16 and result.num_speculative_tokens == 3 and result.max_model_len == 256
     assert result.mean_acceptance_length < result.floor == 1.3 and not result.passed
-    message = str(refused.value)
-    assert "another base model" in message and f"{result.mean_acceptance_length:.2f}" in message
-    location = OutputLocation(Storage(), config.output_uri)
+    assert f"{result.mean_acceptance_length:.2f}" in refusal[0]
     assert not location.committed_units() and not list((tmp_path / "out").glob("outputs/*"))  # nothing committed
-    manifest = location.read_manifest()
     (attempt,) = manifest["attempts"]
     assert attempt["status"] == "failed" and "DrafterRejected" in attempt["error"]
-    assert manifest["probe"] == result.model_dump(mode="json")
     assert len(attempt["start"]["engine_starts"]) == 1  # the probe ran on the job's one engine
     # the refusal stopped the graph: its engine actor is gone, although the raised exception
     # (held here by pytest.raises) keeps the frame that iterated the dataset alive

@@ -20,11 +20,6 @@ import time
 from typing import Any, Optional
 
 
-class DrafterRefused(RuntimeError):
-    """An engine's units when the probe refused the drafter: nothing is committed. The driver
-    stops the job with the probe's refusal (probe.DrafterRejected, read from the board)."""
-
-
 # The verdict of a graph where no probe runs (off, judged by an earlier graph or attempt, no rows).
 NO_PROBE = {"result": None, "refusal": None}
 # A claim this old without a verdict is taken over: the engine that claimed it is gone.

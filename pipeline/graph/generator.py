@@ -29,7 +29,7 @@ from typing import Any, Optional
 
 import pyarrow as pa
 
-from pipeline.cluster.job_board import VERDICT_WAIT_SECONDS, DrafterRefused
+from pipeline.cluster.job_board import VERDICT_WAIT_SECONDS
 from pipeline.cluster.startup import process_started_at
 from pipeline.commit.lease import check_fence
 from pipeline.commit.outputs import OutputLocation
@@ -205,9 +205,11 @@ class Generator:
         await self.board.post.remote(verdict)
 
     async def _verdict_passed(self) -> None:
-        """Waits for the probe's verdict (at once when there is none to wait for); raises
-        DrafterRefused when it refused the drafter, so that nothing is committed. While it
-        waits it takes over a claim whose engine went away."""
+        """Waits for the probe's verdict (at once when there is none to wait for); when it
+        refused the drafter, waits on, committing nothing, until the driver, which reads the
+        refusal from the board (pipeline/job/watch.py), ends the graph: a raise here would fail
+        the dataset and wrap the refusal in Ray's errors and traces. While it waits it takes
+        over a claim whose engine went away."""
         if self.board is None:
             return
         while self.verdict is None:
@@ -215,8 +217,8 @@ class Generator:
             if self.verdict is None and self.probed is not None and self.probed.done():
                 self.probed = None
                 await self._probe_once()
-        if self.verdict["refusal"]:
-            raise DrafterRefused(self.verdict["refusal"])
+        if self.verdict["refusal"]:  # nothing is committed; the driver reads the refusal and ends the graph
+            await asyncio.Event().wait()
 
     async def _restart_engine(self, speculative: bool) -> float:
         """The speculation trial's switch, with no unit in the engine: this engine stops, and one

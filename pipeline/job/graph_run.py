@@ -19,9 +19,8 @@ from pipeline.commit.units import WorkUnit
 from pipeline.job.breaker import ErrorBreaker
 from pipeline.job.console import Pace, commit_window, print_progress, progress_line, say
 from pipeline.job.manifest import now, plain_text
-from pipeline.job.watch import AttemptLooks
+from pipeline.job.watch import AttemptLooks, probe_refusal
 from pipeline.speculation.guard import AcceptanceGuard, AcceptanceTooLow
-from pipeline.speculation.probe import DrafterRejected
 from pipeline.stages.stats import EngineBusyTime
 from pipeline.storage import StorageUnavailable
 from schemas import GuardEvent, NodeLoss, ProbeResult, TrialVerdict
@@ -142,7 +141,7 @@ def run_graph(dataset, todo: list[WorkUnit], heed: AttemptProgress, board) -> Gr
         raise stall.failure or RuntimeError("the job watch stopped the graph") from None
     except Exception as exc:
         attempt.lease.still_ours()  # an engine refused to commit for the run that holds the lease now
-        refused = _probe_refusal(attempt, board)
+        refused = probe_refusal(attempt, board)
         if refused is not None:
             raise refused from None
         if not watch.lost_nodes():
@@ -278,14 +277,3 @@ def _take_trial_verdict(attempt, verdict: Optional[dict]) -> bool:
     attempt.manifest.trial = TrialVerdict.model_validate(verdict)
     say(attempt.options.progress, attempt.manifest.trial.reason)
     return True
-
-
-def _probe_refusal(attempt, board) -> Optional[DrafterRejected]:
-    """DrafterRejected when the probe refused the drafter on this graph's first engine."""
-    read = _read_board(board)
-    verdict = read["verdict"] if read else None
-    if not verdict or not verdict.get("refusal"):
-        return None
-    result = ProbeResult.model_validate(verdict["result"])
-    attempt.manifest.probe = result
-    return DrafterRejected(verdict["refusal"], result)

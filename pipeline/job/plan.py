@@ -28,6 +28,7 @@ from pipeline.job.chain import chained_inputs
 from pipeline.job.grouping import GroupingChanged, GroupingPlan, plan_grouping, refuse_a_lost_copy
 from pipeline.job.preflight import check_before_engines
 from pipeline.speculation.drafter_check import DrafterMismatch, check_drafter
+from pipeline.speculation.probe import DrafterRejected
 from pipeline.speculation.trial import head_units
 from pipeline.storage import Storage, is_local
 from pipeline.storage.model_cache import remote_files
@@ -96,8 +97,8 @@ class ResultsChanged(ValueError):
 
 # What a run refuses before it starts, with exit 2 (`specbatch: refused: ...`; the dry run says the same).
 REFUSALS = (
-    ConfigError, InputError, DrafterMismatch, ResultsChanged, GroupingChanged, LayoutMismatch, ManifestInvalid, LeaseHeld,
-    FileNotFoundError, TooManyDuplicateIds,
+    ConfigError, InputError, DrafterMismatch, DrafterRejected, ResultsChanged, GroupingChanged, LayoutMismatch,
+    ManifestInvalid, LeaseHeld, FileNotFoundError, TooManyDuplicateIds,
 )
 
 

@@ -7,6 +7,7 @@ stall watch's thread (pipeline/cluster/__init__.py `StallWatch`). Nothing waits 
 - engine deaths and hangs the actors recorded in `_events/` are named on the console as they
   happen; `retries.max_engine_failures` of them in a row, with no unit committed between,
   fail the attempt with EnginesKeepFailing;
+- the drafter probe's refusal, which the engines post to the board and then wait: DrafterRejected;
 - no unit committed for `retries.stall_minutes`: SchedulingStalled when something of the job
   waits for resources, JobStalled when no engine is generating either (a read that never
   returns, an actor Ray does not report, a stuck driver). An engine that still generates
@@ -21,7 +22,8 @@ from typing import Optional
 
 from pipeline.cluster import ClusterWatch, SchedulingStalled, stall_message
 from pipeline.commit.units import WorkUnit
-from schemas import JobProgress, ReplicaProgress
+from pipeline.speculation.probe import DrafterRejected
+from schemas import JobProgress, ProbeResult, ReplicaProgress
 
 log = logging.getLogger("specbatch")
 # A replica whose last report is older than this has stopped reporting (its actor is gone or stuck).
@@ -47,6 +49,9 @@ class AttemptLooks:
         self.gauge = _job_gauge()
 
     def __call__(self, idle_seconds: float) -> Optional[BaseException]:
+        refused = probe_refusal(self.attempt, self.board)
+        if refused is not None:
+            return refused
         last_commit = time.time() - idle_seconds
         replicas = self._engine_progress(last_commit)
         self.gauge.set(idle_seconds, tags={"job_id": self.attempt.manifest.job_id})
@@ -96,6 +101,24 @@ class AttemptLooks:
 
     def _not_committed(self) -> list[str]:
         return [u.unit_id for u in self.todo if u.unit_id not in self.attempt.heard]
+
+
+def probe_refusal(attempt, board) -> Optional[DrafterRejected]:
+    """DrafterRejected when the probe refused the drafter on the graph's first engine (one read
+    of the board). The engines wait for the driver to end the graph rather than fail it, so that
+    the refusal is said alone, not inside Ray's errors and traces."""
+    import ray
+
+    try:
+        verdict = ray.get(board.read.remote(), timeout=30)["verdict"]
+    except Exception as exc:  # the board went with a lost node: the other looks go on
+        log.warning("the job board could not be read (%s)", type(exc).__name__)
+        return None
+    if not verdict or not verdict.get("refusal"):
+        return None
+    result = ProbeResult.model_validate(verdict["result"])
+    attempt.manifest.probe = result
+    return DrafterRejected(verdict["refusal"], result)
 
 
 def generating(replica: ReplicaProgress, window_seconds: float) -> bool:

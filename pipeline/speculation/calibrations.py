@@ -144,6 +144,7 @@ class JobCalibration:
 
     report: Optional[CalibrationReport]
     where: str
+    uri: Optional[str] = None
 
 
 def job_calibration(
@@ -155,10 +156,11 @@ def job_calibration(
         return JobCalibration(None, "the job runs no drafter")
     lookup = find_calibration(location.storage, store_uri(config), calibration_key(config, target, drafter))
     if lookup.found:
-        return JobCalibration(lookup.found.report, lookup.describe())
+        return JobCalibration(lookup.found.report, lookup.describe(), lookup.uri)
     own = read_calibration(location)
     if own is not None:
-        return JobCalibration(own, f"the calibration of {own.measured_at} in {location.storage.join(location.uri, 'calibration')}")
+        folder = location.storage.join(location.uri, "calibration")
+        return JobCalibration(own, f"the calibration of {own.measured_at} in {folder}", location.storage.join(folder, "calibration.json"))
     return JobCalibration(None, lookup.describe())
 
 
@@ -193,3 +195,18 @@ def calibrated_setting(config: JobConfig, calibration: JobCalibration) -> tuple[
         setting = f"k={report.recommended_depth}"
     return (config.model_copy(update={"speculative": spec.model_copy(update=update)}),
             f"speculation {setting}: recommended by {calibration.where}")
+
+
+def read_any_calibration(storage: Storage, uri: str) -> Optional[CalibrationReport]:
+    """The report at `uri`: a store's entry or a calibration.json; None when gone or unreadable."""
+    try:
+        data = storage.read_bytes(uri)
+    except FileNotFoundError:
+        return None
+    for kind in (StoredCalibration, CalibrationReport):
+        try:
+            parsed = kind.model_validate_json(data)
+        except ValueError:
+            continue
+        return parsed.report if isinstance(parsed, StoredCalibration) else parsed
+    return None

@@ -134,6 +134,7 @@ def speculation_verdict(
         flags=flags,
         source=measured.source,
         source_detail=measured.detail,
+        calibration_uri=measured.uri,
     )
 
 
@@ -155,8 +156,9 @@ class Measured:
     """What measured speculation against off: its `source`, the speed over off's (None: not
     measured), the flag it raises and `detail`, which names it or says why there is none."""
 
-    def __init__(self, source: str, detail: str, speedup: Optional[float] = None, flag: Optional[str] = None):
-        self.source, self.detail, self.speedup, self.flag = source, detail, speedup, flag
+    def __init__(self, source: str, detail: str, speedup: Optional[float] = None, flag: Optional[str] = None,
+                 uri: Optional[str] = None):
+        self.source, self.detail, self.speedup, self.flag, self.uri = source, detail, speedup, flag, uri
 
 
 def _measured(config: JobConfig, calibration: Optional[JobCalibration], trial: Optional[TrialVerdict]) -> Measured:
@@ -181,7 +183,7 @@ def _measured(config: JobConfig, calibration: Optional[JobCalibration], trial: O
     detail = (f"{calibration.where} measured depth {depth} at {top} sequences at once at {row.speedup_vs_off:.2f}x "
               "the speed of speculation off")
     flag = f"{detail}: it cost more than it saved (apply the calibrated depth: speculative.depth_from: calibration)"
-    return Measured("calibration", detail, row.speedup_vs_off, flag if row.speedup_vs_off < 1 else None)
+    return Measured("calibration", detail, row.speedup_vs_off, flag if row.speedup_vs_off < 1 else None, calibration.uri)
 
 
 def verdict_text(verdict: SpeculationVerdict) -> str:

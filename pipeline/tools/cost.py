@@ -18,6 +18,8 @@ from typing import Any, Optional, Sequence
 
 from pipeline.commit.outputs import ManifestInvalid, OutputLocation
 from pipeline.config import ACCEPTANCE_FLOOR
+from pipeline.speculation.calibrations import read_any_calibration
+from pipeline.speculation.guard import verdict_text
 from pipeline.stages.stats import Acceptance, prefix_cache_hit_rate, speculated
 from pipeline.stages.stats import busy_seconds as engine_busy_seconds
 from pipeline.storage import Storage
@@ -33,7 +35,7 @@ class JobData:
     uri: str
     manifest: JobManifest
     stats: list[dict[str, Any]]
-    calibration: Optional[CalibrationReport] = None  # `specbatch calibrate` of this job, when it wrote to the job's output
+    calibration: Optional[CalibrationReport] = None  # the calibration the job's verdict rests on, when one does
 
 
 def read_job(storage: Storage, uri: str) -> JobData:
@@ -45,9 +47,8 @@ def read_job(storage: Storage, uri: str) -> JobData:
     if manifest is None:
         raise ReportError(f"{uri}: no _job.json (not a specbatch job output)")
     stats = sorted(location.read_table("stats").to_pylist(), key=lambda r: r["started_at"])
-    calibration_uri = storage.join(location.uri, "calibration", "calibration.json")
-    calibration = (CalibrationReport.model_validate_json(storage.read_bytes(calibration_uri))
-                   if storage.exists(calibration_uri) else None)
+    verdict = manifest.speculation
+    calibration = read_any_calibration(storage, verdict.calibration_uri) if verdict and verdict.calibration_uri else None
     return JobData(uri=location.uri, manifest=manifest, stats=stats, calibration=calibration)
 
 
@@ -98,8 +99,6 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
     cost = gpu_hours * price if price is not None else None
     speculative = bool(spec.get("enabled", any(r["speculative"] for r in stats)))
     flags = list(m.speculation.flags) if m.speculation else []
-    if m.speculation and m.speculation.cost_unknown_because:
-        flags.append(f"whether speculation paid is not known: {m.speculation.cost_unknown_because}")
     mal = acceptance.mean_acceptance_length
     if not m.speculation and mal is not None and mal < ACCEPTANCE_FLOOR:  # a job written before verdicts were
         flags.append(f"mean acceptance length {mal:.2f} is below the floor {ACCEPTANCE_FLOOR}: speculation cost more than it saved")
@@ -135,6 +134,7 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
         busy_gpu_hours=busy_gpu_hours,
         utilization=_ratio(busy_gpu_hours, gpu_hours),
         price_per_gpu_hour=price,
+        price_source=prices.source(m.accelerator, float(resources.get("gpus_per_replica", 0))) if price is not None else None,
         cost=cost,
         cost_per_million_generated_tokens=per_million(cost, generated_tokens),
         cost_per_million_total_tokens=per_million(cost, generated_tokens + prompt_tokens),
@@ -151,6 +151,7 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
             sum(r["generated_tokens"] for r in drafting), sum(r["samples"] for r in drafting)
         ) if all("samples" in r for r in stats) else None,
         speculation_flags=flags,
+        speculation_verdict=verdict_text(m.speculation) if m.speculation else None,
         **_trial_figures(m.trial, price, units),
     )
 

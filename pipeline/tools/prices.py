@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from pipeline.storage import Storage
 
@@ -21,6 +21,7 @@ class Prices(BaseModel):
     currency: str = "USD"
     gpu: dict[str, float] = Field(default_factory=dict, description="Dollars per hour for one GPU of this kind.")
     cpu: dict[str, float] = Field(default_factory=dict, description="Dollars per hour for one CPU-only replica (node).")
+    _from: dict[str, str] = PrivateAttr(default_factory=dict)  # "gpu:<kind>" -> the file that set it
 
     def billing(self, accelerator: str, gpus_per_replica: float) -> tuple[float, Optional[float]]:
         """(billed units per replica, dollars per unit-hour or None when the kind has no price).
@@ -28,6 +29,11 @@ class Prices(BaseModel):
         if gpus_per_replica > 0:
             return gpus_per_replica, self.gpu.get(accelerator)
         return 1.0, self.cpu.get(accelerator)
+
+    def source(self, accelerator: str, gpus_per_replica: float) -> str:
+        """Where the price of this kind came from: the --prices file, or specbatch's defaults."""
+        section = "gpu" if gpus_per_replica > 0 else "cpu"
+        return self._from.get(f"{section}:{accelerator}", "specbatch's default prices (pipeline/tools/prices.yaml)")
 
     def missing_price_message(self, accelerator: str, gpus_per_replica: float) -> str:
         section = "gpu" if gpus_per_replica > 0 else "cpu"
@@ -47,4 +53,7 @@ def load_prices(uri: Optional[str] = None, storage: Optional[Storage] = None) ->
         defaults["currency"] = override.get("currency", defaults["currency"])
         for section in ("gpu", "cpu"):
             defaults[section] = {**defaults.get(section, {}), **(override.get(section) or {})}
-    return Prices.model_validate(defaults)
+    prices = Prices.model_validate(defaults)
+    if uri:
+        prices._from = {f"{section}:{kind}": f"--prices {uri}" for section in ("gpu", "cpu") for kind in (override.get(section) or {})}
+    return prices

@@ -74,16 +74,24 @@ def tables(report: CostReport) -> dict[str, Table]:
           _num(o.failed_rows)]],
     )
     out["Jobs"] = (
-        ["job", "status", "accelerator", "replicas x GPUs", "speculation", "wall s", "GPU-hours", "busy GPU-hours",
-         "engine busy", "generated tokens", "prompt tokens", "prefix cache hit rate", "prefill tokens computed",
-         f"cost ({c})", f"{c} / 1M generated", f"{c} / 1M total",
-         "tokens/s per GPU", "tok/s of engine time", "tok/s of wall time", "failed rows"],
-        [[j.job_id, j.status, j.accelerator, _replicas(j), _depth(j), _num(j.wall_seconds, 1),
-          _num(j.gpu_hours, 4), _num(j.busy_gpu_hours, 4), _share(j.utilization), _num(j.generated_tokens),
-          _num(j.prompt_tokens), _share(j.prefix_cache_hit_rate), _num(j.computed_prompt_tokens),
-          _num(j.cost, 4), _num(j.cost_per_million_generated_tokens, 4),
-          _num(j.cost_per_million_total_tokens, 4), _num(j.tokens_per_second_per_gpu, 1),
-          _num(j.engine_tokens_per_second, 1), _num(j.wall_tokens_per_second, 1), _num(j.failed_rows)] for j in jobs],
+        ["job", "status", "accelerator", "replicas x GPUs", "speculation", "wall s", "GPU-hours", f"cost ({c})",
+         f"{c} / 1M generated", "tokens/s per GPU", "failed rows"],
+        [[j.job_id, j.status, j.accelerator, _replicas(j), _depth(j), _num(j.wall_seconds, 1), _num(j.gpu_hours, 4),
+          _num(j.cost, 4), _num(j.cost_per_million_generated_tokens, 4), _num(j.tokens_per_second_per_gpu, 1),
+          _num(j.failed_rows)] for j in jobs],
+    )
+    out["Engines and prefill"] = (
+        ["job", "busy GPU-hours", "engine busy", "generated tokens", "prompt tokens", "prefix cache hit rate",
+         "prefill tokens computed", f"{c} / 1M total", "tok/s of engine time", "tok/s of wall time"],
+        [[j.job_id, _num(j.busy_gpu_hours, 4), _share(j.utilization), _num(j.generated_tokens), _num(j.prompt_tokens),
+          _share(j.prefix_cache_hit_rate), _num(j.computed_prompt_tokens), _num(j.cost_per_million_total_tokens, 4),
+          _num(j.engine_tokens_per_second, 1), _num(j.wall_tokens_per_second, 1)] for j in jobs],
+    )
+    priced = {(j.accelerator, j.cpu_only): j for j in jobs if j.price_per_gpu_hour is not None}
+    out["Prices"] = (
+        ["accelerator", "billed", f"{c} per hour", "from"],
+        [[kind, "node-hour" if cpu_only else "GPU-hour", _num(j.price_per_gpu_hour, 4), j.price_source or ""]
+         for (kind, cpu_only), j in sorted(priced.items())],
     )
     out["Start-up"] = (
         ["job", "phase", "from (s)", "seconds"],
@@ -118,6 +126,10 @@ def tables(report: CostReport) -> dict[str, Table]:
           _num(j.trial_tokens_per_second_on / j.trial_tokens_per_second_off, 2)
           if j.trial_tokens_per_second_on and j.trial_tokens_per_second_off else "",
           _num(j.trial_cost_per_million_on, 4), _num(j.trial_cost_per_million_off, 4), j.trial] for j in trials],
+    )
+    out["Speculation verdict"] = (
+        ["job", "speculation", "verdict"],
+        [[j.job_id, _depth(j), j.speculation_verdict] for j in jobs if j.speculation_verdict],
     )
     out["Speculation flags"] = (
         ["job", "speculation", "mean acceptance length", "flag"],
@@ -253,6 +265,7 @@ def to_html(report: CostReport, jobs: Sequence[JobData]) -> str:
         "<title>specbatch cost report</title>",
         "<style>body{font-family:sans-serif;margin:24px;color:#111}table{border-collapse:collapse;margin:8px 0 16px}"
         "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:right}td:first-child,th{text-align:left}"
+        "th{max-width:9em}td{overflow-wrap:anywhere;max-width:40em}"
         "th{background:#f0f0f0}.warn{color:#a40}" + plots.STYLE + "</style>",
         "</head><body>",
         "<h1>specbatch cost report</h1>",
