@@ -1,4 +1,4 @@
-"""specbatch command line: demo, run, status, report, calibrate, check-drafter, check-cluster, export, tiny-models."""
+"""specbatch command line: demo, run, status, report, calibrate, pilot, check-drafter, check-cluster, export, tiny-models."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from schemas import EXIT_CODES
 DELEGATED = {
     "report": ("pipeline.tools.report", "cost per million tokens from jobs' _job.json and stats/"),
     "calibrate": ("pipeline.tools.calibrate", "measure speculation depths on the job's own prompts"),
+    "pilot": ("pipeline.tools.pilot", "before a large job: calibrate, specbatch beside vLLM alone, one page of what to run"),
     "check-drafter": ("pipeline.tools.check_drafter", "refuse a drafter that does not belong to its target"),
     "export": ("pipeline.tools.export", "write a job's outputs as OpenAI batch output files (--format openai_batch)"),
     "status": ("pipeline.tools.status", "where a job stands: state, lease, rows and units done, errors by kind, ETA"),

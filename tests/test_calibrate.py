@@ -260,3 +260,30 @@ def test_a_job_of_the_same_models_and_settings_takes_its_depth_and_verdict_from_
         assert ran["num_speculative_tokens"] == (max(k for *_, k in report.recommended_schedule) if report.recommended_schedule
                                                  else report.recommended_depth)
         assert manifest.speculation.source == "calibration" and report.measured_at in manifest.speculation.source_detail
+
+
+@pytest.mark.engine
+def test_the_pilot_page_shows_each_setting_and_specbatch_beside_vllm_alone_from_the_measured_figures(calibrated):
+    """`specbatch pilot`'s page from a real calibration and job check (the command itself runs
+    them as calibrate does: it is timed by hand on the demo's prompts, docs/speculation.md)."""
+    from pipeline.tools.pilot import pilot_tables, to_html, to_markdown
+
+    _, _, report = calibrated
+    top = max(report.concurrencies)
+    (settings_title, (_, settings)), (_, (_, through)) = pilot_tables(report).items()
+    assert settings_title == f"Each setting, vLLM alone at {top} sequences at once"
+    measured = [r for r in report.rows if r.concurrency == top]
+    assert [row[0] for row in settings] == [f"schedule {r.schedule}" if r.schedule else "off" if r.depth == 0 else f"depth {r.depth}"
+                                            for r in measured]
+    assert [row[1] for row in settings] == [f"{r.tokens_per_second:,.1f}" for r in measured]
+    alone = {row[0]: r for row, r in zip(settings, measured)}
+    assert [row[0] for row in through] == [r.setting for r in report.job_check]
+    for row, checked in zip(through, report.job_check):
+        assert row[1] == f"{checked.tokens_per_second:,.1f}" and row[2] == f"{alone[checked.setting].tokens_per_second:,.1f}"
+        assert row[3] == f"{checked.tokens_per_second / alone[checked.setting].tokens_per_second:.2f}x"
+        assert (row[5] == "<-") is checked.chosen
+    chosen = next(r.setting for r in report.job_check if r.chosen)
+    assert [row[0] for row in settings if row[5] == "<-"] == [chosen]
+    page = to_markdown(report, "STORE/x.json")
+    assert report.config_snippet.rstrip("\n") in page and "stored in `STORE/x.json`" in page
+    assert to_html(report, None).count("<table>") == 2

@@ -256,7 +256,8 @@ def job_check(
     for n, (label, (depth, schedule)) in enumerate(settings.items()):
         spec = config.speculative.model_copy(update={
             "enabled": depth > 0, "num_speculative_tokens": depth or config.speculative.num_speculative_tokens,
-            "depth_schedule": schedule, "guard": None, "probe": config.speculative.probe.model_copy(update={"rows": 0}),
+            "depth_schedule": schedule, "guard": None, "trial": None,  # each run measures its one setting
+            "probe": config.speculative.probe.model_copy(update={"rows": 0}),
         })
         run_config = config.model_copy(update={
             "input_uri": input_uri, "output_uri": storage.join(work_uri, f"run-{n}"), "speculative": spec,
