@@ -6,6 +6,7 @@ attempt does next. `attempt` is the JobAttempt of pipeline/job/runner.py."""
 
 from __future__ import annotations
 
+import atexit
 import enum
 import logging
 import time
@@ -219,14 +220,28 @@ def _stop_engines(board) -> None:
     except Exception as exc:  # the board went with a lost node; so did its engines, or Ray stops them with the job
         log.warning("the job board could not be read (%s): engines are left to Ray to stop", type(exc).__name__)
         engines = []
-    exits = [engine.__ray_terminate__.remote() for engine in engines]
-    # Waited for: a driver that went on to end its Ray (the demo's, a local run's) tore an actor
-    # down before its graceful exit had stopped the engine in order, which then logged EngineDeadError.
-    ended, _ = ray.wait(exits, num_returns=len(exits), timeout=ENGINE_EXIT_SECONDS) if exits else ([], [])
-    if len(ended) < len(exits):
-        log.warning("%d of %d engine actors had not exited %d s after they were asked to; Ray ends them",
-                    len(exits) - len(ended), len(exits), ENGINE_EXIT_SECONDS)
+    if not _EXITING:
+        atexit.register(_wait_for_engine_exits)  # after ray.init's own hook: it runs before Ray ends
+    _EXITING.extend(engine.__ray_terminate__.remote() for engine in engines)
     ray.kill(board)
+
+
+_EXITING: list = []  # the engine actors' exits, each an ObjectRef that resolves when its actor is gone
+
+
+def _wait_for_engine_exits() -> None:
+    """At the driver's exit, before Ray's own exit hook ends a Ray this process started (the
+    demo's, a local run's): the engine actors asked to exit are given up to ENGINE_EXIT_SECONDS
+    to stop their engines in order. Torn down before that, an actor's EngineCore was killed under
+    its live client, which logged EngineDeadError (suspected in 1 of 3 fresh-clone demo runs)."""
+    import ray
+
+    if not _EXITING or not ray.is_initialized():
+        return
+    ended, _ = ray.wait(_EXITING, num_returns=len(_EXITING), timeout=ENGINE_EXIT_SECONDS)
+    if len(ended) < len(_EXITING):
+        log.warning("%d of %d engine actors had not exited %d s after they were asked to; Ray ends them",
+                    len(_EXITING) - len(ended), len(_EXITING), ENGINE_EXIT_SECONDS)
 
 
 def _read_board(board) -> Optional[dict]:
