@@ -7,7 +7,7 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
-from schemas import Contract, PrefixGrouping
+from schemas import Contract, HeadUnits, PrefixGrouping
 
 
 class PlanFile(Contract):
@@ -55,6 +55,7 @@ class PlanUnits(Contract):
     left: int = Field(description="Units the run would generate: not committed, or again.")
     rows_left: int
     rerun_of: Optional[str] = Field(None, description="The job id of the output location's _job.json, on a rerun.")
+    head: Optional[HeadUnits] = Field(None, description="The job's first rows in smaller units, for its speculation trial.")
 
 
 class TokenEstimate(Contract):

@@ -116,6 +116,7 @@ def make_plan(config: JobConfig, plan: DryRunPlan, scratch: str, flags: RunOptio
     _files_and_units(
         plan, config, storage, scratch, job.units, job.committed, job.again, todo, previous.job_id if previous else None
     )
+    plan.units.head = job.head
     if config.rows.templated:
         _first_prompts(plan, config, storage, inputs)
     if restart and location.has_manifest():
@@ -336,6 +337,9 @@ def format_plan(plan: DryRunPlan) -> str:
     u = plan.units
     if u:
         lines.append(f"  units     {u.units:,} of up to {u.rows_per_unit:,} rows")
+        if u.head:
+            lines.append(f"            the first {u.head.rows:,} rows in units of {u.head.rows_per_unit:,} (the job's sequences "
+                         "at once), which the speculation trial measures")
         rerun = f"rerun of job {u.rerun_of}: " if u.rerun_of else ""
         again = f" ({u.again:,} of them again, for their error rows)" if u.again else ""
         lines.append(f"            {rerun}{u.committed:,} committed, {u.left:,} left to run{again}, {u.rows_left:,} rows")
