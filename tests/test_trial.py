@@ -101,6 +101,8 @@ def test_an_arm_takes_its_units_then_more_until_min_seconds_in_the_engine_up_to_
     assert arm_wants_more(config, 2, short, 40, 4)  # 8 rows in: fewer than a quarter of the job's 40
     assert not arm_wants_more(config, 3, short, 40, 4)  # 12 rows: the arm stops short of its 10 s
     assert not arm_wants_more(config_with(speculative={"trial": {"units": 2, "min_seconds": 0}}), 2, short, 1000, 4)
+    # with head units, an arm takes at most half of them: the units after them are of another size
+    assert arm_wants_more(config, 3, short, 1000, 4, max_units=4) and not arm_wants_more(config, 4, short, 1000, 4, max_units=4)
 
 
 def test_the_off_arm_runs_only_when_the_rest_pays_back_an_engine_start():

@@ -79,7 +79,8 @@ class EngineTrial:
         if not self.measuring:
             await self._follow(restart)
             return None
-        if arm_wants_more(self.config, self.entered, self.arms[-1], self.plan["rows"], self.plan["unit_rows"]):
+        if arm_wants_more(self.config, self.entered, self.arms[-1], self.plan["rows"], self.plan["unit_rows"],
+                          self.plan["max_units"]):
             self.entered += 1
             return "on" if len(self.arms) == 1 else "off"
         await self._drained()
@@ -138,4 +139,5 @@ def trial_plan(config: JobConfig, rows: int, head: Optional[HeadUnits]) -> dict[
     """What the engines of a graph that runs the trial are told: the job's rows left, its
     replicas, and the rows of the units its arms measure (the head units', when it has them)."""
     return {"rows": rows, "engines": config.resources.max_replicas,
-            "unit_rows": head.rows_per_unit if head else config.resources.rows_per_unit}
+            "unit_rows": head.rows_per_unit if head else config.resources.rows_per_unit,
+            "max_units": head.rows // head.rows_per_unit // 2 if head else None}

@@ -106,7 +106,8 @@ class ArmClock:
         )
 
 
-def arm_wants_more(config: JobConfig, entered: int, clock: ArmClock, job_rows: int, unit_rows: int) -> bool:
+def arm_wants_more(config: JobConfig, entered: int, clock: ArmClock, job_rows: int, unit_rows: int,
+                   max_units: Optional[int] = None) -> bool:
     """Whether the next unit joins the arm being measured: until it has trial.units units, then
     until its units spent trial.min_seconds in the engine, but never past a quarter of the job's
     rows. A unit of 4 rows at 4 sequences took 0.6-0.9 s here and unit rates spread by 25%
@@ -115,6 +116,8 @@ def arm_wants_more(config: JobConfig, entered: int, clock: ArmClock, job_rows: i
     trial = config.speculative.trial
     if entered < trial.units:
         return True
+    if max_units is not None and entered >= max_units:  # half the head units each: a unit after them is another size
+        return False
     return clock.seconds() < trial.min_seconds and entered * unit_rows < job_rows / MIN_UNITS_PER_TRIAL_UNIT
 
 
