@@ -314,3 +314,27 @@ def test_status_and_the_report_show_the_trial(busy_job):
     assert job.trial_cost_per_million_off == pytest.approx(1e6 / (first.trial.off.tokens_per_second * 3600))
     _, rows = tables(report)["Speculation trial (each job on its own first units)"]
     assert rows and rows[0][-1] == first.trial.reason
+
+
+def test_a_resume_plans_the_units_its_job_began_with_whatever_the_trial_settings_now(tmp_path):
+    """Head units are decided when a job begins and read back from its _job.json: a resume with
+    the trial turned off plans the same units, and a job begun before head units existed
+    (no head_units in its manifest) keeps its units of rows_per_unit."""
+    from pipeline.job.manifest import new_manifest
+    from pipeline.job.plan import plan_job
+
+    folder = trial_input(tmp_path / "in", 1)
+    config = config_with(engine={"max_num_seqs": 2}, resources={"rows_per_unit": 16, "units_in_flight": 1},
+                         speculative={"trial": {"units": 2}})
+    config = config.model_copy(update={"input_uri": folder, "output_uri": str(tmp_path / "out")})
+    first = plan_job(config)
+    assert (first.head.rows, first.head.rows_per_unit) == (16, 2)
+    assert [u.rows for u in first.units] == [2] * 8 + [16] * 3
+    location = OutputLocation(Storage(), config.output_uri)
+    location.write_manifest(new_manifest(config, first, None, None).model_dump(mode="json"))
+    untried = config.model_copy(update={"speculative": config.speculative.model_copy(update={"trial": None})})
+    assert [u.unit_id for u in plan_job(untried).units] == [u.unit_id for u in first.units]
+    older = new_manifest(config, first, None, None).model_dump(mode="json")
+    older.pop("head_units")
+    location.write_manifest(older)
+    assert [u.rows for u in plan_job(config).units] == [16] * 4
