@@ -156,7 +156,8 @@ class Generator:
             unit, len(rows), out, self.config.speculative, self.where, started, engine_seconds, self.disabled_by_guard,
         )
         stats.trial_arm = arm
-        await self._verdict_passed()
+        if not await self._verdict_passed():  # the probe refused the drafter: nothing is committed
+            return pa.Table.from_pylist([], schema=arrow_schema(UnitStats))
         # Off the event loop: the other units in flight keep the engine busy meanwhile.
         return await asyncio.to_thread(self._commit, unit_id, out, carried, stats, received)
 
@@ -204,21 +205,20 @@ class Generator:
                    "started_at": started, "actor_id": self.where["actor_id"]}
         await self.board.post.remote(verdict)
 
-    async def _verdict_passed(self) -> None:
-        """Waits for the probe's verdict (at once when there is none to wait for); when it
-        refused the drafter, waits on, committing nothing, until the driver, which reads the
-        refusal from the board (pipeline/job/watch.py), ends the graph: a raise here would fail
-        the dataset and wrap the refusal in Ray's errors and traces. While it waits it takes
-        over a claim whose engine went away."""
+    async def _verdict_passed(self) -> bool:
+        """Waits for the probe's verdict (at once when there is none to wait for); False when it
+        refused the drafter. The unit then comes back without a stats row, and the driver, which
+        reads the refusal from the board (pipeline/job/graph_run.py), ends the graph: a raise here
+        would fail the dataset and wrap the refusal in Ray's errors and traces. While it waits it
+        takes over a claim whose engine went away."""
         if self.board is None:
-            return
+            return True
         while self.verdict is None:
             self.verdict = await self.board.wait_verdict.remote(VERDICT_WAIT_SECONDS)
             if self.verdict is None and self.probed is not None and self.probed.done():
                 self.probed = None
                 await self._probe_once()
-        if self.verdict["refusal"]:  # nothing is committed; the driver reads the refusal and ends the graph
-            await asyncio.Event().wait()
+        return not self.verdict["refusal"]
 
     async def _restart_engine(self, speculative: bool) -> float:
         """The speculation trial's switch, with no unit in the engine: this engine stops, and one

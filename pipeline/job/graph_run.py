@@ -123,6 +123,8 @@ def run_graph(dataset, todo: list[WorkUnit], heed: AttemptProgress, board) -> Gr
     batches = iter(dataset.iter_batches(batch_format="pyarrow", batch_size=None))
     try:
         for stats in batches:
+            if not stats.num_rows:  # a unit an engine did not commit: the probe refused the drafter
+                _raise_a_refusal(attempt, board)
             stall.progress()
             if "first_commit" not in attempt.clock.marks:  # the board's figures go to _job.json at the first commit
                 attempt.clock.mark("first_commit")
@@ -133,6 +135,7 @@ def run_graph(dataset, todo: list[WorkUnit], heed: AttemptProgress, board) -> Gr
             _heed_trial(attempt, board)
             if heed.observe(stats):
                 return GraphOutcome.SPECULATION_OFF
+        _raise_a_refusal(attempt, board)  # Ray Data may drop the refused units' empty batches
         losses.note()
         return GraphOutcome.FINISHED
     except StallInterrupt:
@@ -153,6 +156,14 @@ def run_graph(dataset, todo: list[WorkUnit], heed: AttemptProgress, board) -> Gr
         stall.stop()
         batches.close()
         _end_graph(attempt, board)
+
+
+def _raise_a_refusal(attempt, board) -> None:
+    """DrafterRejected, when the probe refused the drafter: the engines commit nothing then and
+    send their units back without a stats row; the refusal is on the board."""
+    refused = probe_refusal(attempt, board)
+    if refused is not None:
+        raise refused
 
 
 def _end_graph(attempt, board) -> None:
