@@ -58,16 +58,17 @@ def test_a_job_whose_units_hold_more_rows_than_it_runs_at_once_begins_with_head_
     from schemas import InputFile
 
     config = config_with(engine={"max_num_seqs": 256}, resources={"rows_per_unit": 4096, "units_in_flight": 2})
-    head = head_units(config)
+    head = head_units(config, 8192)
     assert (head.rows, head.rows_per_unit) == (16 * 256, 256)
+    assert head_units(config, 4095) is None  # too few rows for 16 units of 256: no trial either way
     files = [InputFile(uri=f"in/{n}.parquet", size=1, version="v", rows=4096, text_column="prompt") for n in "ab"]
     units = plan_units(files, 4096, head)
     assert [u.rows for u in units] == [256] * 16 + [4096] and too_few_units(config, len(units), 8192, head) is None
-    small = too_few_units(config, 10, 2560, head)
+    small = too_few_units(config, 10, 2560, head)  # as a resume of a job that began with head units sees it
     assert "2,560 rows to run in 10 units, fewer than the 16 units" in small.reason and "at least 4,096 rows, in units of 256" in small.reason
-    assert head_units(config_with(resources={"rows_per_unit": 16, "units_in_flight": 2})) is None  # 16 <= 32 at once
-    assert head_units(config_with(engine={"max_num_seqs": 256}, resources={"rows_per_unit": 4096}, speculative={"trial": None})) is None
-    assert head_units(config_with(engine={"max_num_seqs": 256}, resources={"rows_per_unit": 4096}, speculative={"enabled": False})) is None
+    assert head_units(config_with(resources={"rows_per_unit": 16, "units_in_flight": 2}), 8192) is None  # 16 <= 32 at once
+    assert head_units(config_with(engine={"max_num_seqs": 256}, resources={"rows_per_unit": 4096}, speculative={"trial": None}), 8192) is None
+    assert head_units(config_with(engine={"max_num_seqs": 256}, resources={"rows_per_unit": 4096}, speculative={"enabled": False}), 8192) is None
 
 
 def test_off_or_null_turns_the_trial_off():

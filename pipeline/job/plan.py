@@ -256,7 +256,7 @@ def plan_job(
     committed = set() if restart else location.committed_units()
     grouping = plan_grouping(config, location, previous, inputs.files, committed)
     ids = _check_ids(config, storage, inputs, previous)
-    head = previous.head_units if previous else head_units(config)  # a job's units never change
+    head = previous.head_units if previous else head_units(config, inputs.rows)  # a job's units never change
     units = plan_units(grouping.record.unit_files(inputs.files), config.resources.rows_per_unit, head)
     done = location.stats_table(committed) if committed else None  # read once: units to retry, and a rerun's totals
     again = error_units(done, retryable_only=not retry_errors) if done is not None else set()

@@ -49,18 +49,18 @@ def skipped(config: JobConfig, reason: str, **figures) -> TrialVerdict:
                         setting=setting_text(config), concurrency=trial_concurrency(config), **figures)
 
 
-def head_units(config: JobConfig) -> Optional[HeadUnits]:
+def head_units(config: JobConfig, job_rows: int) -> Optional[HeadUnits]:
     """The units a new job begins with when its trial would measure units larger than its
     sequences at once: its first rows in units of that many rows, enough for the trial
     (MIN_UNITS_PER_TRIAL_UNIT x trial.units of them), so that the arms measure slices of the job
-    at its concurrency, in engine seconds, whatever resources.rows_per_unit (4,096 by default)."""
+    at its concurrency, in engine seconds, whatever resources.rows_per_unit (4,096 by default).
+    None for a job of fewer rows than that: it could not have its trial anyway."""
     spec = config.speculative
     if not (spec.enabled and spec.drafter and spec.trial):
         return None
     rows = trial_concurrency(config)
-    if config.resources.rows_per_unit <= rows:
-        return None
-    return HeadUnits(rows=MIN_UNITS_PER_TRIAL_UNIT * spec.trial.units * rows, rows_per_unit=rows)
+    head = HeadUnits(rows=MIN_UNITS_PER_TRIAL_UNIT * spec.trial.units * rows, rows_per_unit=rows)
+    return head if config.resources.rows_per_unit > rows and job_rows >= head.rows else None
 
 
 def too_few_units(config: JobConfig, todo_units: int, todo_rows: int, head: Optional[HeadUnits]) -> Optional[TrialVerdict]:
