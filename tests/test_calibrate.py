@@ -251,7 +251,8 @@ def test_a_job_of_the_same_models_and_settings_takes_its_depth_and_verdict_from_
             "enabled": True, "depth_from": "calibration", "num_speculative_tokens": 1, "depth_schedule": None})})
     manifest = run_job(job)
     said = capsys.readouterr().err
-    assert manifest.status == "succeeded", manifest.error
+    # the input's two rows the job refuses (blank and null prompts) are 2 of 32: over max_error_fraction
+    assert manifest.status == "completed_with_errors" and manifest.totals.output_rows == 30, manifest.error
     assert "recommended by the calibration of" in said or "measured off fastest" in said, said
     ran = manifest.config["speculative"]
     if report.recommended_depth == 0 and not report.recommended_schedule:
