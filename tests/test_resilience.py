@@ -106,7 +106,7 @@ def kill_engine_cores(job: subprocess.Popen, wait_seconds: float = 180) -> float
     the job runs (twice a whole-suite run's look found none: the message then lists every vLLM
     process with its session). Returns when it killed, for `wait_for_new_engine_core`."""
     deadline = time.time() + wait_seconds
-    while not (cores := list(titled_processes("VLLM::EngineCore", session=job.pid).values())):
+    while not (cores := engine_cores_of(job)):
         assert job.poll() is None, f"the job ended before its EngineCore was killed: {job.stdout.read()[-3000:]}"
         assert time.time() < deadline, ("no EngineCore in the job's session", [
             (p.pid, p.info["name"], session_of(p.pid), p.create_time()) for p in titled_processes("VLLM::").values()
@@ -116,6 +116,26 @@ def kill_engine_cores(job: subprocess.Popen, wait_seconds: float = 180) -> float
     for proc in cores:
         proc.send_signal(signal.SIGKILL)
     return killed_at
+
+
+def engine_cores_of(job: subprocess.Popen) -> list[psutil.Process]:
+    """The job's EngineCore processes: those of its session, else those among its descendants
+    (a fresh clone's whole-suite run once found none by session for a whole job)."""
+    cores = list(titled_processes("VLLM::EngineCore", session=job.pid).values())
+    if cores:
+        return cores
+    try:
+        below = psutil.Process(job.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    found = []
+    for p in below:
+        try:
+            if "VLLM::EngineCore" in p.name() + " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
 
 
 def session_of(pid: int) -> int | None:
