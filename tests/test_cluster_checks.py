@@ -120,7 +120,8 @@ STALLED_DRIVER = """
 import signal, sys, time
 signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a job a shell or scheduler started in the background
 import pipeline.cluster as cluster
-cluster.WATCH_SECONDS = 0.1
+import pipeline.cluster.watch as watch_module
+watch_module.WATCH_SECONDS = 0.1
 
 def look(idle_seconds):  # what pipeline/job/watch.AttemptLooks finds, here a stall after 0.2 s, or nothing
     return cluster.SchedulingStalled("actor MapWorker(MapBatches(Generator)) (PENDING_CREATION)") if WAITS and idle_seconds > 0.2 else None
