@@ -181,7 +181,7 @@ def group_of(cmdline: str, root: int, pid: int) -> str:
         return "driver"
     if cmdline.startswith("ray::"):
         name = cmdline.split()[0]
-        if "Generator" in name or "vLLMEngineStage" in name:
+        if "MapBatches(EngineStage)" in name or "vLLMEngineStage" in name:
             return "engine actor"
         if "Preprocess" in name or "Tokenize" in name or "Detokenize" in name:
             return "preprocess"

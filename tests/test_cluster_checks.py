@@ -124,7 +124,7 @@ import pipeline.cluster.watch as watch_module
 watch_module.WATCH_SECONDS = 0.1
 
 def look(idle_seconds):  # what pipeline/job/watch.AttemptLooks finds, here a stall after 0.2 s, or nothing
-    return cluster.SchedulingStalled("actor MapWorker(MapBatches(Generator)) (PENDING_CREATION)") if WAITS and idle_seconds > 0.2 else None
+    return cluster.SchedulingStalled("actor waiting-for-a-node (PENDING_CREATION)") if WAITS and idle_seconds > 0.2 else None
 
 WAITS = sys.argv[1] == "stalled"
 started = time.time()
@@ -143,7 +143,7 @@ sys.exit(1)
 """
 
 
-@pytest.mark.parametrize("why, says", [("stalled", "actor MapWorker(MapBatches(Generator))"), ("lease-lost", "lease lost")])
+@pytest.mark.parametrize("why, says", [("stalled", "actor waiting-for-a-node"), ("lease-lost", "lease lost")])
 def test_the_stall_watch_stops_a_driver_that_ignores_sigint(why, says):
     """A stalled job stops with a named error also when it runs with SIGINT ignored, as a
     background job does (a signal-based interrupt did nothing there: the job waited forever);

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.graph import engine_actor_label
 from pipeline.commit.outputs import OutputLocation
 from pipeline.storage import Storage
 from tests.conftest import job_config, write_prompts
@@ -239,7 +240,7 @@ def test_a_job_whose_engines_never_get_resources_stops_with_a_named_error(tmp_pa
         subprocess.run([sys.executable, "-c", RELEASE_SLOTS, "1"], env=cluster.env, check=True, timeout=120)
     assert done.returncode == 1, done.stderr[-3000:]
     assert "specbatch: job failed: no unit committed for" in done.stderr, done.stderr[-3000:]
-    assert "waits for resources: actor MapWorker(MapBatches(Generator))" in done.stderr, done.stderr[-3000:]
+    assert f"waits for resources: actor MapWorker({engine_actor_label()})" in done.stderr, done.stderr[-3000:]
     manifest = json.loads((tmp_path / "out" / "_job.json").read_text())
     assert manifest["status"] == "failed" and manifest["error"].startswith("SchedulingStalled: no unit committed for")
     assert manifest["totals"]["output_rows"] == 0
@@ -299,4 +300,4 @@ def test_nodes_the_autoscaler_may_add_count_and_a_wait_for_them_ends(tmp_path, c
     finally:
         subprocess.run([sys.executable, "-c", PUBLISH_NODE_GROUP, "delete"], env=cluster.env, check=True, timeout=120)
     assert waited.returncode == 1, waited.stderr[-3000:]
-    assert "waits for resources: actor MapWorker(MapBatches(Generator))" in waited.stderr
+    assert f"waits for resources: actor MapWorker({engine_actor_label()})" in waited.stderr

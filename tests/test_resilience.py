@@ -22,6 +22,7 @@ import psutil
 import pytest
 import yaml
 
+from pipeline.graph import engine_actor_label
 from pipeline.commit.outputs import OutputLocation
 from pipeline.config import parse_config
 from pipeline.job.plan import ResultsChanged
@@ -95,7 +96,7 @@ def assert_exactly_once(location: OutputLocation, ids: list[str]) -> None:
 
 def engine_actor_pids(job: subprocess.Popen) -> list[int]:
     """The job's engine actor processes (Ray workers titled after the map stage), from its session."""
-    return list(titled_processes("MapBatches(Generator)", session=job.pid))
+    return list(titled_processes(engine_actor_label(), session=job.pid))
 
 
 def kill_engine_cores(job: subprocess.Popen, wait_seconds: float = 180) -> float:
@@ -223,34 +224,34 @@ def beat_elsewhere(location: OutputLocation) -> float:
 
 def test_a_generator_freed_by_the_cyclic_collector_stops_its_engine_before_vllms_finalizers():
     """vLLM stops EngineCore in weakref finalizers, and Python's cyclic collector calls those
-    before any __del__: a Generator in a reference cycle would have its EngineCore stopped under
+    before any __del__: an EngineStage in a reference cycle would have its EngineCore stopped under
     a live output handler (EngineDeadError in the worker's log, seen in a fresh clone's demo)
-    before Generator.stop could stop it in order. The engine here is a stand-in carrying a
+    before EngineStage.stop could stop it in order. The engine here is a stand-in carrying a
     finalizer as vLLM's AsyncLLM does, since a real one costs an engine start; the demo's log
     test (tests/test_install.py) checks a real engine's stop."""
     import gc
     import weakref
     from types import SimpleNamespace
 
-    from pipeline.graph import generator
+    from pipeline.graph import engine_stage
 
     events: list[str] = []
 
-    class Engine:  # what Generator.stop uses of AsyncLLM
+    class Engine:  # what EngineStage.stop uses of AsyncLLM
         output_handler = None
 
         def shutdown(self) -> None:
-            events.append("Generator.stop")
+            events.append("EngineStage.stop")
 
     engine = Engine()
     weakref.finalize(engine, events.append, "vLLM's finalizer")
-    actor = generator.Generator.__new__(generator.Generator)
-    actor.engine, actor.stopped = generator.held_until_stopped(engine), False
+    actor = engine_stage.EngineStage.__new__(engine_stage.EngineStage)
+    actor.engine, actor.stopped = engine_stage.held_until_stopped(engine), False
     actor.requests, actor.processes = SimpleNamespace(dying=False), SimpleNamespace(end=lambda: None)
     actor.itself = actor  # the cycle
     del engine, actor
     gc.collect()
-    assert events == ["Generator.stop", "vLLM's finalizer"]
+    assert events == ["EngineStage.stop", "vLLM's finalizer"]
 
 
 @pytest.mark.engine

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.graph import engine_actor_label
 from pipeline.commit.outputs import OutputLocation
 from pipeline.config import parse_config
 from pipeline.job.runner import run_job
@@ -86,7 +87,7 @@ def assert_no_engine_actor_left(timeout: float) -> None:
                 title = " ".join(proc.cmdline())
             except psutil.Error:
                 continue
-            if "MapBatches(Generator)" in title or title.startswith(("VLLM::EngineCore", "VLLM::Worker")):
+            if engine_actor_label() in title or title.startswith(("VLLM::EngineCore", "VLLM::Worker")):
                 names.append(f"{proc.pid} {title[:60]}")
         return names
 

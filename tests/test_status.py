@@ -44,7 +44,7 @@ def job(random_kit_job):
 
 
 # the session's Ray forwards its workers' log lines to this stdout whenever they come, each
-# line prefixed with its process: "\x1b[36m(MapWorker(MapBatches(Generator)) pid=21530)\x1b[0m ..."
+# line prefixed with its process: "\x1b[36m(MapWorker(MapBatches(EngineStage)) pid=21530)\x1b[0m ..."
 RAY_FORWARDED = re.compile(r"^(?:\x1b\[[0-9;]*m)?\((?:.*? )?pid=\d+\)")
 
 

@@ -7,11 +7,11 @@ from pipeline.cluster.placement import (
     cluster_capacity, engine_remote_args, engine_task_options, read_concurrency,
 )
 from pipeline.cluster.watch import (
-    ENGINE_ACTOR, WATCH_SECONDS, ClusterWatch, SchedulingStalled, StallInterrupt, StallWatch, stall_message,
+    WATCH_SECONDS, ClusterWatch, SchedulingStalled, StallInterrupt, StallWatch, stall_message,
 )
 
 __all__ = [
-    "ENGINE_ACTOR", "PREPROCESS_CPUS", "READ_TASK_CPUS", "WATCH_SECONDS", "ClusterPathRefused", "ClusterWatch",
+    "PREPROCESS_CPUS", "READ_TASK_CPUS", "WATCH_SECONDS", "ClusterPathRefused", "ClusterWatch",
     "SchedulingStalled", "StallInterrupt", "StallWatch", "Unschedulable", "check_cluster_paths", "check_schedulable",
     "cluster_capacity", "engine_remote_args", "engine_task_options", "read_concurrency", "stall_message",
 ]

@@ -14,7 +14,6 @@ from pipeline.config import JobConfig
 
 
 WAITING_ACTOR_STATES = ("PENDING_CREATION", "DEPENDENCIES_UNREADY", "RESTARTING")
-ENGINE_ACTOR = "MapBatches(Generator)"  # the class name Ray Data gives the engine actor pool's actors
 # How often the driver looks at the cluster.
 WATCH_SECONDS = 10.0
 
@@ -24,11 +23,14 @@ class SchedulingStalled(RuntimeError):
 
 
 class ClusterWatch:
-    """Nodes lost since the watch started, and whether anything of the job waits for resources."""
+    """Nodes lost since the watch started, and whether anything of the job waits for resources.
+    `engine_actor`: what Ray calls the engine actors (pipeline/graph.engine_actor_label), named
+    first among what waits."""
 
-    def __init__(self):
+    def __init__(self, engine_actor: str = ""):
         import ray
 
+        self.engine_actor = engine_actor
         self.job_id = ray.get_runtime_context().get_job_id()
         self.alive = self._alive_nodes()
 
@@ -57,7 +59,7 @@ class ClusterWatch:
             f"placement group {group_id[:8]} {group.get('bundles')} ({group.get('strategy')})"
             for group_id, group in ray.util.placement_group_table().items() if group.get("state") == "PENDING"
         ]
-        return sorted(actors, key=lambda actor: ENGINE_ACTOR not in actor) + groups
+        return sorted(actors, key=lambda actor: not (self.engine_actor and self.engine_actor in actor)) + groups
 
 
 def stall_message(config: JobConfig, waiting: list[str], idle_seconds: float) -> str:

@@ -1,7 +1,7 @@
 """The job's Ray Data graph, over the units left to run:
 
     UnitDatasource (one read task per unit) -> Preprocessor (CPU: validate, chat template,
-    tokenize) -> Generator actor pool (one vLLM engine each; commits each unit)
+    tokenize) -> EngineStage actor pool (one vLLM engine each; commits each unit)
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from schemas import DuplicateId
 
 
 if TYPE_CHECKING:  # the engine actor's module imports Ray's metrics: a run imports it once it has work
-    from pipeline.graph.generator import EngineActorArgs
+    from pipeline.graph.engine_stage import EngineActorArgs
 
 def build_dataset(config: JobConfig, units: list[WorkUnit], engines: EngineActorArgs, duplicates: Sequence[DuplicateId] = ()):
     """The Ray Data graph over `units`; nothing runs until the caller iterates it. `engines`:
-    what each engine actor is built with beside the config (pipeline/graph/generator.py);
+    what each engine actor is built with beside the config (pipeline/graph/engine_stage.py);
     `duplicates`: rows whose id an earlier row has (the plan's id check), each its row's error."""
     import ray
     from ray.data import ActorPoolStrategy
@@ -58,17 +58,26 @@ def build_dataset(config: JobConfig, units: list[WorkUnit], engines: EngineActor
         return _engine_stage(ds, config, engines)
 
 
+def engine_actor_label() -> str:
+    """What Ray calls the engine actors, inside `MapWorker(...)`: Ray Data's name for a map stage
+    of this class. The cluster watch names them first among what waits for resources, and the
+    tests find their processes by it."""
+    from pipeline.graph.engine_stage import EngineStage
+
+    return f"MapBatches({EngineStage.__name__})"
+
+
 def _engine_stage(ds, config: JobConfig, engines: EngineActorArgs):
     from ray.data import ActorPoolStrategy
 
-    from pipeline.graph.generator import Generator
+    from pipeline.graph.engine_stage import EngineStage
 
     resources = config.resources
     # Ray Data grows a pool when the units sent to its actors reach 1.75x the units they run at
     # once: an autoscaling pool lets each engine hold as many units waiting as running.
     waiting = resources.units_in_flight if resources.max_replicas > resources.min_replicas else 0
     return ds.map_batches(
-        Generator,
+        EngineStage,
         fn_constructor_kwargs=dict(config=config.model_dump(mode="json"), engines=engines),
         batch_format="pyarrow",
         batch_size=None,

@@ -17,6 +17,7 @@ import pyarrow as pa
 from pipeline.cluster import WATCH_SECONDS, ClusterWatch, StallInterrupt, StallWatch
 from pipeline.cluster.startup import start_cost
 from pipeline.commit.units import WorkUnit
+from pipeline.graph import engine_actor_label
 from pipeline.job.breaker import ErrorBreaker
 from pipeline.job.console import Pace, commit_window, print_progress, progress_line, say
 from pipeline.job.manifest import now, plain_text
@@ -112,7 +113,7 @@ def run_graph(dataset, todo: list[WorkUnit], heed: AttemptProgress, board) -> Gr
     JobStalled, EnginesKeepFailing), DrafterRejected, or LeaseLost (an engine refused to
     commit, or the heartbeat found another owner)."""
     attempt = heed.attempt
-    watch = ClusterWatch()
+    watch = ClusterWatch(engine_actor_label())
     losses = NodeLosses(attempt, watch, todo)
     stall = StallWatch(AttemptLooks(attempt, board, watch, todo), lost=lambda: attempt.lease.lost is not None)
     looked = time.time()
@@ -219,7 +220,7 @@ class NodeLosses:
 
 def _stop_engines(board) -> None:
     """Each engine actor of the graph exits as an actor that is done (its engine stops first,
-    in Generator.__del__). Ray Data lets go of its actors and leaves them to reference
+    in EngineStage.__del__). Ray Data lets go of its actors and leaves them to reference
     counting, which a graph that failed does not reach while its exception is held (a caller
     that keeps it, a traceback): their engines would sit idle, holding memory and polling.
     The board ends with its graph too: the dataset holds its handle in a reference cycle, so

@@ -228,7 +228,7 @@ class JobAttempt:
         # The engine actor's module imports Ray's metrics: only a run with work imports it.
         from pipeline.graph import build_dataset
         from pipeline.graph.engine_trial import trial_plan
-        from pipeline.graph.generator import EngineActorArgs
+        from pipeline.graph.engine_stage import EngineActorArgs
 
         config, todo, manifest = self.config, self.plan.todo, self.manifest
         drafter = model_id(self.plan.drafter) if self.plan.drafter and config.speculative.enabled else None

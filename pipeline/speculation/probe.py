@@ -10,7 +10,7 @@ and refuses the drafter below `speculative.probe.min_mean_acceptance_length`, an
 cut (vLLM's acceptance counters leave them out).
 
 In a job the probe runs on the job's own first engine (pipeline/cluster/job_board.py, measured by
-pipeline/graph/generator.py): one engine start per replica. `specbatch check-drafter --probe` runs it
+pipeline/graph/engine_stage.py): one engine start per replica. `specbatch check-drafter --probe` runs it
 on an engine of its own (`probe_job_input`). Rows come from a few units spread over the input
 (each read from its own row groups only) and are prepared exactly as the job prepares them.
 With a depth schedule the rows run at the concurrency where the schedule drafts deepest, since

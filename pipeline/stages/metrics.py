@@ -1,6 +1,6 @@
 """Prometheus metrics of the engine actors, through Ray's metrics API.
 
-Each Generator actor records one update per committed unit, tagged with the job id and its
+Each engine actor (pipeline/graph/engine_stage.py) records one update per committed unit, tagged with the job id and its
 replica (the actor id). Ray exports them on every node's metrics endpoint with the prefix
 `ray_` (counters also get `_total`): e.g. `ray_specbatch_rows_done_total`. The dashboard in
 infra/grafana/specbatch.json plots them.

@@ -69,7 +69,7 @@ class EngineActorArgs:
     trial: Optional[dict] = None  # pipeline/graph/engine_trial.trial_plan, when this graph runs the speculation trial
 
 
-class Generator:
+class EngineStage:
     def __init__(self, config: dict[str, Any], engines: EngineActorArgs):
         began = time.time()
         import ray
@@ -264,16 +264,16 @@ _ENGINES_UNTIL_STOPPED: set = set()
 
 
 def held_until_stopped(engine):
-    """The engine, held by this module until `Generator.stop`. A Generator in a reference cycle
+    """The engine, held by this module until `EngineStage.stop`. An EngineStage in a reference cycle
     is freed by Python's cyclic collector, which calls the weakref callbacks of everything it
     frees before any `__del__`: vLLM's finalizers would stop EngineCore under a live output
-    handler (EngineDeadError in the worker's log) before `Generator.__del__` could stop the
+    handler (EngineDeadError in the worker's log) before `EngineStage.__del__` could stop the
     engine in order. Held here, the engine is not among the cycle's garbage."""
     _ENGINES_UNTIL_STOPPED.add(engine)
     return engine
 
 
-async def _watch_engine(generator: weakref.ref) -> None:
+async def _watch_engine(stage: weakref.ref) -> None:
     """Every second: whether the engine still makes steps while it holds requests (a hung one is
     ended as a dead one is, and Ray replaces the actor), the replica's gauge, and every few
     seconds its progress to the job board, which the driver and status read. It holds the actor
@@ -282,19 +282,19 @@ async def _watch_engine(generator: weakref.ref) -> None:
     reported = 0.0
     while True:
         await asyncio.sleep(ENGINE_WATCH_SECONDS)
-        actor = generator()
+        actor = stage()
         if actor is None or actor.stopped or actor.requests.dying:
             return
         reported = await actor._look_at_engine(reported)
         del actor
 
 
-def _stop_at_exit(generator: weakref.ref) -> None:
+def _stop_at_exit(stage: weakref.ref) -> None:
     """At the actor process's exit, the engine of an actor that Ray Data's pool shutdown did not
     free (something still held it, so `__del__` did not run): stopped before vLLM's own exit
     hooks kill EngineCore under a live output handler, which then logs EngineDeadError (seen in
     one whole-suite run's demo). Registered after the engine's start, so it runs before them."""
-    alive = generator()
+    alive = stage()
     if alive is not None:
         alive.stop()
 
