@@ -112,14 +112,14 @@ class StallWatch(threading.Thread):
                 _raise_in_main_thread(None)
 
     def run(self) -> None:
-        looked = 0.0
+        last_look = 0.0
         while not self._stopped.wait(1.0):
             if self.lost():
                 self._interrupt(None)
                 continue
-            if time.time() - looked < WATCH_SECONDS:
+            if time.time() - last_look < WATCH_SECONDS:
                 continue
-            looked = time.time()
+            last_look = time.time()
             try:
                 failure = self.look(time.time() - self.last)
             except Exception as exc:  # a GCS or storage call that failed (a loaded or shrinking cluster): look again next round

@@ -143,7 +143,7 @@ class EngineStage:
         if self.watching is None:
             self.watching = asyncio.ensure_future(_watch_engine(weakref.ref(self)))
         await self._probe_once()
-        suspects = await asyncio.to_thread(self._suspects, unit_id)
+        suspects = await asyncio.to_thread(self._start_unit_attempt, unit_id)
         arm = await self.trial.enter(self._restart_engine)
         started, engine_seconds, out = time.time(), 0.0, None
         try:
@@ -241,7 +241,7 @@ class EngineStage:
             await self.board.check_in.remote(start)
         return ready - began
 
-    def _suspects(self, unit_id: str) -> dict | None:
+    def _start_unit_attempt(self, unit_id: str) -> dict | None:
         """Starts the unit's attempt; its suspects once it was in flight at enough engine deaths."""
         crashes_before = self.location.start_attempt(unit_id)
         if crashes_before >= self.config.retries.isolate_after_attempts:

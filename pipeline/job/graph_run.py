@@ -107,16 +107,16 @@ class AttemptProgress:
         print_progress(progress_line(done, self.total_rows, engine_rate, wall_rate, acceptance, eta), done >= self.total_rows)
 
 
-def run_graph(dataset, todo: list[WorkUnit], heed: AttemptProgress, board) -> GraphOutcome:
+def run_graph(dataset, todo: list[WorkUnit], progress: AttemptProgress, board) -> GraphOutcome:
     """Iterates one graph to its outcome. Nodes that leave are noted in `_job.json` when
     seen. Stops with what the job watch found (pipeline/job/watch.py: SchedulingStalled,
     JobStalled, EnginesKeepFailing), DrafterRejected, or LeaseLost (an engine refused to
     commit, or the heartbeat found another owner)."""
-    attempt = heed.attempt
+    attempt = progress.attempt
     watch = ClusterWatch(engine_actor_label())
     losses = NodeLosses(attempt, watch, todo)
     stall = StallWatch(AttemptLooks(attempt, board, watch, todo), lost=lambda: attempt.lease.lost is not None)
-    looked = time.time()
+    last_look = time.time()
     attempt.clock.mark("graph_started")
     stall.start()
     # closed in `finally`, as Ray Data asks of an iterator held by name: its executor stops
@@ -130,11 +130,11 @@ def run_graph(dataset, todo: list[WorkUnit], heed: AttemptProgress, board) -> Gr
             if "first_commit" not in attempt.clock.marks:  # the board's figures go to _job.json at the first commit
                 attempt.clock.mark("first_commit")
                 _record_board(attempt, board)
-            if time.time() - looked > WATCH_SECONDS:
+            if time.time() - last_look > WATCH_SECONDS:
                 losses.note()
-                looked = time.time()
-            _heed_trial(attempt, board)
-            if heed.observe(stats):
+                last_look = time.time()
+            _record_trial_verdict(attempt, board)
+            if progress.observe(stats):
                 return GraphOutcome.SPECULATION_OFF
         _raise_a_refusal(attempt, board)  # Ray Data may drop the refused units' empty batches
         losses.note()
@@ -283,7 +283,7 @@ def _record_board(attempt, board) -> None:
     attempt.save()
 
 
-def _heed_trial(attempt, board) -> None:
+def _record_trial_verdict(attempt, board) -> None:
     """The speculation trial's verdict, once its engine posts it: into `_job.json` and one console line."""
     manifest = attempt.manifest
     if manifest.trial is not None or not attempt.config.speculative.enabled or not attempt.config.speculative.trial:

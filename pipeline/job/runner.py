@@ -113,8 +113,8 @@ class JobAttempt:
     def _take_lease(self) -> Optional[Lease]:
         """The lease, and the dead run's it took over (if any)."""
         self.lease = OutputLease(self.location, self.config.lease, self.plan.job_id, self.plan.attempt_number)
-        tell = functools.partial(say, True) if self.options.progress else log.warning
-        dead_owner = self.lease.acquire(take_over=self.options.take_over, say=tell)
+        announce = functools.partial(say, True) if self.options.progress else log.warning
+        dead_owner = self.lease.acquire(take_over=self.options.take_over, say=announce)
         self.location.write_only_while(self.lease.still_ours)
         return dead_owner
 
@@ -178,11 +178,11 @@ class JobAttempt:
             if rejected:
                 raise rejected
             return kept
-        rows, near = job_probe_rows(config, plan.location.storage, plan.todo)
+        rows, near_limit_rows = job_probe_rows(config, plan.location.storage, plan.todo)
         if rows:
             say(self.options.progress,
                 f"drafter probe: {len(rows)} rows of the input, measured on the job's first engine before any unit commits")
-        self.probe_rows = (rows, near)
+        self.probe_rows = (rows, near_limit_rows)
         return None
 
     def _group_rows(self) -> None:
@@ -236,18 +236,18 @@ class JobAttempt:
         # An earlier attempt's guard turned speculation off: a resume keeps it off.
         disabled = any(e.action == "disable-speculation" for e in manifest.guard_events)
         guard = AcceptanceGuard(guard_config, self.record.number) if guard_config and drafter and not disabled else None
-        heed = AttemptProgress(self, sum(u.rows for u in todo) + self.record.skipped_rows, guard)
+        progress = AttemptProgress(self, sum(u.rows for u in todo) + self.record.skipped_rows, guard)
         probe_rows = self.probe_rows
         self._skip_a_trial_too_small(drafter is not None and not disabled)
         while todo:
             trial = None
             if disabled or (manifest.trial and manifest.trial.outcome == "turned-off"):
-                config, drafter, heed.guard, probe_rows = config.without_speculation(), None, None, ([], 0)
+                config, drafter, progress.guard, probe_rows = config.without_speculation(), None, None, ([], 0)
             elif drafter and config.speculative.trial and manifest.trial is None:
                 trial = trial_plan(config, sum(u.rows for u in todo), self.plan.head)
             board = start_board(*probe_rows)
             engines = EngineActorArgs(model_id(self.plan.target), drafter, manifest.job_id, disabled, board, self.lease.fence, trial)
-            outcome = run_graph(build_dataset(config, todo, engines, self.plan.ids.duplicates), todo, heed, board)
+            outcome = run_graph(build_dataset(config, todo, engines, self.plan.ids.duplicates), todo, progress, board)
             probe_rows = ([], 0)  # judged by this graph, or refused (and then the job has stopped)
             if outcome is GraphOutcome.FINISHED:
                 return

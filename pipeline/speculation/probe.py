@@ -168,15 +168,15 @@ def job_probe_rows(config: JobConfig, storage: Storage, units: Sequence[WorkUnit
     out. No rows, with a warning, when every row read ends near the length limit: the probe
     cannot judge the drafter there (the guard still watches). DrafterMismatch when every row
     read was refused."""
-    rows, near = probe_rows(config, storage, units, config.speculative.probe.rows)
+    rows, near_limit_rows = probe_rows(config, storage, units, config.speculative.probe.rows)
     if rows:
-        return rows, near
-    if near:
+        return rows, near_limit_rows
+    if near_limit_rows:
         log.warning(
             "drafter probe skipped: all %d rows read end within 2k tokens of engine.max_model_len, where vLLM stops "
             "drafting; raise max_model_len by %d for speculation to pay", near, 2 * config.speculative.num_speculative_tokens,
         )
-        return [], near
+        return [], near_limit_rows
     raise DrafterMismatch(
         f"the probe found no usable row in {config.input_uri} (every row read was refused); fix the input rows, or "
         "set speculative.probe.rows: 0 to skip the probe"
@@ -195,10 +195,10 @@ def probe_job_input(
     if units is None:
         units = plan_units(inspect_inputs(config.input_uri, storage, shape=RowShape.for_job(config)).files,
                            config.resources.rows_per_unit)
-    rows, near = job_probe_rows(config, storage, units)
+    rows, near_limit_rows = job_probe_rows(config, storage, units)
     if not rows:
         return None
-    result = run_probe(config, rows, near)
+    result = run_probe(config, rows, near_limit_rows)
     rejected = refusal(config, result)
     if rejected:
         raise rejected
