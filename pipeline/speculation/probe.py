@@ -174,7 +174,7 @@ def job_probe_rows(config: JobConfig, storage: Storage, units: Sequence[WorkUnit
     if near_limit_rows:
         log.warning(
             "drafter probe skipped: all %d rows read end within 2k tokens of engine.max_model_len, where vLLM stops "
-            "drafting; raise max_model_len by %d for speculation to pay", near, 2 * config.speculative.num_speculative_tokens,
+            "drafting; raise max_model_len by %d for speculation to pay", near_limit_rows, 2 * config.speculative.num_speculative_tokens,
         )
         return [], near_limit_rows
     raise DrafterMismatch(

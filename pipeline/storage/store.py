@@ -24,7 +24,7 @@ from fsspec.asyn import AsyncFileSystem, sync
 from fsspec.core import url_to_fs
 
 from pipeline.config import StorageConfig
-from pipeline.storage.retry import StorageUnavailable, call_deadline, describe_store, retrying, s3_client_config
+from pipeline.storage.retry import call_deadline, describe_store, retrying, s3_client_config
 
 log = logging.getLogger("specbatch.storage")
 T = TypeVar("T")
