@@ -222,6 +222,14 @@ def test_a_run_whose_lease_another_run_took_is_fenced(location):
         with pytest.raises(LeaseLost):
             old.still_ours()
         check_fence(location, **new.fence)
+        # the commit the engines run: the old run's unit is refused before its marker, the new one's lands
+        from tests.test_outputs import stats as outputs_stats
+
+        with pytest.raises(LeaseLost):
+            location.commit("u-old", {"outputs": pa.table({"id": ["a"]})}, outputs_stats("u-old", rows=1, outputs=1), old.fence)
+        marker = location.commit("u-new", {"outputs": pa.table({"id": ["b"]})}, outputs_stats("u-new", rows=1, outputs=1), new.fence)
+        assert location.committed_units() == {"u-new"} and marker.stats.lease_owner == new.lease.owner
+        assert marker.token.startswith(f"g{new.lease.generation}-")
         old.release()
         assert new.current().owner == new.lease.owner
     finally:

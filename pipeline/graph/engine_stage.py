@@ -31,7 +31,6 @@ import pyarrow as pa
 
 from pipeline.cluster.job_board import VERDICT_WAIT_SECONDS
 from pipeline.cluster.startup import process_started_at
-from pipeline.commit.lease import check_fence
 from pipeline.commit.outputs import OutputLocation
 from pipeline.commit.units import unit_of
 from pipeline.config import JobConfig
@@ -250,12 +249,7 @@ class EngineStage:
 
     def _commit(self, unit_id: str, out: UnitResults, carried: pa.Table, stats: UnitStats, received: float) -> pa.Table:
         stats.wall_seconds = time.time() - received
-        stats.lease_owner = self.fence["owner"] if self.fence else ""
-        marker = self.location.write_files(unit_id, tables(out, carried), stats, self.fence["generation"] if self.fence else 0)
-        if self.fence is not None:  # a run that lost the location commits nothing more
-            check_fence(self.location, **self.fence)
-        self.location.publish(marker)
-        self.location.finish_attempt(unit_id)
+        marker = self.location.commit(unit_id, tables(out, carried), stats, self.fence)
         self.metrics.record(marker.stats)
         return pa.Table.from_pylist([marker.stats.model_dump()], schema=arrow_schema(UnitStats))
 
