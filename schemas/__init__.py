@@ -7,12 +7,18 @@ from its model (`arrow_schema`), and the JSON Schema exported for other language
 
 from __future__ import annotations
 
+import datetime as dt
 import types
 import typing
 from typing import Any, Literal, Optional
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
+
+
+def utc_timestamp() -> str:
+    """Now, as every timestamp of the contracts is written: ISO 8601 in UTC, to the second."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
 class Contract(BaseModel):

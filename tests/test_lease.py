@@ -226,8 +226,10 @@ def test_a_run_whose_lease_another_run_took_is_fenced(location):
         from tests.test_outputs import stats as outputs_stats
 
         with pytest.raises(LeaseLost):
-            location.commit("u-old", {"outputs": pa.table({"id": ["a"]})}, outputs_stats("u-old", rows=1, outputs=1), old.fence)
-        marker = location.commit("u-new", {"outputs": pa.table({"id": ["b"]})}, outputs_stats("u-new", rows=1, outputs=1), new.fence)
+            location.commit("u-old", {"outputs": pa.table({"id": ["a"]})}, outputs_stats("u-old", rows=1, outputs=1), old.fence,
+                            check_fence)
+        marker = location.commit("u-new", {"outputs": pa.table({"id": ["b"]})}, outputs_stats("u-new", rows=1, outputs=1), new.fence,
+                                 check_fence)
         assert location.committed_units() == {"u-new"} and marker.stats.lease_owner == new.lease.owner
         assert marker.token.startswith(f"g{new.lease.generation}-")
         old.release()

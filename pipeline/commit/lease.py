@@ -37,7 +37,7 @@ from typing import Callable, Optional
 from pipeline.commit.outputs import LEASE, OutputLocation
 from pipeline.config import LeaseConfig
 from pipeline.storage import PreconditionFailed, StorageUnavailable, json_bytes
-from schemas import Lease
+from schemas import Lease, utc_timestamp
 
 log = logging.getLogger("specbatch.lease")
 
@@ -121,7 +121,7 @@ class OutputLease:
             owner=f"{host}:{pid}:{uuid.uuid4().hex[:8]}",
             job_id=job_id,
             attempt=attempt,
-            acquired_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            acquired_at=utc_timestamp(),
             heartbeat_at=time.time(),
             stale_after_seconds=config.stale_after_seconds,
             host=host,

@@ -103,16 +103,17 @@ class OutputLocation:
         """Second half: the marker makes exactly its files visible (an object PUT is atomic)."""
         self.storage.write_json(self.path(COMMITS, f"{marker.unit_id}.json"), marker.model_dump(mode="json"))
 
-    def commit(self, unit_id: str, tables: dict[str, pa.Table], stats: UnitStats, fence: Optional[dict] = None) -> CommitMarker:
+    def commit(
+        self, unit_id: str, tables: dict[str, pa.Table], stats: UnitStats, fence: Optional[dict] = None,
+        check_fence: Optional[Callable[..., None]] = None,
+    ) -> CommitMarker:
         """The unit committed: its files, then, under a run's lease (`fence`: its owner and
-        generation), a check that the lease is still the run's (pipeline/commit/lease.check_fence:
-        a run that lost the location commits nothing more), then the marker that makes the files
-        visible, and the unit's attempt finished."""
+        generation), `check_fence(self, **fence)` (pipeline/commit/lease.check_fence, which this
+        module cannot import: a run that lost the location commits nothing more), then the marker
+        that makes the files visible, and the unit's attempt finished."""
         stats = stats.model_copy(update={"lease_owner": fence["owner"] if fence else ""})
         marker = self.write_files(unit_id, tables, stats, fence["generation"] if fence else 0)
-        if fence is not None:
-            from pipeline.commit.lease import check_fence  # the lease module builds on this one
-
+        if fence is not None and check_fence is not None:
             check_fence(self, **fence)
         self.publish(marker)
         self.finish_attempt(unit_id)

@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from pipeline.cluster.job_board import VERDICT_WAIT_SECONDS
 from pipeline.cluster.startup import process_started_at
+from pipeline.commit.lease import check_fence
 from pipeline.commit.outputs import OutputLocation
 from pipeline.commit.units import unit_of
 from pipeline.config import JobConfig
@@ -249,7 +250,7 @@ class EngineStage:
 
     def _commit(self, unit_id: str, out: UnitResults, carried: pa.Table, stats: UnitStats, received: float) -> pa.Table:
         stats.wall_seconds = time.time() - received
-        marker = self.location.commit(unit_id, tables(out, carried), stats, self.fence)
+        marker = self.location.commit(unit_id, tables(out, carried), stats, self.fence, check_fence)
         self.metrics.record(marker.stats)
         return pa.Table.from_pylist([marker.stats.model_dump()], schema=arrow_schema(UnitStats))
 

@@ -15,7 +15,6 @@ an engine told `turned-off` drains its units and restarts without the drafter.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import time
 from typing import Any, Awaitable, Callable, Optional
@@ -24,7 +23,7 @@ from ray.exceptions import RayActorError
 
 from pipeline.config import JobConfig
 from pipeline.speculation.trial import ArmClock, arm_wants_more, decide, setting_text, worth_a_trial, worth_measuring_off
-from schemas import HeadUnits
+from schemas import HeadUnits, utc_timestamp
 
 Restart = Callable[[bool], Awaitable[float]]
 logger = logging.getLogger(__name__)
@@ -117,7 +116,7 @@ class EngineTrial:
             await self._switch(restart, False)
 
     async def _post(self, verdict) -> None:
-        verdict.engine_restarts, verdict.actor_id, verdict.decided_at = self.restarts, self.actor_id, dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        verdict.engine_restarts, verdict.actor_id, verdict.decided_at = self.restarts, self.actor_id, utc_timestamp()
         await self.board.post_trial.remote(verdict.model_dump(mode="json"))
         if verdict.speedup_vs_off is not None:
             self.metrics.record_trial(verdict.speedup_vs_off)

@@ -20,12 +20,12 @@ from pipeline.commit.units import WorkUnit
 from pipeline.graph import engine_actor_label
 from pipeline.job.breaker import ErrorBreaker
 from pipeline.job.console import Pace, commit_window, print_progress, progress_line, say
-from pipeline.job.manifest import now, plain_text
+from pipeline.job.manifest import plain_text
 from pipeline.job.watch import AttemptLooks, probe_refusal
 from pipeline.speculation.guard import AcceptanceGuard, AcceptanceTooLow
 from pipeline.stages.stats import EngineBusyTime
 from pipeline.storage import StorageUnavailable
-from schemas import GuardEvent, NodeLoss, ProbeResult, TrialVerdict
+from schemas import GuardEvent, NodeLoss, ProbeResult, TrialVerdict, utc_timestamp
 
 log = logging.getLogger("specbatch")
 # The driver writes its stats file at least this often: a killed driver leaves the next
@@ -76,7 +76,7 @@ class AttemptProgress:
         if self.attempt.options.progress:
             self._print(record.skipped_rows + record.processed_rows)
         if time.time() - self.flushed > STATS_FLUSH_SECONDS:
-            self.attempt.location.write_stats(record.number, list(self.heard.values()))
+            self.attempt.write_stats()
             self.flushed = time.time()
         events = [event for event in map(self.guard.observe, rows) if event] if self.guard else []
         for event in events:
@@ -194,7 +194,7 @@ class NodeLosses:
             committed = location.committed_units()
             for node, address in new.items():
                 known[node] = NodeLoss(
-                    time=now(), node_id=node, address=address, recovery="ray-data-retried",
+                    time=utc_timestamp(), node_id=node, address=address, recovery="ray-data-retried",
                     units_not_committed=sum(1 for u in self.todo if u.unit_id not in committed),
                 )
                 record.node_losses.append(known[node])

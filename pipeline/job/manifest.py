@@ -12,11 +12,9 @@ from typing import Optional
 from pipeline.commit.units import WorkUnit
 from pipeline.config import JobConfig
 from pipeline.job.plan import JobPlan, results_fingerprint
-from schemas import LAYOUT_VERSION, Attempt, AttemptAdded, InputFile, JobManifest, JobTotals, Lease, ProbeResult, Versions
-
-
-def now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+from schemas import (
+    LAYOUT_VERSION, Attempt, AttemptAdded, InputFile, JobManifest, JobTotals, Lease, ProbeResult, Versions, utc_timestamp,
+)
 
 
 def plain_text(message: str) -> str:
@@ -46,7 +44,7 @@ def new_manifest(config: JobConfig, plan: JobPlan, cluster: Optional[str], probe
     previous, units, todo = plan.previous, plan.units, plan.todo
     attempt = Attempt(
         number=plan.attempt_number,
-        started_at=now(),
+        started_at=utc_timestamp(),
         status="running",
         skipped_rows=sum(u.rows for u in units) - sum(u.rows for u in todo),
         units_planned=len(units),

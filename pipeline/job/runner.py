@@ -17,6 +17,8 @@ import logging
 import time
 from typing import Optional
 
+import pyarrow as pa
+
 from pipeline.cluster import check_cluster_paths, check_schedulable, cluster_capacity
 from pipeline.cluster.job_board import start_board
 from pipeline.cluster.startup import StartClock, ray_init
@@ -25,7 +27,7 @@ from pipeline.config import JobConfig
 from pipeline.commit.units import plan_units
 from pipeline.job.console import say
 from pipeline.job.graph_run import AttemptProgress, GraphOutcome, run_graph
-from pipeline.job.manifest import added_by, close_killed_attempt, finished_status, new_manifest, now, plain_text, plan_summary
+from pipeline.job.manifest import added_by, close_killed_attempt, finished_status, new_manifest, plain_text, plan_summary
 from pipeline.job.plan import (
     JobPlan,
     RunOptions,
@@ -40,7 +42,7 @@ from pipeline.speculation.probe import job_probe_rows, refusal, rejudged
 from pipeline.speculation.trial import too_few_units
 from pipeline.stages.stats import billed_replicas, totals_from_stats
 from pipeline.storage import StorageUnavailable
-from schemas import Attempt, EngineDeath, JobManifest, Lease, ProbeResult
+from schemas import Attempt, EngineDeath, JobManifest, Lease, ProbeResult, utc_timestamp
 
 log = logging.getLogger("specbatch")
 
@@ -86,6 +88,12 @@ class JobAttempt:
     @property
     def record(self) -> Attempt:
         return self.manifest.attempts[-1]
+
+    def write_stats(self, committed: Optional[set[str]] = None) -> pa.Table:
+        """This attempt's stats file (pipeline/commit/outputs.write_stats), written from here
+        alone: every STATS_FLUSH_SECONDS while it runs, at its end (`committed`: then with every
+        committed unit no other file holds, returning them all), and when it was fenced."""
+        return self.location.write_stats(self.record.number, list(self.heard.values()), committed)
 
     def save(self) -> None:
         """`_job.json`, written here alone. A fenced attempt replaces only its own record (a
@@ -282,9 +290,9 @@ class JobAttempt:
             stats = plan.done if plan.done is not None else location.stats_table(committed)
         else:  # files of commits that never finished or were superseded; this attempt's stats file
             location.cleanup(committed, since=self.started, generation=self.lease.lease.generation)
-            stats = location.write_stats(record.number, list(self.heard.values()), committed)
+            stats = self.write_stats(committed)
             record.added = added_by(list(self.heard.values()), plan.inputs.files, plan.previous)
-        record.wall_seconds, record.ended_at = time.time() - self.started, now()
+        record.wall_seconds, record.ended_at = time.time() - self.started, utc_timestamp()
         manifest.ended_at = record.ended_at
         wall = sum(a.wall_seconds for a in manifest.attempts)
         manifest.totals = totals_from_stats(stats, plan.inputs.rows, wall, billed_replicas(config, stats))
@@ -329,8 +337,8 @@ class JobAttempt:
         record.error = (f"lost the output location to {taken} while it ran: it committed {len(self.heard)} units under "
                         "its own lease, then stopped")
         record.processed_rows = sum(r["rows"] for r in self.heard.values())
-        record.wall_seconds, record.ended_at = time.time() - self.started, now()
+        record.wall_seconds, record.ended_at = time.time() - self.started, utc_timestamp()
         record.engine_deaths = [EngineDeath.model_validate(e) for e in location.engine_deaths(since=self.started)]
-        location.write_stats(record.number, list(self.heard.values()))
+        self.write_stats()
         self.save()
 

@@ -17,7 +17,6 @@ and in which field, rather than use it.
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 import logging
@@ -30,7 +29,7 @@ from typing import Optional
 from pipeline.commit.outputs import OutputLocation
 from pipeline.config import JobConfig
 from pipeline.storage import Storage
-from schemas import ModelFingerprint
+from schemas import ModelFingerprint, utc_timestamp
 from schemas.report import CalibrationKey, CalibrationReport, StoredCalibration
 
 log = logging.getLogger("specbatch")
@@ -84,7 +83,7 @@ def save_calibration(
     """Writes the calibration for its key (a later one for the same key replaces it); returns its URI."""
     uri = entry_uri(store, key, storage)
     stored = StoredCalibration(
-        key=key, stored_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), config_uri=config_uri,
+        key=key, stored_at=utc_timestamp(), config_uri=config_uri,
         report=report,
     )
     storage.write_bytes(uri, (stored.model_dump_json(indent=2) + "\n").encode())

@@ -12,14 +12,13 @@ At the end of every attempt `speculation_verdict` judges the job over the units 
 
 from __future__ import annotations
 
-import datetime as dt
 from collections import deque
 from typing import Optional
 
 from pipeline.config import GuardConfig, JobConfig
 from pipeline.stages.stats import Acceptance
 from pipeline.speculation.calibrations import JobCalibration
-from schemas import GuardEvent, JobTotals, SpeculationVerdict, TrialVerdict
+from schemas import GuardEvent, JobTotals, SpeculationVerdict, TrialVerdict, utc_timestamp
 
 
 class AcceptanceTooLow(RuntimeError):
@@ -74,7 +73,7 @@ class AcceptanceGuard:
             f"speculative.guard.min_{metric} = {floor}; action: {action}"
         )
         return GuardEvent(
-            time=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            time=utc_timestamp(),
             attempt=self.attempt,
             action=action,
             metric=metric,

@@ -20,7 +20,6 @@ max_model_len are left out (see `near_limit`).
 
 from __future__ import annotations
 
-import datetime as dt
 import itertools
 import json
 import logging
@@ -32,6 +31,7 @@ from pipeline.inputs.shape import RowShape
 from pipeline.speculation.drafter_read import DrafterMismatch
 from pipeline.stages.stats import Acceptance
 from pipeline.storage import Storage
+from schemas import utc_timestamp
 from schemas.drafter import ProbeResult
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ def probe_result(config: JobConfig, measured: dict[str, Any], near_limit_rows: i
     floor = spec.probe.min_mean_acceptance_length
     tpp = acceptance.tokens_per_target_pass(m["generated_tokens"], m.get("completions", m["prompts"]))
     return ProbeResult(
-        measured_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        measured_at=utc_timestamp(),
         rows=m["prompts"],
         near_limit_rows_skipped=near_limit_rows,
         num_speculative_tokens=spec.num_speculative_tokens,

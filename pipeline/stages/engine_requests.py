@@ -14,12 +14,12 @@ time, and a row that kills the engine when it is the only one in it is an `Engin
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import os
 from typing import Any, Callable, Optional
 
 from pipeline.commit.outputs import OutputLocation
 from pipeline.stages.sampling import row_sampling_params
+from schemas import utc_timestamp
 
 PROBE = "probe"  # the drafter probe's requests in `in_flight`: not a unit, never a suspect
 
@@ -122,7 +122,7 @@ class EngineRequests:
         self.dying = True
         suspects = {unit: sorted(rows) for unit, rows in self.in_flight.items() if rows and unit != PROBE}
         event = {
-            "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "time": utc_timestamp(),
             "actor_id": self.actor_id,
             "node_id": self.node_id,
             "error": f"{type(exc).__name__}: {exc}",

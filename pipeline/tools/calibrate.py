@@ -21,7 +21,6 @@ looks better at small batches than it is at the job's.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import io
 import json
 import random
@@ -47,6 +46,7 @@ from pipeline.tools.calibration_choice import (
 from pipeline.tools.calibration_files import table, write_results
 from pipeline.tools.prices import load_prices
 from pipeline.tools.report import format_terminal_table
+from schemas import utc_timestamp
 from schemas.report import CalibrationReport, JobCheckRow
 
 
@@ -201,7 +201,7 @@ def calibrate(args: argparse.Namespace) -> CalibrationReport:
         )
     return CalibrationReport(
         config_uri=args.config,
-        measured_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        measured_at=utc_timestamp(),
         accelerator=config.resources.accelerator,
         gpus_per_replica=units,
         currency=prices.currency,

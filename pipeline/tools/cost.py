@@ -8,7 +8,6 @@ compared, and the report says why. `specbatch report` (pipeline/tools/report.py)
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 import posixpath
@@ -24,7 +23,7 @@ from pipeline.stages.stats import Acceptance, prefix_cache_hit_rate, speculated
 from pipeline.stages.stats import busy_seconds as engine_busy_seconds
 from pipeline.storage import Storage
 from pipeline.tools.prices import Prices
-from schemas import JobManifest, TrialVerdict
+from schemas import JobManifest, TrialVerdict, utc_timestamp
 from schemas.report import CalibrationReport, CostReport, JobFigures, ReportTotals, SpeculationComparison
 
 MILLION = 1_000_000
@@ -284,7 +283,7 @@ def build_report(jobs: Sequence[JobData], prices: Prices) -> CostReport:
                         f"tokens than the jobs with it off on the same model, accelerator, prompts and sampling"
                     )
     return CostReport(
-        generated_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        generated_at=utc_timestamp(),
         currency=prices.currency,
         prices=prices.model_dump(),
         output_uris=[j.uri for j in jobs],
