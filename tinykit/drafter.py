@@ -21,7 +21,7 @@ steps 1..j. Training unrolls all chains in parallel (training-time test).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
