@@ -235,7 +235,7 @@ def write_finished_job(client, config, inputs, stats: list[dict], units: int) ->
 
 
 def setup(endpoint: str, args) -> None:
-    from pipeline.commit.units import plan_units
+    from pipeline.inputs.units import plan_units
     from pipeline.inputs import inspect_inputs
     from pipeline.storage import Storage
 
@@ -289,7 +289,7 @@ def area(key: str) -> str:
 def plan(endpoint: str, rows_per_unit: int, footer_cache: bool) -> dict:
     """What run_job does before its lease: returns the steps' seconds and what was planned."""
     from pipeline.commit.outputs import OutputLocation
-    from pipeline.commit.units import plan_units
+    from pipeline.inputs.units import plan_units
     from pipeline.inputs import inspect_inputs
     from pipeline.storage import Storage
     from schemas import JobManifest

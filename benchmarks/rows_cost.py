@@ -93,7 +93,7 @@ elif kind == "ids":
     print("RESULT " + json.dumps({"wall": time.time() - wall, "cpu": time.process_time() - cpu, "rows": inputs.rows,
           "duplicates": found, "peak_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024}))
 elif kind == "preprocess":
-    from pipeline.commit.units import plan_units, read_unit
+    from pipeline.inputs.units import plan_units, read_unit
     from pipeline.stages.preprocess import Preprocessor, PreprocessSettings
     from pipeline.tools.demo import trained_kit
     preprocessor = Preprocessor(PreprocessSettings(trained_kit()["target"], 2048))
@@ -108,7 +108,7 @@ elif kind == "preprocess":
     print("RESULT " + json.dumps({"cpu_per_million": done / read * 1e6, "rows": read}))
 else:
     import pyarrow.parquet as pq
-    from pipeline.commit.units import LAYOUT
+    from pipeline.inputs.units import LAYOUT
     shape = templated if kind == "template" else plain
     read, done = 0, 0.0
     for file in inputs.files:

@@ -70,7 +70,7 @@ def manifest_doc(args, status: str, error_rows: int, units: int) -> dict:
 def setup(endpoint: str, args) -> None:
     import pyarrow as pa
 
-    from pipeline.commit.units import plan_units
+    from pipeline.inputs.units import plan_units
     from schemas import ErrorRow, InputFile, UnitStats, arrow_schema
 
     client = s3_client(endpoint, 32)

@@ -11,7 +11,7 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
-from schemas import Contract
+from schemas.contracts import Contract
 
 CheckStatus = Literal["pass", "fail", "warn", "skip"]
 # verified: the drafter declares its target (name or config fingerprint) and it is this one;

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from schemas import DOCUMENTS, TABLES
+from schemas.registry import DOCUMENTS, TABLES
 
 JSON_DIR = Path(__file__).parent / "json"
 

@@ -7,7 +7,7 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
-from schemas import Contract, HeadUnits, PrefixGrouping
+from schemas.contracts import Contract, HeadUnits, PrefixGrouping
 
 
 class PlanFile(Contract):

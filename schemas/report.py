@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from pydantic import Field
 
-from schemas import Contract, StartPhase
+from schemas.contracts import Contract, StartPhase
 
 
 class JobFigures(Contract):

@@ -8,7 +8,7 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
-from schemas import Contract, JobStatus
+from schemas.contracts import Contract, JobStatus
 
 
 class LeaseState(Contract):

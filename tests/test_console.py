@@ -118,13 +118,13 @@ def test_the_pace_hears_the_units_the_driver_heard_since_it_last_looked():
     and with a unit heard again (a retry) give the same pace."""
     rows = {f"u{i}": {"started_at": 10.0 * i, "wall_seconds": 10.0, "engine_seconds": 10.0, "rows": 64} for i in range(8)}
     at_once, one_by_one = Pace(3), Pace(3)
-    at_once.hear(rows)
+    at_once.take(rows)
     heard: dict[str, dict] = {}
     for unit, row in rows.items():
         heard[unit] = row
-        one_by_one.hear(heard)
+        one_by_one.take(heard)
     heard["u7"] = {**rows["u7"], "rows": 64}  # heard again: not a new unit
-    one_by_one.hear(heard)
+    one_by_one.take(heard)
     assert at_once.rows_per_second() == one_by_one.rows_per_second() == pytest.approx(3 * 64 / 30.0)
     assert list(at_once.units) == list(one_by_one.units)
 

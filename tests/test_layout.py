@@ -144,3 +144,60 @@ def test_ruff_finds_nothing_the_project_holds():
         pytest.fail("ruff not found beside this Python: the test extra installs it (`make test`, `pip install -e .[test]`)")
     found = subprocess.run([ruff, "check", "--no-cache", "--output-format", "concise", str(ROOT)], capture_output=True, text=True)
     assert found.returncode == 0, found.stdout[-3000:] + found.stderr[-1000:]
+
+
+# Where the driver and the engine actors meet: every parameter says what crosses.
+TYPED_PACKAGES = ("job", "graph")
+
+
+def untyped_parameters(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args
+            every = [*args.posonlyargs, *args.args, *args.kwonlyargs, *(a for a in (args.vararg, args.kwarg) if a)]
+            found += [f"{node.name}({a.arg})" for a in every if a.annotation is None and a.arg not in ("self", "cls")]
+    return found
+
+
+def test_no_parameter_in_the_driver_and_engine_packages_is_untyped():
+    untyped = {
+        str(path.relative_to(PACKAGE)): names
+        for path in RUNTIME
+        if path.relative_to(PACKAGE).parts[0] in TYPED_PACKAGES and (names := untyped_parameters(path))
+    }
+    assert untyped == {}
+
+
+def test_untyped_parameter_check_finds_one(tmp_path: Path):
+    source = tmp_path / "m.py"
+    source.write_text("def f(a: int, board, *rest, **options: int):\n    pass\n")
+    assert untyped_parameters(source) == ["f(board)", "f(rest)"]
+
+
+def module_level_code(path: Path) -> list[str]:
+    """Statements of a module other than imports, `__all__` and its docstring, by line."""
+    body = ast.parse(path.read_text()).body
+    allowed = (ast.Import, ast.ImportFrom)
+    found = []
+    for i, node in enumerate(body):
+        docstring = i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        exports = isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__all__"]
+        if not (isinstance(node, allowed) or docstring or exports):
+            found.append(f"line {node.lineno}: {type(node).__name__}")
+    return found
+
+
+def test_package_inits_only_import_and_export():
+    code = {
+        str(path.relative_to(ROOT)): found
+        for path in sorted([*PACKAGE.rglob("__init__.py"), ROOT / "schemas" / "__init__.py"])
+        if (found := module_level_code(path))
+    }
+    assert code == {}, "move the code into a module named for it; the package re-exports it"
+
+
+def test_module_level_code_check_finds_a_class(tmp_path: Path):
+    init = tmp_path / "__init__.py"
+    init.write_text('"""Doc."""\nfrom x import y\n__all__ = ["y"]\nclass Z:\n    pass\n')
+    assert module_level_code(init) == ["line 4: ClassDef"]

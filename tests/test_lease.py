@@ -18,7 +18,8 @@ import psutil
 import pyarrow as pa
 import pytest
 
-from pipeline.commit.lease import LeaseHeld, LeaseLost, OutputLease, check_fence, read_lease
+from pipeline.commit.fence import check_fence, read_lease
+from pipeline.commit.lease import LeaseHeld, LeaseLost, OutputLease
 from pipeline.commit.outputs import LayoutMismatch, OutputLocation
 from pipeline.config import LeaseConfig, parse_config
 from pipeline.job.runner import run_job
@@ -218,18 +219,16 @@ def test_a_run_whose_lease_another_run_took_is_fenced(location):
             time.sleep(0.05)
         assert old.lost is not None and old.lost.owner.owner == new.lease.owner
         with pytest.raises(LeaseLost, match=f"now leased to run {new.lease.owner} \\(attempt 2\\)"):
-            check_fence(location, **old.fence)
+            check_fence(location.storage, location.uri, old.fence)
         with pytest.raises(LeaseLost):
             old.still_ours()
-        check_fence(location, **new.fence)
+        check_fence(location.storage, location.uri, new.fence)
         # the commit the engines run: the old run's unit is refused before its marker, the new one's lands
         from tests.test_outputs import stats as outputs_stats
 
         with pytest.raises(LeaseLost):
-            location.commit("u-old", {"outputs": pa.table({"id": ["a"]})}, outputs_stats("u-old", rows=1, outputs=1), old.fence,
-                            check_fence)
-        marker = location.commit("u-new", {"outputs": pa.table({"id": ["b"]})}, outputs_stats("u-new", rows=1, outputs=1), new.fence,
-                                 check_fence)
+            location.commit("u-old", {"outputs": pa.table({"id": ["a"]})}, outputs_stats("u-old", rows=1, outputs=1), old.fence)
+        marker = location.commit("u-new", {"outputs": pa.table({"id": ["b"]})}, outputs_stats("u-new", rows=1, outputs=1), new.fence)
         assert location.committed_units() == {"u-new"} and marker.stats.lease_owner == new.lease.owner
         assert marker.token.startswith(f"g{new.lease.generation}-")
         old.release()
@@ -401,8 +400,8 @@ def test_a_lease_write_that_landed_but_whose_answer_was_lost_is_found_as_this_ru
     location.storage.write_if(location.path("_lease.json"), json_bytes(run.lease.model_dump(mode="json")), None)
     assert run.acquire() is None  # nothing taken over: the lease was free before this run's own write
     try:
-        assert read_lease(location).owner == run.lease.owner and run.lease.generation == 1
+        assert read_lease(location.storage, location.uri).owner == run.lease.owner and run.lease.generation == 1
         run.still_ours()
     finally:
         run.release()
-    assert read_lease(location) is None
+    assert read_lease(location.storage, location.uri) is None

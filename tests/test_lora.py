@@ -48,7 +48,7 @@ def test_the_probe_and_calibrate_prepare_a_rows_adapter_as_the_job_does(tmp_path
     """One Preprocessor for the job, the probe, the dry run and calibrate (preprocess.PreprocessSettings.for_job):
     calibrate's copy left the adapters out and its reader the `lora` column, so it skipped every row
     that names one and measured the others without theirs."""
-    from pipeline.commit.units import plan_units
+    from pipeline.inputs.units import plan_units
     from pipeline.inputs import inspect_inputs
     from pipeline.speculation.probe import probe_rows
     from pipeline.tools.calibrate import sample_prompts

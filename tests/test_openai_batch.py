@@ -223,7 +223,7 @@ def test_unsupported_requests_errors_makes_each_such_line_its_error_row(tmp_path
     errors.jsonl line is a 400 in OpenAI's error shape. The default's refusal names the switch."""
     from openai.types import BatchError
 
-    from pipeline.commit.units import plan_units, read_unit
+    from pipeline.inputs.units import plan_units, read_unit
     from pipeline.stages.preprocess import PreprocessSettings, Preprocessor
     from tinykit import kit_paths
     from pipeline.tools.export import error_line

@@ -82,7 +82,7 @@ def test_a_template_or_copy_naming_a_column_no_file_has_is_refused_before_any_en
 def test_integer_ids_and_the_two_spellings_of_one_type_are_one_input(tmp_path, trained_kit):
     """pandas and pyarrow write one logical type two ways (string, large_string): the same
     column. An integer id column is read as strings."""
-    from pipeline.commit.units import read_unit
+    from pipeline.inputs.units import read_unit
     from pipeline.inputs.shape import RowShape
     from pipeline.storage import Storage
 
@@ -101,7 +101,7 @@ def test_integer_ids_and_the_two_spellings_of_one_type_are_one_input(tmp_path, t
 
 
 def test_a_system_message_from_a_column_reaches_the_prompt_through_the_chat_template(tmp_path, trained_kit):
-    from pipeline.commit.units import read_unit
+    from pipeline.inputs.units import read_unit
     from pipeline.inputs.shape import RowShape
     from pipeline.stages.preprocess import Preprocessor
     from pipeline.storage import Storage
@@ -145,7 +145,7 @@ def test_an_id_repeated_in_another_unit_or_file_is_found_before_any_engine_and_i
     import yaml
 
     from pipeline.cli import main
-    from pipeline.commit.units import read_unit
+    from pipeline.inputs.units import read_unit
     from pipeline.inputs.shape import RowShape
     from pipeline.stages.preprocess import Preprocessor, PreprocessSettings
     from pipeline.storage import Storage

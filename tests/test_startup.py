@@ -11,26 +11,40 @@ import pyarrow as pa
 import pytest
 
 from pipeline.cluster import job_board
-from pipeline.cluster.job_board import NO_PROBE, JobBoard
+from pipeline.cluster.job_board import JobBoard
 from pipeline.cluster.startup import StartClock, start_cost
 from pipeline.stages.stats import EngineBusyTime, busy_seconds, totals_from_stats
+from schemas import EngineStart, ProbeResult
+from schemas.board import NO_PROBE, ProbeClaim, ProbeVerdict
+
+START = dict(node_id="n", process_started_at=1007.0, init_started_at=1009.0, vllm_imported_at=1017.0,
+             engine_core_started_at=1018.0, engine_ready_at=1035.0)
+
+
+def probe_result(seconds: float = 2.0) -> ProbeResult:
+    return ProbeResult(
+        measured_at="2026-12-07T00:00:00+00:00", rows=4, num_speculative_tokens=3, max_model_len=256, prompt_tokens=40,
+        generated_tokens=40, seconds=seconds, tokens_per_second=20.0, num_drafts=8, draft_tokens=24, accepted_tokens=12,
+        acceptance_rate=0.5, mean_acceptance_length=2.5, accepted_per_position=[0.7, 0.5, 0.3], floor=1.2, passed=True,
+    )
 
 
 def test_the_probe_goes_to_the_first_engine_with_work_and_its_restart_only():
     async def scenario():
         board = JobBoard([{"id": "r"}], near_limit_rows=2)
-        await board.check_in({"actor_id": "a"})  # checked in first, but never had a unit
+        await board.check_in(EngineStart(actor_id="a", **START))  # checked in first, but never had a unit
         claim = await board.claim("b")
-        assert claim == {"rows": [{"id": "r"}], "near_limit_rows": 2}
+        assert claim == ProbeClaim(rows=[{"id": "r"}], near_limit_rows=2)
         assert await board.claim("a") is None  # b measures
         assert await board.claim("b") == claim  # b restarted by Ray (same actor id): handed the rows again
         assert await board.wait_verdict(0.01) is None  # no verdict yet: the waiters look again later
         board.claimed_at -= job_board.CLAIM_STALE_SECONDS + 1  # b went away for good
         assert await board.claim("a") == claim
-        await board.post({"result": {"passed": True}, "refusal": None})
-        assert await board.wait_verdict(0.01) == {"result": {"passed": True}, "refusal": None}
+        verdict = ProbeVerdict(result=probe_result(), refusal=None, started_at=1036.0, actor_id="a")
+        await board.post(verdict)
+        assert await board.wait_verdict(0.01) == verdict
         assert await board.claim("c") is None  # judged: nobody measures again
-        assert (await board.read())["starts"] == [{"actor_id": "a"}]
+        assert [s.actor_id for s in (await board.read()).starts] == ["a"]
 
     asyncio.run(scenario())
 
@@ -49,10 +63,8 @@ def test_start_phases_lie_on_the_drivers_time_line():
     t0 = clock.marks["process"] = 1000.0
     clock.marks.update(run=1001.0, ray_started=1001.5, ray_ready=1006.0, planned=1005.0, generating=1006.2,
                        graph_started=1006.5, first_commit=1040.0)
-    engine = {"actor_id": "a", "node_id": "n", "process_started_at": 1007.0, "init_started_at": 1009.0,
-              "vllm_imported_at": 1017.0, "engine_core_started_at": 1018.0, "engine_ready_at": 1035.0}
-    verdict = {"result": {"seconds": 2.0}, "refusal": None, "started_at": 1036.0}
-    cost = start_cost(clock, [engine], verdict)
+    verdict = ProbeVerdict(result=probe_result(seconds=2.0), started_at=1036.0)
+    cost = start_cost(clock, [EngineStart(actor_id="a", **START)], verdict)
     phases = {p.name: (p.started_s, p.seconds) for p in cost.phases}
     assert phases == {
         "process start and imports": (0.0, 1.0),

@@ -326,7 +326,7 @@ STALL_LIMIT = 300.0
 def running_job(root: Path, started: float, replicas: int = 1, in_flight: int = 2):
     """A running attempt 1 over RUNNING_INPUT, its driver alive (a fresh lease); returns the
     location and the plan's units."""
-    from pipeline.commit.units import plan_units
+    from pipeline.inputs.units import plan_units
     from pipeline.job.manifest import versions
     from schemas import LAYOUT_VERSION, Attempt, InputFile, JobTotals, ModelFingerprint
 

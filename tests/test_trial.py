@@ -53,7 +53,7 @@ def test_a_job_whose_units_hold_more_rows_than_it_runs_at_once_begins_with_head_
     """The default 4,096 rows a unit at 256 sequences: the first 16 units hold 256 rows each, so a
     job of 8,192 rows has a trial (16 + 1 units) where it had two units and none; units of at
     most the job's sequences at once, a trial turned off, or no drafter: no head units."""
-    from pipeline.commit.units import plan_units
+    from pipeline.inputs.units import plan_units
     from pipeline.speculation.trial import head_units
     from schemas import InputFile
 

@@ -12,7 +12,7 @@ import pytest
 from pipeline.cluster import ClusterWatch, SchedulingStalled
 from pipeline.cluster.job_board import start_board
 from pipeline.commit.outputs import OutputLocation
-from pipeline.commit.units import WorkUnit
+from pipeline.inputs.units import WorkUnit
 from pipeline.config import parse_config
 from pipeline.job.watch import AttemptLooks, EnginesKeepFailing, JobStalled
 from pipeline.storage import Storage
@@ -22,12 +22,12 @@ from tests.conftest import job_config
 KIT = {"target": "/models/target", "drafter": "/models/drafter"}
 
 
-def attempt_at(tmp_path, heard: dict | None = None, **retries) -> SimpleNamespace:
+def attempt_at(tmp_path, unit_stats: dict | None = None, **retries) -> SimpleNamespace:
     config = parse_config(job_config(str(tmp_path / "in"), str(tmp_path / "out"), KIT,
                                      retries={"stall_minutes": 0.5, "max_engine_failures": 2, **retries}))
     return SimpleNamespace(
         config=config, manifest=SimpleNamespace(job_id="job-1"), record=SimpleNamespace(number=3),
-        started=time.time() - 120, heard=heard or {}, location=OutputLocation(Storage(), config.output_uri),
+        started=time.time() - 120, unit_stats=unit_stats or {}, location=OutputLocation(Storage(), config.output_uri),
     )
 
 
@@ -52,7 +52,7 @@ def hang(location: OutputLocation, actor: str) -> None:
 
 
 def test_no_commit_and_no_engine_generating_is_a_stall_naming_what_it_waited_for(tmp_path, ray_local):
-    attempt = attempt_at(tmp_path, heard={"u1": {}})
+    attempt = attempt_at(tmp_path, unit_stats={"u1": {}})
     board = start_board([])
     look = AttemptLooks(attempt, board, ClusterWatch(), units("u1", "u2", "u3"))
     report(board, "aaaaaaaa11", requests=0, last_output_ago=200)

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
+from schemas import EngineStart, ReplicaProgress, TrialVerdict
+from schemas.board import NO_PROBE, BoardReading, ProbeClaim, ProbeVerdict
 
-# The verdict of a graph where no probe runs (off, judged by an earlier graph or attempt, no rows).
-NO_PROBE = {"result": None, "refusal": None}
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
 # A claim this old without a verdict is taken over: the engine that claimed it is gone.
 CLAIM_STALE_SECONDS = 600.0
 # Engines waiting for the verdict look again this often (and take over a stale claim).
@@ -33,28 +36,28 @@ class JobBoard:
         self.rows, self.near_limit_rows = probe_rows, near_limit_rows
         self.claimant: Optional[str] = None
         self.claimed_at = 0.0
-        self.verdict: Optional[dict] = None if probe_rows else NO_PROBE
+        self.verdict: Optional[ProbeVerdict] = None if probe_rows else NO_PROBE
         self.decided = asyncio.Event()
         if self.verdict is not None:
             self.decided.set()
-        self.starts: list[dict] = []
-        self.engines: list = []
+        self.starts: list[EngineStart] = []
+        self.engines: list[ActorHandle] = []
         self.trial_claimant: Optional[str] = None
-        self.trial: Optional[dict] = None  # the speculation trial's verdict (schemas.TrialVerdict as JSON)
-        self.progress: dict[str, dict] = {}  # actor id -> its engine's last progress report
+        self.trial: Optional[TrialVerdict] = None
+        self.progress: dict[str, ReplicaProgress] = {}  # actor id -> its engine's last progress report
 
-    async def check_in(self, start: dict, engine=None) -> None:
+    async def check_in(self, start: EngineStart, engine: Optional[ActorHandle] = None) -> None:
         """Records an engine's start, and its actor's handle for the driver to stop it by."""
-        self.starts.append(start)
+        self.starts.append(EngineStart.model_validate(start))
         if engine is not None:
             self.engines.append(engine)
 
-    async def hand_over_engines(self) -> list:
+    async def hand_over_engines(self) -> list[ActorHandle]:
         """The engine actors' handles, once: the board holds them no longer."""
         engines, self.engines = self.engines, []
         return engines
 
-    async def claim(self, actor_id: str) -> Optional[dict]:
+    async def claim(self, actor_id: str) -> Optional[ProbeClaim]:
         """The probe's rows, to the first engine that has a unit to run (an engine without
         work never holds the others up); again to the same engine when Ray restarted it, and
         to another once the claim is CLAIM_STALE_SECONDS old with no verdict (its engine went
@@ -65,14 +68,13 @@ class JobBoard:
         if self.claimant not in (None, actor_id) and not stale:
             return None
         self.claimant, self.claimed_at = actor_id, time.time()
-        return {"rows": self.rows, "near_limit_rows": self.near_limit_rows}
+        return ProbeClaim(rows=self.rows, near_limit_rows=self.near_limit_rows)
 
-    async def post(self, verdict: dict) -> None:
-        """{"result": ProbeResult as JSON, "refusal": the refusal's message or None, ...}."""
-        self.verdict = verdict
+    async def post(self, verdict: ProbeVerdict) -> None:
+        self.verdict = ProbeVerdict.model_validate(verdict)
         self.decided.set()
 
-    async def wait_verdict(self, timeout: float) -> Optional[dict]:
+    async def wait_verdict(self, timeout: float) -> Optional[ProbeVerdict]:
         """The verdict once it is in; None after `timeout` seconds without one."""
         try:
             await asyncio.wait_for(self.decided.wait(), timeout)
@@ -88,26 +90,27 @@ class JobBoard:
             return True
         return False
 
-    async def post_trial(self, verdict: dict) -> None:
-        self.trial = verdict
+    async def post_trial(self, verdict: TrialVerdict) -> None:
+        self.trial = TrialVerdict.model_validate(verdict)
 
-    async def trial_verdict(self) -> Optional[dict]:
+    async def trial_verdict(self) -> Optional[TrialVerdict]:
         return self.trial
 
-    async def report_progress(self, progress: dict) -> None:
-        """An engine's progress (schemas.ReplicaProgress as a dict), every few seconds."""
-        self.progress[progress["actor_id"]] = progress
+    async def report_progress(self, progress: ReplicaProgress) -> None:
+        """An engine's progress, every few seconds."""
+        progress = ReplicaProgress.model_validate(progress)
+        self.progress[progress.actor_id] = progress
 
-    async def read_progress(self) -> list[dict]:
+    async def read_progress(self) -> list[ReplicaProgress]:
         return list(self.progress.values())
 
-    async def read(self) -> dict:
+    async def read(self) -> BoardReading:
         """What the driver records: every engine start, the probe's verdict and the trial's,
         once they are in."""
-        return {"starts": list(self.starts), "verdict": self.verdict, "trial": self.trial}
+        return BoardReading(starts=list(self.starts), verdict=self.verdict, trial=self.trial)
 
 
-def start_board(probe_rows: list[dict[str, Any]], near_limit_rows: int = 0):
+def start_board(probe_rows: list[dict[str, Any]], near_limit_rows: int = 0) -> ActorHandle:
     """The board for one graph, on the driver's node, taking no CPU from the graph."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

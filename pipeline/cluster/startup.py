@@ -20,6 +20,7 @@ import time
 from typing import Optional
 
 from schemas import EngineStart, StartCost, StartPhase
+from schemas.board import ProbeVerdict
 
 
 class StartClock:
@@ -119,10 +120,9 @@ def _ray_data_console_errors_only() -> None:
             handler.setLevel(logging.ERROR)
 
 
-def start_cost(clock: StartClock, starts: list[dict], verdict: Optional[dict]) -> StartCost:
+def start_cost(clock: StartClock, engines: list[EngineStart], verdict: Optional[ProbeVerdict]) -> StartCost:
     """The phases to the first committed unit, on the driver's time line. The engine phases
     are those of the first engine ready; every engine start is listed."""
-    engines = [EngineStart.model_validate({k: v for k, v in s.items() if k in EngineStart.model_fields}) for s in starts]
     t0, m = clock.marks["process"], clock.marks
     phases: list[StartPhase] = []
 
@@ -146,9 +146,9 @@ def start_cost(clock: StartClock, starts: list[dict], verdict: Optional[dict]) -
         else:
             phase("engine start: EngineCore, model load, KV cache", first.vllm_imported_at, first.engine_ready_at)
     probed_until = None
-    if verdict and verdict.get("result") and verdict.get("started_at"):
-        probed_until = verdict["started_at"] + verdict["result"]["seconds"]
-        phase("drafter probe (on the job's first engine)", verdict["started_at"], probed_until)
+    if verdict is not None and verdict.result is not None and verdict.started_at is not None:
+        probed_until = verdict.started_at + verdict.result.seconds
+        phase("drafter probe (on the job's first engine)", verdict.started_at, probed_until)
     if first is not None:
         phase("first unit", max(first.engine_ready_at, probed_until or 0.0), m.get("first_commit"))
     phases.sort(key=lambda p: p.started_s)

@@ -34,32 +34,17 @@ import time
 import uuid
 from typing import Callable, Optional
 
-from pipeline.commit.outputs import LEASE, OutputLocation
+from pipeline.commit.fence import LEASE, LeaseLost, check_fence, holds
+from pipeline.commit.outputs import OutputLocation
 from pipeline.config import LeaseConfig
 from pipeline.storage import PreconditionFailed, StorageUnavailable, json_bytes
-from schemas import Lease, utc_timestamp
+from schemas import Fence, Lease, utc_timestamp
 
 log = logging.getLogger("specbatch.lease")
 
 
 class LeaseHeld(RuntimeError):
     """Another run owns the output location."""
-
-
-class LeaseLost(RuntimeError):
-    """Another run took the output location over from this one while it ran."""
-
-    def __init__(self, message: str, owner: Optional[Lease] = None):
-        super().__init__(message)
-        self.owner = owner
-
-
-def read_lease(location: OutputLocation) -> Optional[Lease]:
-    """The location's lease (one GET); None when no run holds it."""
-    try:
-        return Lease.model_validate(location.storage.read_json(location.path(LEASE)))
-    except FileNotFoundError:
-        return None
 
 
 def heartbeat_age(lease: Lease, now: Optional[float] = None) -> float:
@@ -97,19 +82,6 @@ def describe(lease: Lease, location: OutputLocation, now: Optional[float] = None
     )
 
 
-def is_owned_by(lease: Optional[Lease], owner: str, generation: int) -> bool:
-    return lease is not None and lease.owner == owner and lease.generation == generation
-
-
-def check_fence(location: OutputLocation, owner: str, generation: int) -> None:
-    """LeaseLost unless the location is still leased to `owner` at `generation` (one GET): an
-    engine asks before each unit's marker, so a run that lost the location commits nothing."""
-    held = read_lease(location)
-    if not is_owned_by(held, owner, generation):
-        taken = f"run {held.owner} (attempt {held.attempt})" if held else "nobody (the lease was removed)"
-        raise LeaseLost(f"{location.uri} is now leased to {taken}: this run lost it and commits nothing more", held)
-
-
 class OutputLease:
     def __init__(self, location: OutputLocation, config: LeaseConfig, job_id: str, attempt: int):
         import psutil
@@ -136,16 +108,16 @@ class OutputLease:
         self._thread: Optional[threading.Thread] = None
 
     @property
-    def fence(self) -> dict:
-        """What an engine checks before each commit (check_fence)."""
-        return {"owner": self.lease.owner, "generation": self.lease.generation}
+    def fence(self) -> Fence:
+        """What an engine checks before each commit (pipeline/commit/fence.check_fence)."""
+        return Fence(owner=self.lease.owner, generation=self.lease.generation)
 
     def still_ours(self) -> None:
         """LeaseLost when another run has taken the location over (one GET unless the heartbeat
         found it already)."""
         if self.lost is None:
             try:
-                check_fence(self.location, self.lease.owner, self.lease.generation)
+                check_fence(self.location.storage, self.location.uri, self.fence)
             except LeaseLost as lost:
                 self.lost = lost
         if self.lost is not None:
@@ -230,8 +202,8 @@ class OutputLease:
             self._version = self.location.storage.write_if(self.uri, self._bytes(), self._version)
         except PreconditionFailed:
             held, version = self._read()
-            if not is_owned_by(held, self.lease.owner, self.lease.generation):  # a retried write of ours lands as ours
-                check_fence(self.location, self.lease.owner, self.lease.generation)
+            if not holds(held, self.fence):  # a retried write of ours lands as ours
+                check_fence(self.location.storage, self.location.uri, self.fence)
             self._version = version
 
     def release(self) -> None:
@@ -239,7 +211,7 @@ class OutputLease:
         if self._thread:
             self._thread.join()
         held, version = self._read()
-        if is_owned_by(held, self.lease.owner, self.lease.generation):
+        if holds(held, self.fence):
             try:
                 self.location.storage.delete_if(self.uri, version)
             except PreconditionFailed:  # taken over in between: the new owner's lease stays

@@ -35,18 +35,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
+from pipeline.commit.fence import check_fence
+from pipeline.inputs.units import GROUPED
 from pipeline.storage import PreconditionFailed, Storage, json_bytes
-from schemas import LAYOUT_VERSION, CommitMarker, JobManifest, UnitStats, arrow_schema
+from schemas import LAYOUT_VERSION, CommitMarker, Fence, JobManifest, UnitStats, arrow_schema
 
 ROW_TABLES = ("outputs", "errors")
 COMMITS = "_commits"
 ATTEMPTS = "_attempts"
 EVENTS = "_events"
 STATS = "stats"
-GROUPED = "_grouped"
 MANIFEST = "_job.json"
 PROGRESS = "_progress.json"  # a running attempt's driver's last look (schemas.JobProgress)
-LEASE = "_lease.json"
 # Reads of many small objects (markers) go out this many at a time.
 PARALLEL_READS = 32
 # An object store stamps a file with its own clock; cleanup allows the driver's clock this much error.
@@ -104,17 +104,15 @@ class OutputLocation:
         self.storage.write_json(self.path(COMMITS, f"{marker.unit_id}.json"), marker.model_dump(mode="json"))
 
     def commit(
-        self, unit_id: str, tables: dict[str, pa.Table], stats: UnitStats, fence: Optional[dict] = None,
-        check_fence: Optional[Callable[..., None]] = None,
+        self, unit_id: str, tables: dict[str, pa.Table], stats: UnitStats, fence: Optional[Fence] = None
     ) -> CommitMarker:
-        """The unit committed: its files, then, under a run's lease (`fence`: its owner and
-        generation), `check_fence(self, **fence)` (pipeline/commit/lease.check_fence, which this
-        module cannot import: a run that lost the location commits nothing more), then the marker
-        that makes the files visible, and the unit's attempt finished."""
-        stats = stats.model_copy(update={"lease_owner": fence["owner"] if fence else ""})
-        marker = self.write_files(unit_id, tables, stats, fence["generation"] if fence else 0)
-        if fence is not None and check_fence is not None:
-            check_fence(self, **fence)
+        """The unit committed: its files, then, under a run's lease, the fence checked (a run that
+        lost the location commits nothing more), then the marker that makes the files visible,
+        and the unit's attempt finished."""
+        stats = stats.model_copy(update={"lease_owner": fence.owner if fence else ""})
+        marker = self.write_files(unit_id, tables, stats, fence.generation if fence else 0)
+        if fence is not None:
+            check_fence(self.storage, self.uri, fence)
         self.publish(marker)
         self.finish_attempt(unit_id)
         return marker

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ray.data import Datasource
+from ray.data import DataContext, Datasource
 from ray.data.block import BlockMetadata
 from ray.data.datasource import ReadTask
 
-from pipeline.commit.units import WorkUnit, read_unit
+from pipeline.inputs.units import WorkUnit, read_unit
 from pipeline.inputs.shape import RowShape
 from pipeline.storage import Storage
 
@@ -24,7 +24,9 @@ class UnitDatasource(Datasource):
     def estimate_inmemory_data_size(self) -> Optional[int]:
         return None
 
-    def get_read_tasks(self, parallelism: int, per_task_row_limit=None, data_context=None) -> list:
+    def get_read_tasks(
+        self, parallelism: int, per_task_row_limit: Optional[int] = None, data_context: Optional[DataContext] = None
+    ) -> list[ReadTask]:
         storage, shape = self.storage, self.shape
         return [
             ReadTask(

@@ -25,15 +25,14 @@ import functools
 import threading
 import time
 import weakref
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import pyarrow as pa
 
 from pipeline.cluster.job_board import VERDICT_WAIT_SECONDS
 from pipeline.cluster.startup import process_started_at
-from pipeline.commit.lease import check_fence
 from pipeline.commit.outputs import OutputLocation
-from pipeline.commit.units import unit_of
+from pipeline.inputs.units import unit_of
 from pipeline.config import JobConfig
 from pipeline.graph.engine_trial import EngineTrial
 from pipeline.speculation.probe import probe_concurrency, probe_result, refusal
@@ -45,7 +44,12 @@ from pipeline.stages.metrics import ReplicaMetrics
 from pipeline.stages.preprocess import CARRIED
 from pipeline.stages.unit_results import Identity, UnitResults, collect, tables, unit_stats
 from pipeline.storage import Storage
-from schemas import UnitStats, arrow_schema
+from schemas import EngineStart, Fence, ReplicaProgress, UnitStats, arrow_schema
+from schemas.board import ProbeVerdict, TrialPlan
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+    from vllm.v1.engine.async_llm import AsyncLLM
 
 
 # How often an actor looks at its engine's progress, and reports it to the job board.
@@ -58,15 +62,15 @@ class EngineActorArgs:
     """What an engine actor is built with beside the job's config: the model ids its rows name,
     whether the guard turned speculation off, the job board it checks in at
     (pipeline/cluster/job_board.py) and the run's lease, checked before each commit
-    (pipeline/commit/lease.check_fence)."""
+    (pipeline/commit/fence.check_fence)."""
 
     model_id: str
     drafter_id: Optional[str]
     job_id: str = ""
     disabled_by_guard: bool = False
-    board: Any = None
-    fence: Optional[dict] = None
-    trial: Optional[dict] = None  # pipeline/graph/engine_trial.trial_plan, when this graph runs the speculation trial
+    board: Optional[ActorHandle] = None
+    fence: Optional[Fence] = None
+    trial: Optional[TrialPlan] = None  # when this graph runs the speculation trial
 
 
 class EngineStage:
@@ -99,20 +103,20 @@ class EngineStage:
             reasoning_parser(self.config.chat.reasoning_parser, tokenizer),
         )
         engine_core = [p for p in self.processes.seen.values() if "EngineCore" in process_title(p)]
-        self.start = {
+        self.start = EngineStart(
             **self.where,
-            "process_started_at": process_started_at(),
-            "init_started_at": began,
-            "vllm_imported_at": imported,
-            "engine_core_started_at": min((p.create_time() for p in engine_core), default=None),
-            "engine_ready_at": ready,
-        }
+            process_started_at=process_started_at(),
+            init_started_at=began,
+            vllm_imported_at=imported,
+            engine_core_started_at=min((p.create_time() for p in engine_core), default=None),
+            engine_ready_at=ready,
+        )
         self.board, self.fence = engines.board, engines.fence
         if self.board is not None:
             ray.get(self.board.check_in.remote(self.start, context.current_actor))
         self.watching: Optional[asyncio.Task] = None  # the engine's watch (_watch_engine), from the first unit on
         self.probed: Optional[asyncio.Future] = None  # this engine's claim of the probe (and its measuring)
-        self.verdict: Optional[dict] = None  # once in, not asked for again
+        self.verdict: Optional[ProbeVerdict] = None  # once in, not asked for again
         self.as_configured = self.config
         self.trial = EngineTrial(self.config, engines.trial, self.board, self.metrics, ready - imported)
 
@@ -174,10 +178,11 @@ class EngineStage:
             await self.requests.engine_hung(stalled, limit, stacks)
         return reported
 
-    def _progress(self) -> dict:
+    def _progress(self) -> ReplicaProgress:
         in_flight = sum(len(rows) for rows in self.requests.in_flight.values())
-        return {**self.where, "requests_in_flight": in_flight, "last_output_at": self.clock.last_step_at,
-                "reported_at": time.time()}
+        return ReplicaProgress(
+            **self.where, requests_in_flight=in_flight, last_output_at=self.clock.last_step_at, reported_at=time.time()
+        )
 
     async def _probe_once(self) -> None:
         """Claims the probe at this engine's first unit; when handed its rows, measures them
@@ -194,15 +199,15 @@ class EngineStage:
         claim = await self.board.claim.remote(self.where["actor_id"])
         if claim is None:
             return
-        rows = claim["rows"]
         started = time.time()
-        results = await self.requests.probe(rows, probe_concurrency(self.config, len(rows)))
+        results = await self.requests.probe(claim.rows, probe_concurrency(self.config, len(claim.rows)))
         seconds = time.time() - started
         finished = [r for r in results if r is not None and not isinstance(r, BaseException) and r.finished]
-        result = probe_result(self.config, figures(finished, seconds), claim["near_limit_rows"])
+        result = probe_result(self.config, figures(finished, seconds), claim.near_limit_rows)
         rejected = refusal(self.config, result)
-        verdict = {"result": result.model_dump(mode="json"), "refusal": str(rejected) if rejected else None,
-                   "started_at": started, "actor_id": self.where["actor_id"]}
+        verdict = ProbeVerdict(
+            result=result, refusal=str(rejected) if rejected else None, started_at=started, actor_id=self.where["actor_id"]
+        )
         await self.board.post.remote(verdict)
 
     async def _verdict_passed(self) -> bool:
@@ -218,7 +223,7 @@ class EngineStage:
             if self.verdict is None and self.probed is not None and self.probed.done():
                 self.probed = None
                 await self._probe_once()
-        return not self.verdict["refusal"]
+        return not self.verdict.refusal
 
     async def _restart_engine(self, speculative: bool) -> float:
         """The speculation trial's switch, with no unit in the engine: this engine stops, and one
@@ -236,8 +241,9 @@ class EngineStage:
         self.identity = dataclasses.replace(self.identity, drafter_id=self.drafter_id if speculative else None)
         ready = time.time()
         if self.board is not None:  # the job's engine starts count this one
-            start = {**self.start, "init_started_at": began, "vllm_imported_at": began, "engine_ready_at": ready,
-                     "engine_core_started_at": None}
+            start = self.start.model_copy(
+                update={"init_started_at": began, "vllm_imported_at": began, "engine_ready_at": ready, "engine_core_started_at": None}
+            )
             await self.board.check_in.remote(start)
         return ready - began
 
@@ -250,7 +256,7 @@ class EngineStage:
 
     def _commit(self, unit_id: str, out: UnitResults, carried: pa.Table, stats: UnitStats, received: float) -> pa.Table:
         stats.wall_seconds = time.time() - received
-        marker = self.location.commit(unit_id, tables(out, carried), stats, self.fence, check_fence)
+        marker = self.location.commit(unit_id, tables(out, carried), stats, self.fence)
         self.metrics.record(marker.stats)
         return pa.Table.from_pylist([marker.stats.model_dump()], schema=arrow_schema(UnitStats))
 
@@ -258,7 +264,7 @@ class EngineStage:
 _ENGINES_UNTIL_STOPPED: set = set()
 
 
-def held_until_stopped(engine):
+def held_until_stopped(engine: AsyncLLM) -> AsyncLLM:
     """The engine, held by this module until `EngineStage.stop`. An EngineStage in a reference cycle
     is freed by Python's cyclic collector, which calls the weakref callbacks of everything it
     frees before any `__del__`: vLLM's finalizers would stop EngineCore under a live output
@@ -294,7 +300,7 @@ def _stop_at_exit(stage: weakref.ref) -> None:
         alive.stop()
 
 
-def _stop_output_handler(engine) -> None:
+def _stop_output_handler(engine: AsyncLLM) -> None:
     """Cancels the engine's output handler and waits for its end. AsyncLLM.shutdown stops
     EngineCore first and cancels the handler after: in between the handler wakes on the closed
     engine and logs EngineDeadError with a traceback."""
@@ -312,7 +318,7 @@ def _stop_output_handler(engine) -> None:
     asyncio.run_coroutine_threadsafe(_cancel_output_handler(engine), loop).result(timeout=30)
 
 
-async def _cancel_output_handler(engine) -> None:
+async def _cancel_output_handler(engine: AsyncLLM) -> None:
     """On the handler's own loop: cancels it and waits for its end, before EngineCore stops."""
     handler = getattr(engine, "output_handler", None)
     if handler is not None and not handler.done():

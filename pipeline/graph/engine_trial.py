@@ -17,26 +17,33 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Awaitable, Callable, Optional
+from typing import TYPE_CHECKING, Awaitable, Callable, Optional
 
 from ray.exceptions import RayActorError
 
 from pipeline.config import JobConfig
 from pipeline.speculation.trial import ArmClock, arm_wants_more, decide, setting_text, worth_a_trial, worth_measuring_off
-from schemas import HeadUnits, utc_timestamp
+from pipeline.stages.metrics import ReplicaMetrics
+from schemas import HeadUnits, TrialVerdict, utc_timestamp
+from schemas.board import TrialPlan
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 Restart = Callable[[bool], Awaitable[float]]
 logger = logging.getLogger(__name__)
 
 
 class EngineTrial:
-    """`plan`: {"rows": the job's rows to run, "engines": its replicas} or None (no trial in this
-    graph); `metrics`: the replica's (pipeline/stages/metrics.py), which names it. `enter` is
+    """`plan`: None when this graph runs no trial; `metrics`: the replica's, which names it. `enter` is
     given the actor's `restart(speculative)`, which restarts its engine and returns its start's
     seconds: held by the trial, it would make a reference cycle, and the actor's __del__, which
     stops its engine before Ray ends the actor's processes, would not run when Ray drops it."""
 
-    def __init__(self, config: JobConfig, plan: Optional[dict], board, metrics, start_seconds: float):
+    def __init__(
+        self, config: JobConfig, plan: Optional[TrialPlan], board: Optional[ActorHandle], metrics: ReplicaMetrics,
+        start_seconds: float,
+    ):
         self.config, self.plan, self.board, self.metrics = config, plan, board, metrics
         self.actor_id = metrics.tags["replica"]
         self.start_seconds = start_seconds
@@ -78,46 +85,46 @@ class EngineTrial:
         if not self.measuring:
             await self._follow(restart)
             return None
-        if arm_wants_more(self.config, self.entered, self.arms[-1], self.plan["rows"], self.plan["unit_rows"],
-                          self.plan["max_units"]):
+        plan = self.plan
+        if arm_wants_more(self.config, self.entered, self.arms[-1], plan.rows, plan.unit_rows, plan.max_units):
             self.entered += 1
             return "on" if len(self.arms) == 1 else "off"
         await self._drained()
         on = self.arms[0].figures()
-        rows = self.plan["rows"] - 2 * on.rows
+        rows = plan.rows - 2 * on.rows
         if len(self.arms) == 1:
-            skip = worth_measuring_off(self.config, on, rows, self.plan["engines"], self.start_seconds)
+            skip = worth_measuring_off(self.config, on, rows, plan.engines, self.start_seconds)
             if skip is not None:
                 return await self._post(skip)
             await self._switch(restart, False)
             self.arms.append(ArmClock("off"))
             self.entered = 1
             return "off"
-        verdict = decide(self.config, on, self.arms[1].figures(), rows, self.plan["engines"], self.start_seconds)
+        verdict = decide(self.config, on, self.arms[1].figures(), rows, plan.engines, self.start_seconds)
         if verdict.outcome == "kept":
             await self._switch(restart, True)
         return await self._post(verdict)
 
-    async def _too_small(self):
+    async def _too_small(self) -> Optional[TrialVerdict]:
         """The skipped verdict when the probe's rate says the job is too small for a trial."""
-        probe = ((await self.board.read.remote())["verdict"] or {}).get("result")
-        if not probe:
+        verdict = (await self.board.read.remote()).verdict
+        if verdict is None or verdict.result is None:
             return None
-        rows_left = self.plan["rows"] - 2 * self.config.speculative.trial.units * self.plan["unit_rows"]
-        return worth_a_trial(self.config, probe["tokens_per_second"], rows_left, self.plan["engines"], self.start_seconds)
+        rows_left = self.plan.rows - 2 * self.config.speculative.trial.units * self.plan.unit_rows
+        return worth_a_trial(self.config, verdict.result.tokens_per_second, rows_left, self.plan.engines, self.start_seconds)
 
     async def _follow(self, restart: Restart) -> None:
         verdict = await self.board.trial_verdict.remote()
         if verdict is None:
             return
         self.done = True
-        if verdict["outcome"] == "turned-off":
+        if verdict.outcome == "turned-off":
             await self._drained()
             await self._switch(restart, False)
 
-    async def _post(self, verdict) -> None:
+    async def _post(self, verdict: TrialVerdict) -> None:
         verdict.engine_restarts, verdict.actor_id, verdict.decided_at = self.restarts, self.actor_id, utc_timestamp()
-        await self.board.post_trial.remote(verdict.model_dump(mode="json"))
+        await self.board.post_trial.remote(verdict)
         if verdict.speedup_vs_off is not None:
             self.metrics.record_trial(verdict.speedup_vs_off)
         self.done = True
@@ -134,9 +141,12 @@ class EngineTrial:
         self.start_seconds = seconds or (time.time() - began)
 
 
-def trial_plan(config: JobConfig, rows: int, head: Optional[HeadUnits]) -> dict[str, Any]:
+def trial_plan(config: JobConfig, rows: int, head: Optional[HeadUnits]) -> TrialPlan:
     """What the engines of a graph that runs the trial are told: the job's rows left, its
     replicas, and the rows of the units its arms measure (the head units', when it has them)."""
-    return {"rows": rows, "engines": config.resources.max_replicas,
-            "unit_rows": head.rows_per_unit if head else config.resources.rows_per_unit,
-            "max_units": head.rows // head.rows_per_unit // 2 if head else None}
+    return TrialPlan(
+        rows=rows,
+        engines=config.resources.max_replicas,
+        unit_rows=head.rows_per_unit if head else config.resources.rows_per_unit,
+        max_units=head.rows // head.rows_per_unit // 2 if head else None,
+    )

@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
 
-from pipeline.commit.outputs import GROUPED
-from pipeline.commit.units import WorkUnit, plan_units, read_unit
+from pipeline.inputs.units import GROUPED
+from pipeline.inputs.units import WorkUnit, plan_units, read_unit
 from pipeline.inputs.prefixes import KINDS, rows_per_grouped_file
 from pipeline.inputs.shape import RowShape
 from pipeline.storage import Storage

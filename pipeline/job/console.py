@@ -23,8 +23,13 @@ STEADY_MIN_SECONDS = 1.0
 
 
 def say(progress: bool, message: str) -> None:
+    """The message on the console when the run shows its progress."""
     if progress:
-        print(f"[specbatch] {message}", file=sys.stderr, flush=True)
+        print_line(message)
+
+
+def print_line(message: str) -> None:
+    print(f"[specbatch] {message}", file=sys.stderr, flush=True)
 
 
 class Pace:
@@ -40,15 +45,15 @@ class Pace:
     def __init__(self, window: int):
         self.window = max(1, window)
         self.units: deque[tuple[float, int, float, float]] = deque(maxlen=self.window + 1)  # (committed, rows, in engine from, to)
-        self.heard = 0
+        self.units_taken = 0
 
     def add(self, committed_at: float, rows: int, engine_from: float, engine_to: float) -> None:
         self.units.append((committed_at, rows, engine_from, engine_to))
 
-    def hear(self, heard: dict[str, dict]) -> None:
-        """The units of `heard` (stats rows by unit, in the order first heard) added since the last call."""
-        new, self.heard = len(heard) - self.heard, len(heard)
-        for row in reversed(list(islice(reversed(heard.values()), min(new, self.window + 1)))):
+    def take(self, unit_stats: dict[str, dict]) -> None:
+        """The units of `unit_stats` (stats rows by unit, in the order first heard) added since the last call."""
+        new, self.units_taken = len(unit_stats) - self.units_taken, len(unit_stats)
+        for row in reversed(list(islice(reversed(unit_stats.values()), min(new, self.window + 1)))):
             start = row["started_at"]
             self.add(start + max(row["wall_seconds"], row["engine_seconds"]), row["rows"], start, start + row["engine_seconds"])
 

@@ -2,7 +2,8 @@
 back goes to the attempt's progress (totals, breaker, guard, progress line); the job board's
 engine starts and probe verdict, and the nodes that left, go to `_job.json` through the
 attempt's `save`; the graph's engines are stopped however it ends. Its outcome says what the
-attempt does next. `attempt` is the JobAttempt of pipeline/job/runner.py."""
+attempt does next. What a graph needs of its attempt is `GraphAttempt` (the JobAttempt of
+pipeline/job/runner.py)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ import atexit
 import enum
 import logging
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import pyarrow as pa
 
 from pipeline.cluster import WATCH_SECONDS, ClusterWatch, StallInterrupt, StallWatch
 from pipeline.cluster.startup import start_cost
-from pipeline.commit.units import WorkUnit
+from pipeline.inputs.units import WorkUnit
 from pipeline.graph import engine_actor_label
 from pipeline.job.breaker import ErrorBreaker
 from pipeline.job.console import Pace, commit_window, print_progress, progress_line, say
@@ -25,7 +26,13 @@ from pipeline.job.watch import AttemptLooks, probe_refusal
 from pipeline.speculation.guard import AcceptanceGuard, AcceptanceTooLow
 from pipeline.stages.stats import EngineBusyTime
 from pipeline.storage import StorageUnavailable
-from schemas import GuardEvent, NodeLoss, ProbeResult, TrialVerdict, utc_timestamp
+from pipeline.job.graph_attempt import GraphAttempt
+from schemas import GuardEvent, NodeLoss, TrialVerdict, utc_timestamp
+from schemas.board import BoardReading
+
+if TYPE_CHECKING:
+    import ray.data
+    from ray.actor import ActorHandle
 
 log = logging.getLogger("specbatch")
 # The driver writes its stats file at least this often: a killed driver leaves the next
@@ -45,12 +52,12 @@ class AttemptProgress:
     STATS_FLUSH_SECONDS), the error breaker, the acceptance guard and the progress line, whose
     ETA runs from the rate since the first committed unit."""
 
-    def __init__(self, attempt, total_rows: int, guard: Optional[AcceptanceGuard]):
-        self.attempt, self.heard, self.total_rows, self.guard = attempt, attempt.heard, total_rows, guard
+    def __init__(self, attempt: GraphAttempt, total_rows: int, guard: Optional[AcceptanceGuard]):
+        self.attempt, self.unit_stats, self.total_rows, self.guard = attempt, attempt.unit_stats, total_rows, guard
         self.breaker = ErrorBreaker(attempt.config.retries)
         self.flushed = time.time()
         self.tokens = self.drafted = self.accepted = 0
-        self.rows = sum(r["rows"] for r in self.heard.values())  # kept as units are heard, not summed per batch
+        self.rows = sum(r["rows"] for r in self.unit_stats.values())  # kept as units are heard, not summed per batch
         self.pace = Pace(commit_window(attempt.config.resources.max_replicas, attempt.config.resources.units_in_flight))
         self.busy = self._busy_time()
 
@@ -61,9 +68,9 @@ class AttemptProgress:
             raise self.attempt.lease.lost
         record, rows = self.attempt.record, stats.to_pylist()
         for row in rows:
-            before = self.heard.get(row["unit_id"])
+            before = self.unit_stats.get(row["unit_id"])
             self.rows += row["rows"] - (before["rows"] if before else 0)
-            self.heard[row["unit_id"]] = row
+            self.unit_stats[row["unit_id"]] = row
             self.breaker.observe(row)
             if before:  # a unit heard again (a retry): its earlier interval leaves the union
                 self.busy = self._busy_time()
@@ -92,22 +99,22 @@ class AttemptProgress:
 
     def _busy_time(self) -> EngineBusyTime:
         busy = EngineBusyTime()
-        for r in self.heard.values():
+        for r in self.unit_stats.values():
             busy.add(r["actor_id"], r["started_at"], r["engine_seconds"])
         return busy
 
     def _print(self, done: int) -> None:
         now_ = time.time()
-        self.pace.hear(self.heard)
+        self.pace.take(self.unit_stats)
         engine_rate = self.tokens / self.busy.seconds if self.busy.seconds else 0.0
         began = self.attempt.started  # where the attempt's wall time, and the summary's, begins
         wall_rate = self.tokens / (now_ - began) if now_ > began else 0.0
         acceptance = self.accepted / self.drafted if self.drafted else None
-        eta = self.pace.eta_text(self.total_rows - done, len(self.attempt.plan.todo) - len(self.heard))
+        eta = self.pace.eta_text(self.total_rows - done, len(self.attempt.plan.todo) - len(self.unit_stats))
         print_progress(progress_line(done, self.total_rows, engine_rate, wall_rate, acceptance, eta), done >= self.total_rows)
 
 
-def run_graph(dataset, todo: list[WorkUnit], progress: AttemptProgress, board) -> GraphOutcome:
+def run_graph(dataset: ray.data.Dataset, todo: list[WorkUnit], progress: AttemptProgress, board: ActorHandle) -> GraphOutcome:
     """Iterates one graph to its outcome. Nodes that leave are noted in `_job.json` when
     seen. Stops with what the job watch found (pipeline/job/watch.py: SchedulingStalled,
     JobStalled, EnginesKeepFailing), DrafterRejected, or LeaseLost (an engine refused to
@@ -159,7 +166,7 @@ def run_graph(dataset, todo: list[WorkUnit], progress: AttemptProgress, board) -
         _end_graph(attempt, board)
 
 
-def _raise_a_refusal(attempt, board) -> None:
+def _raise_a_refusal(attempt: GraphAttempt, board: ActorHandle) -> None:
     """DrafterRejected, when the probe refused the drafter: the engines commit nothing then and
     send their units back without a stats row; the refusal is on the board."""
     refused = probe_refusal(attempt, board)
@@ -167,7 +174,7 @@ def _raise_a_refusal(attempt, board) -> None:
         raise refused
 
 
-def _end_graph(attempt, board) -> None:
+def _end_graph(attempt: GraphAttempt, board: ActorHandle) -> None:
     """The board's figures into `_job.json`, then the graph's engines stopped, whatever happened."""
     try:
         _record_board(attempt, board)
@@ -182,7 +189,7 @@ class NodeLosses:
     Data resubmits the lost node's units by itself when it can; when the dataset fails instead,
     the losses are marked graph-rebuilt, and the attempt stops after retries.max_node_losses."""
 
-    def __init__(self, attempt, watch: ClusterWatch, todo: list[WorkUnit]):
+    def __init__(self, attempt: GraphAttempt, watch: ClusterWatch, todo: list[WorkUnit]):
         self.attempt, self.watch, self.todo = attempt, watch, todo
 
     def note(self, failed: Optional[BaseException] = None) -> None:
@@ -218,7 +225,7 @@ class NodeLosses:
         log.warning("%d node(s) lost; rebuilding the graph over the units not committed yet", len(self.watch.lost_nodes()))
 
 
-def _stop_engines(board) -> None:
+def _stop_engines(board: ActorHandle) -> None:
     """Each engine actor of the graph exits as an actor that is done (its engine stops first,
     in EngineStage.__del__). Ray Data lets go of its actors and leaves them to reference
     counting, which a graph that failed does not reach while its exception is held (a caller
@@ -256,7 +263,7 @@ def _wait_for_engine_exits() -> None:
                     len(_EXITING) - len(ended), len(_EXITING), ENGINE_EXIT_SECONDS)
 
 
-def _read_board(board) -> Optional[dict]:
+def _read_board(board: ActorHandle) -> Optional[BoardReading]:
     import ray
 
     try:
@@ -266,7 +273,7 @@ def _read_board(board) -> Optional[dict]:
         return None
 
 
-def _record_board(attempt, board) -> None:
+def _record_board(attempt: GraphAttempt, board: ActorHandle) -> None:
     """The engines' starts and the probe's verdict into `_job.json`: a resume keeps the verdict."""
     read = _read_board(board)
     if read is None:
@@ -274,16 +281,15 @@ def _record_board(attempt, board) -> None:
     record = attempt.record
     known = record.start.engine_starts if record.start else []
     seen = {(e.actor_id, e.engine_ready_at) for e in known}
-    new = [s for s in read["starts"] if (s["actor_id"], s["engine_ready_at"]) not in seen]
-    verdict = read["verdict"]
-    record.start = start_cost(attempt.clock, [*(e.model_dump() for e in known), *new], verdict)
-    if verdict and verdict.get("result"):
-        attempt.manifest.probe = ProbeResult.model_validate(verdict["result"])
-    _take_trial_verdict(attempt, read.get("trial"))
+    new = [s for s in read.starts if (s.actor_id, s.engine_ready_at) not in seen]
+    record.start = start_cost(attempt.clock, [*known, *new], read.verdict)
+    if read.verdict is not None and read.verdict.result is not None:
+        attempt.manifest.probe = read.verdict.result
+    _take_trial_verdict(attempt, read.trial)
     attempt.save()
 
 
-def _record_trial_verdict(attempt, board) -> None:
+def _record_trial_verdict(attempt: GraphAttempt, board: ActorHandle) -> None:
     """The speculation trial's verdict, once its engine posts it: into `_job.json` and one console line."""
     manifest = attempt.manifest
     if manifest.trial is not None or not attempt.config.speculative.enabled or not attempt.config.speculative.trial:
@@ -298,9 +304,9 @@ def _record_trial_verdict(attempt, board) -> None:
         attempt.save()
 
 
-def _take_trial_verdict(attempt, verdict: Optional[dict]) -> bool:
+def _take_trial_verdict(attempt: GraphAttempt, verdict: Optional[TrialVerdict]) -> bool:
     if verdict is None or attempt.manifest.trial is not None:
         return False
-    attempt.manifest.trial = TrialVerdict.model_validate(verdict)
+    attempt.manifest.trial = verdict
     say(attempt.options.progress, attempt.manifest.trial.reason)
     return True

@@ -9,7 +9,7 @@ import re
 from importlib import metadata as pkg_metadata
 from typing import Optional
 
-from pipeline.commit.units import WorkUnit
+from pipeline.inputs.units import WorkUnit
 from pipeline.config import JobConfig
 from pipeline.job.plan import JobPlan, results_fingerprint
 from schemas import (
@@ -90,13 +90,13 @@ def close_killed_attempt(previous: JobManifest, dead_owner: Optional[Lease]) -> 
         last.wall_seconds = max(0.0, dead_owner.heartbeat_at - started)
 
 
-def added_by(heard: list[dict], files: list[InputFile], previous: Optional[JobManifest]) -> AttemptAdded:
+def added_by(unit_stats: list[dict], files: list[InputFile], previous: Optional[JobManifest]) -> AttemptAdded:
     """What an attempt added: the stats rows of the units it committed, and its new input files."""
     before = {(f.uri, f.size, f.version) for f in previous.input_files} if previous else set()
     return AttemptAdded(
-        units=len(heard), rows=sum(r["rows"] for r in heard), output_rows=sum(r["output_rows"] for r in heard),
-        error_rows=sum(r["error_rows"] for r in heard), prompt_tokens=sum(r["prompt_tokens"] for r in heard),
-        generated_tokens=sum(r["generated_tokens"] for r in heard),
+        units=len(unit_stats), rows=sum(r["rows"] for r in unit_stats), output_rows=sum(r["output_rows"] for r in unit_stats),
+        error_rows=sum(r["error_rows"] for r in unit_stats), prompt_tokens=sum(r["prompt_tokens"] for r in unit_stats),
+        generated_tokens=sum(r["generated_tokens"] for r in unit_stats),
         new_input_files=sum((f.uri, f.size, f.version) not in before for f in files),
     )
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from pipeline.commit.lease import LeaseHeld
 from pipeline.commit.outputs import LayoutMismatch, ManifestInvalid, OutputLocation, error_units
-from pipeline.commit.units import WorkUnit, plan_units
+from pipeline.inputs.units import WorkUnit, plan_units
 from pipeline.config import ConfigError, JobConfig
 from pipeline.inputs import InputError, InputReport
 from pipeline.inputs.ids import TooManyDuplicateIds, find_duplicate_ids

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -24,6 +24,9 @@ from pipeline.inputs.shape import RowShape
 from pipeline.storage import Storage
 from pipeline.storage.model_cache import localize
 from schemas import InputFile
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 def check_before_engines(config: JobConfig, inputs: InputReport, storage: Storage) -> None:
@@ -53,7 +56,7 @@ def check_before_engines(config: JobConfig, inputs: InputReport, storage: Storag
         _render_first_row(tokenizer, tokenizer_path, file, storage, config.chat.template_kwargs, RowShape.for_job(config))
 
 
-def _check_structured_and_reasoning(config: JobConfig, tokenizer) -> None:
+def _check_structured_and_reasoning(config: JobConfig, tokenizer: PreTrainedTokenizerBase) -> None:
     """The job's response_format must compile in vLLM's structured-output backends, and its
     reasoning parser must find its markers in the tokenizer."""
     from pipeline.stages.completions import reasoning_parser
@@ -108,7 +111,7 @@ def first_row_text(storage: Storage, file: InputFile, shape: RowShape) -> Any:
 
 
 def _render_first_row(
-    tokenizer, tokenizer_path: str, file: InputFile, storage: Storage, template_kwargs: dict, shape: RowShape
+    tokenizer: PreTrainedTokenizerBase, tokenizer_path: str, file: InputFile, storage: Storage, template_kwargs: dict, shape: RowShape
 ) -> None:
     uri, kind = file.uri, file.text_column
     value = first_row_text(storage, file, shape)

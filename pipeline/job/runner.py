@@ -12,10 +12,9 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
-from typing import Optional
+from typing import Any, Optional
 
 import pyarrow as pa
 
@@ -23,9 +22,10 @@ from pipeline.cluster import check_cluster_paths, check_schedulable, cluster_cap
 from pipeline.cluster.job_board import start_board
 from pipeline.cluster.startup import StartClock, ray_init
 from pipeline.commit.lease import LeaseLost, OutputLease
+from pipeline.commit.outputs import OutputLocation
 from pipeline.config import JobConfig
-from pipeline.commit.units import plan_units
-from pipeline.job.console import say
+from pipeline.inputs.units import plan_units
+from pipeline.job.console import print_line, say
 from pipeline.job.graph_run import AttemptProgress, GraphOutcome, run_graph
 from pipeline.job.manifest import added_by, close_killed_attempt, finished_status, new_manifest, plain_text, plan_summary
 from pipeline.job.plan import (
@@ -47,7 +47,7 @@ from schemas import Attempt, EngineDeath, JobManifest, Lease, ProbeResult, utc_t
 log = logging.getLogger("specbatch")
 
 
-def run_job(config: JobConfig, clock: Optional[StartClock] = None, **options) -> JobManifest:
+def run_job(config: JobConfig, clock: Optional[StartClock] = None, **options: Any) -> JobManifest:
     """Run, or resume, the job at `config.output_uri` (options: RunOptions' fields). Units
     already committed there are skipped, except units with retryable error rows (and with
     `retry_errors`, units with any error rows), which run again; a finished job reruns without
@@ -57,11 +57,11 @@ def run_job(config: JobConfig, clock: Optional[StartClock] = None, **options) ->
 
 
 class JobAttempt:
-    """One attempt at a job. `heard`: unit -> its stats row, for the units this attempt committed."""
+    """One attempt at a job. `unit_stats`: unit -> its stats row, for the units this attempt committed."""
 
     def __init__(self, config: JobConfig, options: RunOptions, clock: StartClock):
         self.config, self.options, self.clock = config, options, clock
-        self.heard: dict[str, dict] = {}
+        self.unit_stats: dict[str, dict] = {}
         self.plan: JobPlan
         self.lease: OutputLease
         self.manifest: JobManifest
@@ -82,7 +82,7 @@ class JobAttempt:
         return self.manifest
 
     @property
-    def location(self):
+    def location(self) -> OutputLocation:
         return self.plan.location
 
     @property
@@ -93,7 +93,7 @@ class JobAttempt:
         """This attempt's stats file (pipeline/commit/outputs.write_stats), written from here
         alone: every STATS_FLUSH_SECONDS while it runs, at its end (`committed`: then with every
         committed unit no other file holds, returning them all), and when it was fenced."""
-        return self.location.write_stats(self.record.number, list(self.heard.values()), committed)
+        return self.location.write_stats(self.record.number, list(self.unit_stats.values()), committed)
 
     def save(self) -> None:
         """`_job.json`, written here alone. A fenced attempt replaces only its own record (a
@@ -121,7 +121,7 @@ class JobAttempt:
     def _take_lease(self) -> Optional[Lease]:
         """The lease, and the dead run's it took over (if any)."""
         self.lease = OutputLease(self.location, self.config.lease, self.plan.job_id, self.plan.attempt_number)
-        announce = functools.partial(say, True) if self.options.progress else log.warning
+        announce = print_line if self.options.progress else log.warning
         dead_owner = self.lease.acquire(take_over=self.options.take_over, say=announce)
         self.location.write_only_while(self.lease.still_ours)
         return dead_owner
@@ -291,7 +291,7 @@ class JobAttempt:
         else:  # files of commits that never finished or were superseded; this attempt's stats file
             location.cleanup(committed, since=self.started, generation=self.lease.lease.generation)
             stats = self.write_stats(committed)
-            record.added = added_by(list(self.heard.values()), plan.inputs.files, plan.previous)
+            record.added = added_by(list(self.unit_stats.values()), plan.inputs.files, plan.previous)
         record.wall_seconds, record.ended_at = time.time() - self.started, utc_timestamp()
         manifest.ended_at = record.ended_at
         wall = sum(a.wall_seconds for a in manifest.attempts)
@@ -328,15 +328,15 @@ class JobAttempt:
         manifest). Its units are those it heard of and those its engines committed under its
         lease that it had not heard of yet (their markers name its lease's owner)."""
         record, location, owner = self.record, self.location, self.lease.lease.owner
-        unheard = location.committed_units() - self.plan.committed - set(self.heard)
-        for unit, marker in location.markers(unheard).items():
+        not_recorded = location.committed_units() - self.plan.committed - set(self.unit_stats)
+        for unit, marker in location.markers(not_recorded).items():
             if marker.stats.lease_owner == owner:
-                self.heard[unit] = marker.stats.model_dump()
+                self.unit_stats[unit] = marker.stats.model_dump()
         taken = f"run {lost.owner.owner} (attempt {lost.owner.attempt})" if lost.owner else "nobody (its lease was removed)"
         record.status = "fenced"
-        record.error = (f"lost the output location to {taken} while it ran: it committed {len(self.heard)} units under "
+        record.error = (f"lost the output location to {taken} while it ran: it committed {len(self.unit_stats)} units under "
                         "its own lease, then stopped")
-        record.processed_rows = sum(r["rows"] for r in self.heard.values())
+        record.processed_rows = sum(r["rows"] for r in self.unit_stats.values())
         record.wall_seconds, record.ended_at = time.time() - self.started, utc_timestamp()
         record.engine_deaths = [EngineDeath.model_validate(e) for e in location.engine_deaths(since=self.started)]
         self.write_stats()

@@ -1,5 +1,5 @@
 """What the driver looks at while it waits for units, every `cluster.WATCH_SECONDS`, from the
-stall watch's thread (pipeline/cluster/__init__.py `StallWatch`). Nothing waits forever:
+stall watch's thread (pipeline/cluster/watch.py `StallWatch`). Nothing waits forever:
 
 - the engines' progress, as each engine actor reports it to the job board, goes to
   `_progress.json` (schemas.JobProgress, which `specbatch status` reads) and the seconds since
@@ -7,7 +7,7 @@ stall watch's thread (pipeline/cluster/__init__.py `StallWatch`). Nothing waits 
 - engine deaths and hangs the actors recorded in `_events/` are named on the console as they
   happen; `retries.max_engine_failures` of them in a row, with no unit committed between,
   fail the attempt with EnginesKeepFailing;
-- the drafter probe's refusal, which the engines post to the board and then wait: DrafterRejected;
+- the drafter probe's refusal, which an engine posts to the board: DrafterRejected;
 - no unit committed for `retries.stall_minutes`: SchedulingStalled when something of the job
   waits for resources, JobStalled when no engine is generating either (a read that never
   returns, an actor Ray does not report, a stuck driver). An engine that still generates
@@ -18,12 +18,17 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from pipeline.cluster import ClusterWatch, SchedulingStalled, stall_message
-from pipeline.commit.units import WorkUnit
+from pipeline.inputs.units import WorkUnit
 from pipeline.speculation.probe import DrafterRejected
-from schemas import JobProgress, ProbeResult, ReplicaProgress
+from pipeline.config import JobConfig
+from pipeline.job.graph_attempt import GraphAttempt
+from schemas import JobProgress, ReplicaProgress
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 log = logging.getLogger("specbatch")
 # A replica whose last report is older than this has stopped reporting (its actor is gone or stuck).
@@ -39,10 +44,10 @@ class EnginesKeepFailing(RuntimeError):
 
 
 class AttemptLooks:
-    """One look at a graph of an attempt (`attempt`: pipeline/job/runner.JobAttempt) and its job
-    board; returns the exception that ends the attempt, or None."""
+    """One look at a graph of an attempt and its job board; returns the exception that ends the
+    attempt, or None."""
 
-    def __init__(self, attempt, board, cluster: ClusterWatch, todo: list[WorkUnit]):
+    def __init__(self, attempt: GraphAttempt, board: ActorHandle, cluster: ClusterWatch, todo: list[WorkUnit]):
         self.attempt, self.board, self.cluster, self.todo = attempt, board, cluster, todo
         self.retries = attempt.config.retries
         self.failures: dict[str, float] = {}  # engine death and hang files seen -> when
@@ -69,11 +74,10 @@ class AttemptLooks:
         """The engines' last reports, into `_progress.json`."""
         import ray
 
-        reports = ray.get(self.board.read_progress.remote(), timeout=30)
-        replicas = [ReplicaProgress.model_validate(r) for r in reports]
+        replicas = ray.get(self.board.read_progress.remote(), timeout=30)
         progress = JobProgress(
             attempt=self.attempt.record.number, written_at=time.time(), generating_since=self.attempt.started,
-            last_commit_at=last_commit if self.attempt.heard else None, replicas=replicas,
+            last_commit_at=last_commit if self.attempt.unit_stats else None, replicas=replicas,
         )
         self.attempt.location.write_progress(progress.model_dump(mode="json"))
         return replicas
@@ -100,25 +104,24 @@ class AttemptLooks:
         )
 
     def _not_committed(self) -> list[str]:
-        return [u.unit_id for u in self.todo if u.unit_id not in self.attempt.heard]
+        return [u.unit_id for u in self.todo if u.unit_id not in self.attempt.unit_stats]
 
 
-def probe_refusal(attempt, board) -> Optional[DrafterRejected]:
+def probe_refusal(attempt: GraphAttempt, board: ActorHandle) -> Optional[DrafterRejected]:
     """DrafterRejected when the probe refused the drafter on the graph's first engine (one read
-    of the board). The engines wait for the driver to end the graph rather than fail it, so that
-    the refusal is said alone, not inside Ray's errors and traces."""
+    of the board). The engines send their units back uncommitted rather than fail the graph, so
+    that the refusal is said alone, not inside Ray's errors and traces."""
     import ray
 
     try:
-        verdict = ray.get(board.read.remote(), timeout=30)["verdict"]
+        verdict = ray.get(board.read.remote(), timeout=30).verdict
     except Exception as exc:  # the board went with a lost node: the other looks go on
         log.warning("the job board could not be read (%s)", type(exc).__name__)
         return None
-    if not verdict or not verdict.get("refusal"):
+    if verdict is None or not verdict.refusal:
         return None
-    result = ProbeResult.model_validate(verdict["result"])
-    attempt.manifest.probe = result
-    return DrafterRejected(verdict["refusal"], result)
+    attempt.manifest.probe = verdict.result
+    return DrafterRejected(verdict.refusal, verdict.result)
 
 
 def generating(replica: ReplicaProgress, window_seconds: float) -> bool:
@@ -138,7 +141,7 @@ def failure_line(event: dict) -> str:
     return f"{where} died ({event['error'][:200]}) with {rows} rows of {len(event['units'])} units in it; it is replaced"
 
 
-def stalled_message(config, idle_seconds: float, not_committed: list[str], replicas: list[ReplicaProgress]) -> str:
+def stalled_message(config: JobConfig, idle_seconds: float, not_committed: list[str], replicas: list[ReplicaProgress]) -> str:
     now = time.time()
     engines = "; ".join(
         f"replica {r.actor_id[:8]}: {r.requests_in_flight} requests, last step "

@@ -25,7 +25,7 @@ import json
 import logging
 from typing import Any, Optional, Sequence
 
-from pipeline.commit.units import WorkUnit, read_unit
+from pipeline.inputs.units import WorkUnit, read_unit
 from pipeline.config import JobConfig
 from pipeline.inputs.shape import RowShape
 from pipeline.speculation.drafter_read import DrafterMismatch
@@ -189,7 +189,7 @@ def probe_job_input(
     """`speculative.probe.rows` of the job's input (of `units`, default all of it) through the
     probe on an engine of its own (check-drafter); DrafterRejected below the floor, None when
     every row read ends near the length limit."""
-    from pipeline.commit.units import plan_units
+    from pipeline.inputs.units import plan_units
     from pipeline.inputs import inspect_inputs
 
     if units is None:

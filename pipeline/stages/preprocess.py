@@ -132,7 +132,7 @@ class PreprocessSettings:
 
 class Preprocessor:
     """Ray Data stage: validates each row of a work unit, renders chat messages and tokenizes.
-    A block is one whole unit (pipeline/commit/units.py), and comes out as one block."""
+    A block is one whole unit (pipeline/inputs/units.py), and comes out as one block."""
 
     @classmethod
     def for_job(cls, config: JobConfig, storage=None) -> "Preprocessor":

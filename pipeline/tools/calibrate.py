@@ -32,7 +32,7 @@ from typing import Any, Optional, Sequence
 
 import pyarrow.parquet as pq
 
-from pipeline.commit.units import LAYOUT, UNIT_COLUMNS
+from pipeline.inputs.units import LAYOUT, UNIT_COLUMNS
 from pipeline.config import ConfigError, InputRowsConfig, JobConfig, load_config
 from pipeline.inputs import InputError, inspect_inputs
 from pipeline.inputs.shape import RowShape
@@ -231,7 +231,7 @@ def job_check(
     import pyarrow.parquet as pq
 
     from pipeline.commit.outputs import OutputLocation
-    from pipeline.commit.units import plan_units, read_unit
+    from pipeline.inputs.units import plan_units, read_unit
     from pipeline.job.runner import run_job
 
     shape = RowShape.for_job(config)

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.commit.outputs import OutputLocation
-from pipeline.commit.units import UNIT_COLUMNS, WorkUnit
+from pipeline.inputs.units import UNIT_COLUMNS, WorkUnit
 from pipeline.config import JobConfig
 from pipeline.inputs import InputReport
 from pipeline.inputs.shape import RowShape
@@ -121,7 +121,7 @@ def _sample_kind(
     with_metadata: bool = False,
 ):
     """Yields None for each row group read, then its sampled rows in the unit layout
-    (pipeline/commit/units.UNIT_COLUMNS; `metadata` only `with_metadata`) with its `source` and `row`. Every row, when `want` is all of them;
+    (pipeline/inputs/units.UNIT_COLUMNS; `metadata` only `with_metadata`) with its `source` and `row`. Every row, when `want` is all of them;
     otherwise `draws` row groups drawn proportional to their rows (with replacement: a group
     drawn twice gives twice the rows), and want/draws rows uniformly within each."""
     starts, offset = [], 0
@@ -166,7 +166,7 @@ def _sample_kind(
 
 
 def _unit_layout(table: pa.Table) -> pa.Table:
-    """The columns a unit's block carries to the preprocess stage (as pipeline/commit/units.read_unit)."""
+    """The columns a unit's block carries to the preprocess stage (as pipeline/inputs/units.read_unit)."""
     n, names = table.num_rows, table.column_names
     columns = {
         field.name: table.column(field.name).cast(field.type) if field.name in names else pa.nulls(n, field.type)

@@ -7,12 +7,12 @@ In the real run's order (pipeline/job/runner.run_job), each step calling the run
 
  1. the output location: a file is refused, a `_job.json` of another layout is refused; the
     models' fingerprints; on a rerun, changed settings or input files are refused;
- 2. the input check: footers only (pipeline/inputs/__init__.py). For `input_format: openai_batch`, files
+ 2. the input check: footers only (pipeline/inputs/check.py). For `input_format: openai_batch`, files
     already converted under OUTPUT_URI/_inputs are taken as they are, and files not converted
     yet are converted into a temporary local folder, deleted at the end: every line is checked
     as the real run checks it, and the rows and units are exact. (It costs what the real
     conversion costs: one read of each such JSONL file, and its converted size on local disk.)
- 3. the plan: work units (pipeline/commit/units.plan_units) less those committed (one `_commits/`
+ 3. the plan: work units (pipeline/inputs/units.plan_units) less those committed (one `_commits/`
     listing) plus those the run would redo for their error rows;
  4. when any unit is left: the preflight (pipeline/job/preflight.check_before_engines) and the
     static drafter check (pipeline/speculation/drafter_check.check_drafter). The drafter probe generates
@@ -50,7 +50,7 @@ from typing import Optional
 from pipeline.cluster import check_schedulable
 from pipeline.cluster.startup import local_ray_cpus
 from pipeline.commit.lease import OutputLease
-from pipeline.commit.units import WorkUnit
+from pipeline.inputs.units import WorkUnit
 from pipeline.config import JobConfig, load_config
 from pipeline.inputs import InputReport
 from pipeline.inputs.openai_batch import CONVERTED

@@ -33,7 +33,8 @@ import time
 from collections import Counter
 from typing import Any, Optional
 
-from pipeline.commit.lease import heartbeat_age, is_stale, read_lease
+from pipeline.commit.fence import read_lease
+from pipeline.commit.lease import heartbeat_age, is_stale
 from pipeline.commit.outputs import LayoutMismatch, ManifestInvalid, OutputLocation
 from pipeline.job.console import prefill_text
 from pipeline.speculation.guard import verdict_text
@@ -77,7 +78,7 @@ def job_status(
     location = OutputLocation(storage, uri)
     uri, now = location.uri, time.time()
     manifest = read_manifest(location)
-    lease = read_lease(location)
+    lease = read_lease(location.storage, location.uri)
     if manifest is None:
         return _first_attempt_starting(uri, lease, now, run_command) if lease else None
     last = manifest.attempts[-1] if manifest.attempts else None

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.commit.outputs import COMMITS, OutputLocation, latest_per_unit
-from pipeline.commit.units import plan_units
+from pipeline.inputs.units import plan_units
 from pipeline.config.resources import ResourcesConfig
 from pipeline.job.console import Pace, commit_window
 from pipeline.stages.stats import totals_from_stats

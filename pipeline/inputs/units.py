@@ -19,12 +19,12 @@ from typing import Iterable, Optional
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.commit.outputs import GROUPED
-from pipeline.inputs import short_name
+from pipeline.inputs.check import short_name
 from pipeline.inputs.shape import SHAPE_COLUMNS, RowShape
 from pipeline.storage import Storage
 from schemas import HeadUnits, InputFile
 
+GROUPED = "_grouped"  # prefix-grouped units' rows, in the output location (pipeline/graph/regroup.py)
 # The columns every unit's block has, whatever its file's columns; missing ones are nulls.
 UNIT_COLUMNS = [
     pa.field("id", pa.string()),
