@@ -13,9 +13,10 @@ import yaml
 from pipeline.config import load_config, parse_config
 from pipeline.storage import Storage
 from tinykit import kit_paths
-from pipeline.tools.calibrate import CalibrationError, parse_concurrencies, parse_depths, sample_prompts
+from pipeline.tools.calibrate import CalibrationError, parse_concurrencies, parse_depths
 from pipeline.tools.calibrate import main as calibrate_main
 from pipeline.tools.calibration_choice import apply_depth, best_depths, calibration_rows, schedule_from, schedule_pays
+from pipeline.tools.calibration_sample import sample_prompts
 from pipeline.tools.demo import sample_prompts as stdlib_lines
 from schemas.report import CalibrationReport
 from tests.conftest import job_config, write_prompts
@@ -43,14 +44,21 @@ def write_job_input(folder: Path) -> None:
     """Two shards as a real job has them: plain prompts (two the job refuses) and chat messages."""
     lines = stdlib_lines(40, seed=3)
     write_prompts(folder / "a.parquet", {"id": [f"a{i}" for i in range(22)], "prompt": lines[:20] + ["   ", None]})
-    write_prompts(folder / "b.parquet", {"id": [f"b{i}" for i in range(10)], "messages": [[{"role": "user", "content": t}] for t in lines[20:30]]})
+    write_prompts(
+        folder / "b.parquet",
+        {"id": [f"b{i}" for i in range(10)], "messages": [[{"role": "user", "content": t}] for t in lines[20:30]]},
+    )
 
 
 def test_apply_depth_edits_the_block_and_keeps_comments():
     deeper = apply_depth(CONFIG_WITH_COMMENTS, 5)
     assert "num_speculative_tokens: 5   # choose with `specbatch calibrate`" in deeper
     assert deeper.startswith("# the daily job\n") and "speculative:   # EAGLE-3.1" in deeper
-    assert yaml.safe_load(deeper)["speculative"] == {"enabled": True, "drafter": "/models/d", "num_speculative_tokens": 5}
+    assert yaml.safe_load(deeper)["speculative"] == {
+        "enabled": True,
+        "drafter": "/models/d",
+        "num_speculative_tokens": 5,
+    }
     off = yaml.safe_load(apply_depth(CONFIG_WITH_COMMENTS, 0))
     assert off["speculative"] == {"enabled": False, "drafter": "/models/d", "num_speculative_tokens": 3}
     # A speculative block without the keys gets them; flow style is rewritten as plain YAML.
@@ -61,14 +69,26 @@ def test_apply_depth_edits_the_block_and_keeps_comments():
 
 
 def measured(depth, tokens, seconds, drafts=0, per_pos=(), concurrency=8):
-    return {"depth": depth, "concurrency": concurrency, "prompts": 8, "prompt_tokens": 800, "generated_tokens": tokens,
-            "seconds": seconds, "num_drafts": drafts, "draft_tokens": drafts * depth, "accepted_tokens": sum(per_pos),
-            "accepted_per_position": list(per_pos)}
+    return {
+        "depth": depth,
+        "concurrency": concurrency,
+        "prompts": 8,
+        "prompt_tokens": 800,
+        "generated_tokens": tokens,
+        "seconds": seconds,
+        "num_drafts": drafts,
+        "draft_tokens": drafts * depth,
+        "accepted_tokens": sum(per_pos),
+        "accepted_per_position": list(per_pos),
+    }
 
 
 def test_recommendation_is_the_highest_throughput_per_gpu():
-    rows = calibration_rows([measured(2, 1200, 1.0, 100, (80, 40)), measured(0, 1000, 1.0), measured(4, 1100, 1.0, 60, (50, 30, 10, 5))],
-                            gpus_per_replica=2, price=3.6)
+    rows = calibration_rows(
+        [measured(2, 1200, 1.0, 100, (80, 40)), measured(0, 1000, 1.0), measured(4, 1100, 1.0, 60, (50, 30, 10, 5))],
+        gpus_per_replica=2,
+        price=3.6,
+    )
     assert [r.depth for r in rows] == [0, 2, 4] and [r.recommended for r in rows] == [False, True, False]
     best = rows[1]
     assert best.tokens_per_second_per_gpu == pytest.approx(600) and best.speedup_vs_off == pytest.approx(1.2)
@@ -83,10 +103,15 @@ def test_recommendation_is_the_highest_throughput_per_gpu():
 def test_each_concurrency_gets_its_best_depth_and_the_schedule_covers_every_batch_size():
     # Speculation pays at 1 and 4 sequences, costs at 64 (the shape measured on the kit).
     figures = {1: {0: 100, 3: 160}, 4: {0: 300, 3: 900}, 16: {0: 1000, 3: 1100}, 64: {0: 2000, 3: 1800}}
-    rows = calibration_rows([measured(k, rate, 1.0, concurrency=c) for c, by_k in figures.items() for k, rate in by_k.items()],
-                            gpus_per_replica=1, price=None)
+    rows = calibration_rows(
+        [measured(k, rate, 1.0, concurrency=c) for c, by_k in figures.items() for k, rate in by_k.items()],
+        gpus_per_replica=1,
+        price=None,
+    )
     assert best_depths(rows) == {1: 3, 4: 3, 16: 3, 64: 0}
-    assert [r.speedup_vs_off for r in rows if r.concurrency == 64] == pytest.approx([1.0, 0.9])  # vs off at its own concurrency
+    assert [r.speedup_vs_off for r in rows if r.concurrency == 64] == pytest.approx(
+        [1.0, 0.9]
+    )  # vs off at its own concurrency
     assert schedule_from(best_depths(rows), 64) == [(1, 32, 3), (33, 64, 0)]  # 32 = sqrt(16 x 64)
     assert schedule_from({1: 2, 4: 0, 16: 2}, 32) == [(1, 2, 2), (3, 8, 0), (9, 32, 2)]
     assert schedule_from({1: 3, 64: 3}, 64) is None  # one depth everywhere: no schedule
@@ -96,8 +121,15 @@ def test_each_concurrency_gets_its_best_depth_and_the_schedule_covers_every_batc
     assert not schedule_pays(calibration_rows(base + [schedule_at_64(1500)], 1, None))  # k=0 still runs the drafter
     assert schedule_pays(calibration_rows(base + [schedule_at_64(2000)], 1, None))
     assert best_depths(calibration_rows(base + [schedule_at_64(9999)], 1, None))[64] == 0  # never a "depth" winner
-    config = parse_config(job_config("in", "out", TINY_KIT, engine={"max_num_seqs": 64},
-                                     speculative={"depth_schedule": schedule_from(best_depths(rows), 64)}))
+    config = parse_config(
+        job_config(
+            "in",
+            "out",
+            TINY_KIT,
+            engine={"max_num_seqs": 64},
+            speculative={"depth_schedule": schedule_from(best_depths(rows), 64)},
+        )
+    )
     assert config.speculative.num_speculative_tokens == 3  # the schedule's largest k
 
 
@@ -105,8 +137,11 @@ def test_a_depth_schedule_is_validated_naming_the_entry():
     from pipeline.config import ConfigError
 
     def schedule(entries, max_num_seqs=32):
-        return parse_config(job_config("in", "out", TINY_KIT, engine={"max_num_seqs": max_num_seqs},
-                                       speculative={"depth_schedule": entries}))
+        return parse_config(
+            job_config(
+                "in", "out", TINY_KIT, engine={"max_num_seqs": max_num_seqs}, speculative={"depth_schedule": entries}
+            )
+        )
 
     with pytest.raises(ConfigError, match=r"\(3, 8, 2\): starts at 3; make it start at 2"):
         schedule([[1, 1, 3], [3, 8, 2], [9, 32, 0]])  # a gap
@@ -125,7 +160,9 @@ def test_apply_writes_a_schedule_into_the_block():
     assert "num_speculative_tokens: 3   # choose with `specbatch calibrate`" in scheduled
     spec = yaml.safe_load(scheduled)["speculative"]
     assert spec["depth_schedule"] == [[1, 8, 3], [9, 256, 0]] and spec["enabled"] is True
-    assert "depth_schedule" not in yaml.safe_load(apply_depth(scheduled, 2))["speculative"]  # a single depth replaces it
+    assert (
+        "depth_schedule" not in yaml.safe_load(apply_depth(scheduled, 2))["speculative"]
+    )  # a single depth replaces it
 
 
 def test_parse_concurrencies():
@@ -149,7 +186,9 @@ def test_sample_is_the_jobs_own_prompts_prepared_as_the_job_does(tmp_path):
     assert len(prompts) == 30 and skipped == 2  # all good rows; the two empty prompts refused
     assert {p["id"] for p in prompts} == {f"a{i}" for i in range(20)} | {f"b{i}" for i in range(10)}
     sampling = [json.loads(p["sampling"]) for p in prompts]
-    assert all(p["prompt_token_ids"] for p in prompts) and all(s["max_tokens"] == 16 and s["temperature"] == 0.0 for s in sampling)
+    assert all(p["prompt_token_ids"] for p in prompts) and all(
+        s["max_tokens"] == 16 and s["temperature"] == 0.0 for s in sampling
+    )
     few, _ = sample_prompts(config, Storage(), 5, seed=1)
     assert len(few) == 5 and few == sample_prompts(config, Storage(), 5, seed=1)[0]  # the seed decides
 
@@ -164,8 +203,22 @@ def calibrated(tmp_path_factory, ray_local):
     config = job_config(str(root / "in"), str(root / "out"), TINY_KIT)
     config_path = root / "job.yaml"
     config_path.write_text("# tiny job\n" + yaml.safe_dump(config, sort_keys=False))
-    code = calibrate_main([str(config_path), "--sample", "16", "--depths", "0,3", "--concurrency", "1,4,16",
-                           "--repeats", "1", "--job-check", "32", "--apply"])
+    code = calibrate_main(
+        [
+            str(config_path),
+            "--sample",
+            "16",
+            "--depths",
+            "0,3",
+            "--concurrency",
+            "1,4,16",
+            "--repeats",
+            "1",
+            "--job-check",
+            "32",
+            "--apply",
+        ]
+    )
     assert code == 0
     report = CalibrationReport.model_validate_json((root / "out" / "calibration" / "calibration.json").read_text())
     return root, config_path, report
@@ -176,9 +229,15 @@ def test_calibration_measures_every_depth_at_every_concurrency(calibrated):
     _, _, report = calibrated
     assert report.concurrencies == [1, 4, 16] and report.sample_measured == 16
     fixed = [r for r in report.rows if r.schedule is None]
-    assert [(r.concurrency, r.depth) for r in fixed] == [(c, d) for c in (1, 4, 16) for d in (0, 3)]  # a fresh engine per depth: two
+    assert [(r.concurrency, r.depth) for r in fixed] == [
+        (c, d) for c in (1, 4, 16) for d in (0, 3)
+    ]  # a fresh engine per depth: two
     for row in report.rows:
-        assert row.prompts == min(16, max(2 * row.concurrency, 8)) and row.generated_tokens > 0 and row.tokens_per_second > 0
+        assert (
+            row.prompts == min(16, max(2 * row.concurrency, 8))
+            and row.generated_tokens > 0
+            and row.tokens_per_second > 0
+        )
         assert row.cost_per_million_generated_tokens > 0  # the default price of a 'cpu' node
     for concurrency in report.concurrencies:
         off, *on = [r for r in fixed if r.concurrency == concurrency]
@@ -187,7 +246,9 @@ def test_calibration_measures_every_depth_at_every_concurrency(calibrated):
         for row in on:
             assert len(row.accepted_per_position) == row.depth and row.num_drafts > 0
             assert 0 < row.acceptance_rate <= 1 and row.mean_acceptance_length > 1  # a drafter trained for this target
-            assert row.accepted_per_position == sorted(row.accepted_per_position, reverse=True)  # acceptance is a prefix
+            assert row.accepted_per_position == sorted(
+                row.accepted_per_position, reverse=True
+            )  # acceptance is a prefix
     assert any("in flight" in w for w in report.warnings)  # 16 prompts < 32 in flight: said, not hidden
 
 
@@ -228,7 +289,9 @@ def test_calibration_recommends_the_best_measured_rows_and_applies_them(calibrat
     if report.recommended_schedule:
         assert [tuple(r) for r in applied.speculative.depth_schedule] == report.recommended_schedule
     else:
-        assert applied.speculative.enabled == (report.recommended_depth > 0) and applied.speculative.depth_schedule is None
+        assert (
+            applied.speculative.enabled == (report.recommended_depth > 0) and applied.speculative.depth_schedule is None
+        )
         if report.recommended_depth:
             assert applied.speculative.num_speculative_tokens == report.recommended_depth
     assert config_path.read_text().startswith("# tiny job\n")
@@ -236,7 +299,9 @@ def test_calibration_recommends_the_best_measured_rows_and_applies_them(calibrat
 
 
 @pytest.mark.engine
-def test_a_job_of_the_same_models_and_settings_takes_its_depth_and_verdict_from_the_stored_calibration(calibrated, capsys):
+def test_a_job_of_the_same_models_and_settings_takes_its_depth_and_verdict_from_the_stored_calibration(
+    calibrated, capsys
+):
     """calibrate stored its result (the tests' store: tests/conftest.py); a job with
     speculative.depth_from: calibration, on another output location, finds it at plan time and
     runs the depth it recommends, and its verdict names the calibration as its source."""
@@ -246,9 +311,19 @@ def test_a_job_of_the_same_models_and_settings_takes_its_depth_and_verdict_from_
     stored = list(Path(os.environ["SPECBATCH_CALIBRATIONS"]).rglob("*.json"))
     assert any(json.loads(p.read_text())["report"]["measured_at"] == report.measured_at for p in stored)
     config = load_config(str(config_path))
-    job = config.model_copy(update={
-        "output_uri": str(root / "job-out"), "speculative": config.speculative.model_copy(update={
-            "enabled": True, "depth_from": "calibration", "num_speculative_tokens": 1, "depth_schedule": None})})
+    job = config.model_copy(
+        update={
+            "output_uri": str(root / "job-out"),
+            "speculative": config.speculative.model_copy(
+                update={
+                    "enabled": True,
+                    "depth_from": "calibration",
+                    "num_speculative_tokens": 1,
+                    "depth_schedule": None,
+                }
+            ),
+        }
+    )
     manifest = run_job(job)
     said = capsys.readouterr().err
     # the input's two rows the job refuses (blank and null prompts) are 2 of 32: over max_error_fraction
@@ -258,8 +333,9 @@ def test_a_job_of_the_same_models_and_settings_takes_its_depth_and_verdict_from_
     if report.recommended_depth == 0 and not report.recommended_schedule:
         assert ran["enabled"] is False and manifest.speculation is None
     else:
-        assert ran["num_speculative_tokens"] == (max(k for *_, k in report.recommended_schedule) if report.recommended_schedule
-                                                 else report.recommended_depth)
+        assert ran["num_speculative_tokens"] == (
+            max(k for *_, k in report.recommended_schedule) if report.recommended_schedule else report.recommended_depth
+        )
         assert manifest.speculation.source == "calibration" and report.measured_at in manifest.speculation.source_detail
 
 
@@ -274,13 +350,17 @@ def test_the_pilot_page_shows_each_setting_and_specbatch_beside_vllm_alone_from_
     (settings_title, (_, settings)), (_, (_, through)) = pilot_tables(report).items()
     assert settings_title == f"Each setting, vLLM alone at {top} sequences at once"
     measured = [r for r in report.rows if r.concurrency == top]
-    assert [row[0] for row in settings] == [f"schedule {r.schedule}" if r.schedule else "off" if r.depth == 0 else f"depth {r.depth}"
-                                            for r in measured]
+    assert [row[0] for row in settings] == [
+        f"schedule {r.schedule}" if r.schedule else "off" if r.depth == 0 else f"depth {r.depth}" for r in measured
+    ]
     assert [row[1] for row in settings] == [f"{r.tokens_per_second:,.1f}" for r in measured]
     alone = {row[0]: r for row, r in zip(settings, measured)}
     assert [row[0] for row in through] == [r.setting for r in report.job_check]
     for row, checked in zip(through, report.job_check):
-        assert row[1] == f"{checked.tokens_per_second:,.1f}" and row[2] == f"{alone[checked.setting].tokens_per_second:,.1f}"
+        assert (
+            row[1] == f"{checked.tokens_per_second:,.1f}"
+            and row[2] == f"{alone[checked.setting].tokens_per_second:,.1f}"
+        )
         assert row[3] == f"{checked.tokens_per_second / alone[checked.setting].tokens_per_second:.2f}x"
         assert (row[5] == "<-") is checked.chosen
     chosen = next(r.setting for r in report.job_check if r.chosen)

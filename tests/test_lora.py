@@ -24,10 +24,14 @@ def kit(trained_kit) -> dict[str, str]:
 
 def test_lora_with_deep_speculation_on_the_cpu_build_is_refused(kit):
     lora = {"adapters": {"style": "/adapters/style"}}
-    with pytest.raises(ConfigError, match=r"lora with speculative decoding on vLLM's CPU build.*num_speculative_tokens: 1"):
+    with pytest.raises(
+        ConfigError, match=r"lora with speculative decoding on vLLM's CPU build.*num_speculative_tokens: 1"
+    ):
         parse_config(job_config("in", "out", kit, lora=lora))
     assert parse_config(job_config("in", "out", kit, lora=lora, speculative={"num_speculative_tokens": 1})).lora
-    assert parse_config(job_config("in", "out", kit, lora=lora, resources={"gpus_per_replica": 1})).lora  # GPUs: not measured here
+    assert parse_config(
+        job_config("in", "out", kit, lora=lora, resources={"gpus_per_replica": 1})
+    ).lora  # GPUs: not measured here
     with pytest.raises(ConfigError, match=r"lora\.adapters is empty; leave lora out"):
         parse_config(job_config("in", "out", kit, lora={"adapters": {}}))
 
@@ -36,12 +40,21 @@ def test_a_local_adapter_on_a_cluster_must_be_on_a_shared_mount(kit):
     from pipeline.cluster import ClusterPathRefused, check_cluster_paths
 
     remote = {"target": "s3://m/target", "drafter": "s3://m/drafter"}
-    config = parse_config(job_config(
-        "s3://b/in", "s3://b/out", remote, lora={"adapters": {"style": "/adapters/style"}}, speculative={"num_speculative_tokens": 1},
-    ))
+    config = parse_config(
+        job_config(
+            "s3://b/in",
+            "s3://b/out",
+            remote,
+            lora={"adapters": {"style": "/adapters/style"}},
+            speculative={"num_speculative_tokens": 1},
+        )
+    )
     with pytest.raises(ClusterPathRefused, match=r"lora\.adapters\.style = /adapters/style is a local path"):
         check_cluster_paths(config, nodes=2)
-    check_cluster_paths(config.model_copy(update={"storage": config.storage.model_copy(update={"shared_mounts": ["/adapters"]})}), nodes=2)
+    check_cluster_paths(
+        config.model_copy(update={"storage": config.storage.model_copy(update={"shared_mounts": ["/adapters"]})}),
+        nodes=2,
+    )
 
 
 def test_the_probe_and_calibrate_prepare_a_rows_adapter_as_the_job_does(tmp_path, kit):
@@ -51,13 +64,22 @@ def test_the_probe_and_calibrate_prepare_a_rows_adapter_as_the_job_does(tmp_path
     from pipeline.inputs.units import plan_units
     from pipeline.inputs import inspect_inputs
     from pipeline.speculation.probe import probe_rows
-    from pipeline.tools.calibrate import sample_prompts
+    from pipeline.tools.calibration_sample import sample_prompts
 
     n = len(PROMPTS)
     adapters = [None, "style"] * (n // 2)
-    write_prompts(tmp_path / "in" / "prompts.parquet", {"id": [f"r{i}" for i in range(n)], "prompt": PROMPTS, "lora": adapters})
-    config = parse_config(job_config(str(tmp_path / "in"), str(tmp_path / "out"), kit, lora={"adapters": {"style": "/adapters/style"}},
-                                     speculative={"num_speculative_tokens": 1}))
+    write_prompts(
+        tmp_path / "in" / "prompts.parquet", {"id": [f"r{i}" for i in range(n)], "prompt": PROMPTS, "lora": adapters}
+    )
+    config = parse_config(
+        job_config(
+            str(tmp_path / "in"),
+            str(tmp_path / "out"),
+            kit,
+            lora={"adapters": {"style": "/adapters/style"}},
+            speculative={"num_speculative_tokens": 1},
+        )
+    )
     storage = Storage.from_config(config.storage)
     units = plan_units(inspect_inputs(config.input_uri, storage).files, config.resources.rows_per_unit)
     probed, _ = probe_rows(config, storage, units, n)
@@ -74,15 +96,24 @@ def test_rows_name_their_adapter_and_get_its_output(tmp_path, ray_local, kit):
 
     adapter = write_lora_adapter(kit["target"], str(tmp_path / "style"), rank=8, seed=1)
     n = len(PROMPTS)
-    write_prompts(tmp_path / "in" / "prompts.parquet", {
-        "id": [f"base-{i}" for i in range(n)] + [f"style-{i}" for i in range(n)] + ["typo"],
-        "prompt": PROMPTS + PROMPTS + [PROMPTS[0]],
-        "lora": [None] * n + ["style"] * n + ["styel"],
-    })
-    config = parse_config(job_config(
-        str(tmp_path / "in"), str(tmp_path / "out"), kit, lora={"adapters": {"style": adapter}, "max_rank": 8},
-        speculative={"num_speculative_tokens": 1}, retries={"max_error_fraction": 0.5},
-    ))
+    write_prompts(
+        tmp_path / "in" / "prompts.parquet",
+        {
+            "id": [f"base-{i}" for i in range(n)] + [f"style-{i}" for i in range(n)] + ["typo"],
+            "prompt": PROMPTS + PROMPTS + [PROMPTS[0]],
+            "lora": [None] * n + ["style"] * n + ["styel"],
+        },
+    )
+    config = parse_config(
+        job_config(
+            str(tmp_path / "in"),
+            str(tmp_path / "out"),
+            kit,
+            lora={"adapters": {"style": adapter}, "max_rank": 8},
+            speculative={"num_speculative_tokens": 1},
+            retries={"max_error_fraction": 0.5},
+        )
+    )
     manifest = run_job(config, progress=False)
     assert manifest.status == "succeeded"
     location = OutputLocation(Storage(), config.output_uri)

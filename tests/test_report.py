@@ -20,8 +20,9 @@ from pipeline.commit.outputs import OutputLocation
 from pipeline.storage import Storage
 from pipeline.tools.cost import JobData, ReportError, build_report, busy_seconds
 from pipeline.tools.prices import Prices
-from pipeline.tools.report import default_report_uri, terminal_summary
+from pipeline.tools.report import default_report_uri
 from pipeline.tools.report import main as report_main
+from pipeline.tools.report_tables import terminal_summary
 from schemas import JobManifest, UnitStats
 from schemas.report import CalibrationReport, CalibrationRow, CostReport
 
@@ -29,7 +30,9 @@ SHA_TARGET, SHA_OTHER = "a" * 64, "b" * 64
 PRICES = "currency: USD\ngpu:\n  test-gpu: 2.0\ncpu:\n  test-node: 0.36\n"
 
 
-def manifest(job_id, *, accelerator, replicas, gpus, wall, speculative, k=3, sha=SHA_TARGET, input_rows=0, verdict=None):
+def manifest(
+    job_id, *, accelerator, replicas, gpus, wall, speculative, k=3, sha=SHA_TARGET, input_rows=0, verdict=None
+):
     return JobManifest(
         speculation=verdict,
         job_id=job_id,
@@ -37,7 +40,11 @@ def manifest(job_id, *, accelerator, replicas, gpus, wall, speculative, k=3, sha
         started_at="2026-11-29T00:00:00+00:00",
         config={
             "resources": {"replicas": replicas, "gpus_per_replica": gpus, "accelerator": accelerator},
-            "speculative": {"enabled": speculative, "num_speculative_tokens": k, "drafter": "/m/d" if speculative else None},
+            "speculative": {
+                "enabled": speculative,
+                "num_speculative_tokens": k,
+                "drafter": "/m/d" if speculative else None,
+            },
         },
         versions={"specbatch": "t", "vllm": None, "ray": "t", "torch": None, "python": "3"},
         model={"path": "/m/target", "config_sha256": sha, "architectures": []},
@@ -49,12 +56,32 @@ def manifest(job_id, *, accelerator, replicas, gpus, wall, speculative, k=3, sha
     ).model_dump(mode="json")
 
 
-def unit(unit_id, actor, started, engine, gen, prompt, drafts=0, draft_tokens=0, per_pos=(), out=10, err=0, k=0, cached=0):
+def unit(
+    unit_id, actor, started, engine, gen, prompt, drafts=0, draft_tokens=0, per_pos=(), out=10, err=0, k=0, cached=0
+):
     return UnitStats(
-        unit_id=unit_id, source="s", first_row=0, actor_id=actor, node_id="n", rows=out + err, output_rows=out, error_rows=err,
-        prompt_tokens=prompt, cached_prompt_tokens=cached, generated_tokens=gen, started_at=started, wall_seconds=engine + 1, engine_seconds=engine,
-        tokens_per_second=gen / engine, speculative=k > 0, num_speculative_tokens=k, num_drafts=drafts,
-        draft_tokens=draft_tokens, accepted_tokens=sum(per_pos), acceptance_rate=None, mean_acceptance_length=None,
+        unit_id=unit_id,
+        source="s",
+        first_row=0,
+        actor_id=actor,
+        node_id="n",
+        rows=out + err,
+        output_rows=out,
+        error_rows=err,
+        prompt_tokens=prompt,
+        cached_prompt_tokens=cached,
+        generated_tokens=gen,
+        started_at=started,
+        wall_seconds=engine + 1,
+        engine_seconds=engine,
+        tokens_per_second=gen / engine,
+        speculative=k > 0,
+        num_speculative_tokens=k,
+        num_drafts=drafts,
+        draft_tokens=draft_tokens,
+        accepted_tokens=sum(per_pos),
+        acceptance_rate=None,
+        mean_acceptance_length=None,
         accepted_per_position=list(per_pos),
     ).model_dump()
 
@@ -85,13 +112,41 @@ JOB_C = [unit("c-1", "c1", 5000, 50, 90_000, 10_000, 10, 30, (8, 5, 2), k=3)]
 
 
 CALIBRATION = CalibrationReport(
-    config_uri="job.yaml", measured_at="2026-11-28T00:00:00+00:00", accelerator="test-gpu", gpus_per_replica=1.0, currency="USD",
-    price_per_gpu_hour=2.0, max_num_seqs=8, sample_requested=16, sample_measured=16, concurrencies=[8], recommended_depth=2,
-    config_snippet="", rows=[CalibrationRow(
-        concurrency=8, depth=d, prompts=16, prompt_tokens=160, generated_tokens=1000, seconds=s, tokens_per_second=1000 / s,
-        tokens_per_second_per_gpu=1000 / s, speedup_vs_off=2.0 / s, num_drafts=0, draft_tokens=0, accepted_tokens=0,
-        acceptance_rate=None, mean_acceptance_length=None, accepted_per_position=[], cost_per_million_generated_tokens=None,
-        cost_per_million_total_tokens=None, recommended=d == 2) for d, s in ((0, 2.0), (2, 1.0))],
+    config_uri="job.yaml",
+    measured_at="2026-11-28T00:00:00+00:00",
+    accelerator="test-gpu",
+    gpus_per_replica=1.0,
+    currency="USD",
+    price_per_gpu_hour=2.0,
+    max_num_seqs=8,
+    sample_requested=16,
+    sample_measured=16,
+    concurrencies=[8],
+    recommended_depth=2,
+    config_snippet="",
+    rows=[
+        CalibrationRow(
+            concurrency=8,
+            depth=d,
+            prompts=16,
+            prompt_tokens=160,
+            generated_tokens=1000,
+            seconds=s,
+            tokens_per_second=1000 / s,
+            tokens_per_second_per_gpu=1000 / s,
+            speedup_vs_off=2.0 / s,
+            num_drafts=0,
+            draft_tokens=0,
+            accepted_tokens=0,
+            acceptance_rate=None,
+            mean_acceptance_length=None,
+            accepted_per_position=[],
+            cost_per_million_generated_tokens=None,
+            cost_per_million_total_tokens=None,
+            recommended=d == 2,
+        )
+        for d, s in ((0, 2.0), (2, 1.0))
+    ],
 )
 
 
@@ -104,17 +159,66 @@ def three_jobs(tmp_path_factory, s3_endpoint):
     calibration = Path(uris[0]) / "calibration" / "calibration.json"  # what job A's verdict rests on
     calibration.parent.mkdir(parents=True)
     calibration.write_text(CALIBRATION.model_dump_json())
-    judged = {"floor": 1.3, "mean_acceptance_length": 2.0, "below_floor": False, "cost_more_than_saved": False, "flags": [],
-              "source": "calibration", "source_detail": f"the calibration of T in {calibration.parent} measured depth 2 at 8 "
-              "sequences at once at 1.20x the speed of speculation off", "calibration_uri": str(calibration)}
-    unknown = {"floor": 1.3, "mean_acceptance_length": 2.5, "below_floor": False, "cost_more_than_saved": None, "flags": [],
-               "cost_unknown_because": "the job ran no speculation trial; no calibration of this target and drafter in S",
-               "source": "none", "source_detail": "the job ran no speculation trial; no calibration of this target and drafter in S"}
-    write_job(local, uris[0], manifest("job-a", accelerator="test-gpu", replicas=2, gpus=1, wall=1800, speculative=True, k=2, input_rows=41,
-                                       verdict=judged), JOB_A, uncommitted=[unit("a-dead", "a1", 1100, 500, 9_999_999, 1, k=2)])
-    write_job(local, uris[1], manifest("job-b", accelerator="test-gpu", replicas=1, gpus=2, wall=900, speculative=False, input_rows=20), JOB_B)
-    write_job(s3, uris[2], manifest("job-c", accelerator="test-node", replicas=3, gpus=0, wall=3600, speculative=True, k=3, sha=SHA_OTHER,
-                                    verdict=unknown), JOB_C)
+    judged = {
+        "floor": 1.3,
+        "mean_acceptance_length": 2.0,
+        "below_floor": False,
+        "cost_more_than_saved": False,
+        "flags": [],
+        "source": "calibration",
+        "source_detail": f"the calibration of T in {calibration.parent} measured depth 2 at 8 "
+        "sequences at once at 1.20x the speed of speculation off",
+        "calibration_uri": str(calibration),
+    }
+    unknown = {
+        "floor": 1.3,
+        "mean_acceptance_length": 2.5,
+        "below_floor": False,
+        "cost_more_than_saved": None,
+        "flags": [],
+        "cost_unknown_because": "the job ran no speculation trial; no calibration of this target and drafter in S",
+        "source": "none",
+        "source_detail": "the job ran no speculation trial; no calibration of this target and drafter in S",
+    }
+    write_job(
+        local,
+        uris[0],
+        manifest(
+            "job-a",
+            accelerator="test-gpu",
+            replicas=2,
+            gpus=1,
+            wall=1800,
+            speculative=True,
+            k=2,
+            input_rows=41,
+            verdict=judged,
+        ),
+        JOB_A,
+        uncommitted=[unit("a-dead", "a1", 1100, 500, 9_999_999, 1, k=2)],
+    )
+    write_job(
+        local,
+        uris[1],
+        manifest("job-b", accelerator="test-gpu", replicas=1, gpus=2, wall=900, speculative=False, input_rows=20),
+        JOB_B,
+    )
+    write_job(
+        s3,
+        uris[2],
+        manifest(
+            "job-c",
+            accelerator="test-node",
+            replicas=3,
+            gpus=0,
+            wall=3600,
+            speculative=True,
+            k=3,
+            sha=SHA_OTHER,
+            verdict=unknown,
+        ),
+        JOB_C,
+    )
     prices = root / "prices.yaml"
     prices.write_text(PRICES)
     out = root / "combined"
@@ -135,7 +239,11 @@ def test_job_figures_match_hand_computed_values(three_jobs):
 
     assert a.units == 4 and a.output_rows == 38 and a.failed_rows == 3 and a.input_rows == 41
     assert (a.generated_tokens, a.prompt_tokens) == (1_000_000, 250_000)  # the uncommitted unit is not counted
-    assert (a.cached_prompt_tokens, a.computed_prompt_tokens, a.prefix_cache_hit_rate) == (100_000, 150_000, pytest.approx(0.4))
+    assert (a.cached_prompt_tokens, a.computed_prompt_tokens, a.prefix_cache_hit_rate) == (
+        100_000,
+        150_000,
+        pytest.approx(0.4),
+    )
     assert (b.cached_prompt_tokens, b.computed_prompt_tokens, b.prefix_cache_hit_rate) == (0, 100_000, 0.0)
     assert a.gpu_hours == pytest.approx(1.0) and a.busy_seconds == pytest.approx(300.0)
     assert a.busy_gpu_hours == pytest.approx(300 / 3600) and a.utilization == pytest.approx(1 / 12)
@@ -151,13 +259,17 @@ def test_job_figures_match_hand_computed_values(three_jobs):
 
     assert b.gpu_hours == pytest.approx(0.5) and b.cost == pytest.approx(1.0) and b.gpus_per_replica == 2
     assert b.busy_gpu_hours == pytest.approx(2 * 200 / 3600)
-    assert b.cost_per_million_generated_tokens == pytest.approx(2.5) and b.cost_per_million_total_tokens == pytest.approx(2.0)
+    assert b.cost_per_million_generated_tokens == pytest.approx(
+        2.5
+    ) and b.cost_per_million_total_tokens == pytest.approx(2.0)
     assert b.tokens_per_second_per_gpu == pytest.approx(400_000 / 1800)
     assert b.acceptance_rate is None and b.mean_acceptance_length is None and b.accepted_per_position == []
     assert not b.speculative and b.num_speculative_tokens == 0
 
     assert c.gpus_per_replica == 1.0 and c.gpu_hours == pytest.approx(3.0) and c.cost == pytest.approx(1.08)
-    assert c.cost_per_million_generated_tokens == pytest.approx(12.0) and c.cost_per_million_total_tokens == pytest.approx(10.8)
+    assert c.cost_per_million_generated_tokens == pytest.approx(
+        12.0
+    ) and c.cost_per_million_total_tokens == pytest.approx(10.8)
     assert c.mean_acceptance_length == pytest.approx(2.5) and c.accepted_per_position == pytest.approx([0.8, 0.5, 0.2])
 
 
@@ -181,7 +293,9 @@ def test_overall_figures_and_speculation_saving(three_jobs):
     overall_row = terminal_summary(report).splitlines()[2 + len(report.jobs)]
     assert overall_row.startswith("overall") and f"{1 + 215 / 210:.2f}" in overall_row.split()
     assert report.warnings == []
-    assert report.prices["gpu"]["test-gpu"] == 2.0 and report.prices["gpu"]["nvidia-h100-80gb"] == 4.0  # --prices adds to the defaults
+    assert (
+        report.prices["gpu"]["test-gpu"] == 2.0 and report.prices["gpu"]["nvidia-h100-80gb"] == 4.0
+    )  # --prices adds to the defaults
 
 
 def test_files_written_csv_and_markdown(three_jobs):
@@ -200,14 +314,25 @@ def test_files_written_csv_and_markdown(three_jobs):
     assert "+20.0%" in markdown  # the saving of k=2 over off
     # what the console and `specbatch status` say of each verdict, and where each price came from
     assert "| job-a | k=2 | speculation paid, by a calibration: the calibration of T in " in markdown
-    assert "| job-c | k=3 | whether speculation paid is not known: the job ran no speculation trial; no calibration" in markdown
+    assert (
+        "| job-c | k=3 | whether speculation paid is not known: the job ran no speculation trial; no calibration"
+        in markdown
+    )
     prices = f"--prices {out.parent / 'prices.yaml'}"
-    assert f"| test-gpu | GPU-hour | 2.0000 | {prices} |" in markdown and f"| test-node | node-hour | 0.3600 | {prices} |" in markdown
+    assert (
+        f"| test-gpu | GPU-hour | 2.0000 | {prices} |" in markdown
+        and f"| test-node | node-hour | 0.3600 | {prices} |" in markdown
+    )
 
 
 def test_single_job_report_goes_under_its_output_and_missing_price_is_a_warning(tmp_path, capsys):
     uri = str(tmp_path / "job")
-    write_job(Storage(), uri, manifest("job-x", accelerator="unpriced-gpu", replicas=1, gpus=1, wall=60, speculative=False), JOB_B)
+    write_job(
+        Storage(),
+        uri,
+        manifest("job-x", accelerator="unpriced-gpu", replicas=1, gpus=1, wall=60, speculative=False),
+        JOB_B,
+    )
     assert report_main([uri]) == 0
     report = CostReport.model_validate_json((tmp_path / "job" / "report" / "report.json").read_text())
     (job,) = report.jobs
@@ -222,10 +347,16 @@ def test_a_report_of_cpu_jobs_bills_node_hours(tmp_path, capsys):
     """Replicas without a GPU: no "GPU" in the Markdown, the HTML or the terminal (it said
     "GPU-hours" and "tokens/s per GPU" on a CPU job); a report with a GPU job keeps GPU-hours."""
     uri = str(tmp_path / "job")
-    write_job(Storage(), uri, manifest("job-cpu", accelerator="cpu", replicas=1, gpus=0, wall=60, speculative=False), JOB_B)
+    write_job(
+        Storage(), uri, manifest("job-cpu", accelerator="cpu", replicas=1, gpus=0, wall=60, speculative=False), JOB_B
+    )
     assert report_main([uri]) == 0
     out = tmp_path / "job" / "report"
-    markdown, html, terminal = (out / "report.md").read_text(), (out / "report.html").read_text(), capsys.readouterr().out
+    markdown, html, terminal = (
+        (out / "report.md").read_text(),
+        (out / "report.html").read_text(),
+        capsys.readouterr().out,
+    )
     for text in (markdown, html, terminal):
         assert "GPU" not in text, [line for line in text.splitlines() if "GPU" in line][:3]
     assert "| jobs | generated tokens | prompt tokens | node-hours | busy node-hours |" in markdown
@@ -235,7 +366,7 @@ def test_a_report_of_cpu_jobs_bills_node_hours(tmp_path, capsys):
 def test_the_throughput_plot_draws_each_attempt_apart():
     """A job resumed after a gap: one line per attempt, named by it (one line was drawn
     through the gap, with nothing marking it)."""
-    from pipeline.tools.report import throughput_series
+    from pipeline.tools.report_plots import throughput_series
 
     doc = manifest("job-r", accelerator="cpu", replicas=1, gpus=0, wall=100, speculative=False)
     doc["attempts"] = [
@@ -245,7 +376,9 @@ def test_the_throughput_plot_draws_each_attempt_apart():
     rows = [unit(f"u{i}", "a", started, 5, 100, 10) for i, started in enumerate((1000, 1010, 3700, 3710, 3720))]
     series = throughput_series(JobData("uri", JobManifest.model_validate(doc), rows))
     assert [(name, [x for x, _ in points]) for name, points in series] == [
-        ("job-r, attempt 1", [0, 10]), ("job-r, attempt 2", [2700, 2710, 2720])]
+        ("job-r, attempt 1", [0, 10]),
+        ("job-r, attempt 2", [2700, 2710, 2720]),
+    ]
     doc["attempts"] = doc["attempts"][1:]  # one attempt: one line, named by the job
     assert [name for name, _ in throughput_series(JobData("uri", JobManifest.model_validate(doc), rows))] == ["job-r"]
 
@@ -253,8 +386,20 @@ def test_the_throughput_plot_draws_each_attempt_apart():
 def test_job_whose_drafter_was_turned_off_midway_is_left_out_of_the_comparison():
     guarded = [unit("d-1", "d1", 0, 10, 1000, 100, 10, 20, (5, 3), k=2), unit("d-2", "d1", 10, 10, 1000, 100)]
     jobs = [
-        JobData("mem://d", JobManifest.model_validate(manifest("job-d", accelerator="test-gpu", replicas=1, gpus=1, wall=60, speculative=True, k=2)), guarded),
-        JobData("mem://b", JobManifest.model_validate(manifest("job-b", accelerator="test-gpu", replicas=1, gpus=2, wall=900, speculative=False)), JOB_B),
+        JobData(
+            "mem://d",
+            JobManifest.model_validate(
+                manifest("job-d", accelerator="test-gpu", replicas=1, gpus=1, wall=60, speculative=True, k=2)
+            ),
+            guarded,
+        ),
+        JobData(
+            "mem://b",
+            JobManifest.model_validate(
+                manifest("job-b", accelerator="test-gpu", replicas=1, gpus=2, wall=900, speculative=False)
+            ),
+            JOB_B,
+        ),
     ]
     report = build_report(jobs, Prices(gpu={"test-gpu": 2.0}))
     assert report.jobs[0].cost == pytest.approx(2.0 / 60) and report.jobs[1].cost == pytest.approx(1.0)  # both priced
@@ -267,9 +412,12 @@ def test_jobs_on_other_prompts_or_sampling_are_not_compared_and_the_report_says_
     """A k=2 job and an off job on the same model and accelerator, but on other input files or
     with another sampling: no on/off figure, a warning naming the difference. The same files
     under another folder are the same prompts, and compare."""
+
     def with_inputs(job_id, speculative, files, sampling):
         doc = manifest(job_id, accelerator="test-gpu", replicas=1, gpus=1, wall=600, speculative=speculative, k=2)
-        doc["input_files"] = [{"uri": uri, "size": size, "version": "v", "rows": 10, "text_column": "prompt"} for uri, size in files]
+        doc["input_files"] = [
+            {"uri": uri, "size": size, "version": "v", "rows": 10, "text_column": "prompt"} for uri, size in files
+        ]
         doc["config"]["sampling"] = sampling
         return JobManifest.model_validate(doc)
 
@@ -286,8 +434,10 @@ def test_jobs_on_other_prompts_or_sampling_are_not_compared_and_the_report_says_
     for off, differ in ((other_prompts, "prompts (input files)"), (other_sampling, "sampling")):
         report = build_report([on, JobData("mem://off", off, JOB_B)], prices)
         assert report.speculation == []
-        assert report.warnings == [f"job-on (k=2) is not compared with job-off (speculation off): their {differ} differ, "
-                                   "so their costs do not compare"]
+        assert report.warnings == [
+            f"job-on (k=2) is not compared with job-off (speculation off): their {differ} differ, "
+            "so their costs do not compare"
+        ]
         assert not any("cost" in flag for flag in report.jobs[0].speculation_flags)
 
 
@@ -297,7 +447,9 @@ def test_missing_job_output_is_refused(tmp_path, capsys):
 
 
 def test_default_location_for_several_outputs():
-    assert default_report_uri(["s3://b/out/daily/2026-11-28/", "s3://b/out/daily/2026-11-29"]) == "s3://b/out/daily/report"
+    assert (
+        default_report_uri(["s3://b/out/daily/2026-11-28/", "s3://b/out/daily/2026-11-29"]) == "s3://b/out/daily/report"
+    )
     assert default_report_uri(["/data/x/job"]) == "/data/x/job/report"
     with pytest.raises(ReportError, match="--out"):
         default_report_uri(["s3://one/out", "s3://two/out"])
@@ -318,11 +470,23 @@ class Browser:
             pytest.fail(f"{CHROMIUM} missing: `make test` installs Debian's chromium")
         self.profile = tempfile.mkdtemp(prefix="specbatch-chromium-")
         self.process = subprocess.Popen(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-             f"--user-data-dir={self.profile}", "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
-             "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                "--disable-dev-shm-usage",
+                f"--user-data-dir={self.profile}",
+                "--remote-debugging-address=127.0.0.1",
+                "--remote-debugging-port=0",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         port_file = Path(self.profile) / "DevToolsActivePort"
         for _ in range(600):  # Chromium writes its port here once it listens
@@ -368,10 +532,14 @@ class Browser:
                 def collect(message):
                     method, params = message.get("method"), message.get("params", {})
                     if method == "Runtime.consoleAPICalled" and params["type"] in ("error", "assert"):
-                        errors.append("console: " + " ".join(str(a.get("value", a.get("description"))) for a in params["args"]))
+                        errors.append(
+                            "console: " + " ".join(str(a.get("value", a.get("description"))) for a in params["args"])
+                        )
                     elif method == "Runtime.exceptionThrown":
                         details = params["exceptionDetails"]
-                        errors.append("exception: " + details.get("exception", {}).get("description", details.get("text", "")))
+                        errors.append(
+                            "exception: " + details.get("exception", {}).get("description", details.get("text", ""))
+                        )
                     elif method == "Log.entryAdded" and params["entry"]["level"] == "error":
                         errors.append("log: " + params["entry"]["text"])
                     elif method == "Page.loadEventFired":
@@ -382,7 +550,9 @@ class Browser:
                 await call("Runtime.enable")
                 await call("Log.enable")
                 if width:
-                    await call("Emulation.setDeviceMetricsOverride", width=width, height=900, deviceScaleFactor=1, mobile=False)
+                    await call(
+                        "Emulation.setDeviceMetricsOverride", width=width, height=900, deviceScaleFactor=1, mobile=False
+                    )
                 await call("Page.navigate", url=url)
                 while not loaded:
                     collect(await asyncio.wait_for(ws.receive_json(), timeout=60))
@@ -410,7 +580,9 @@ PLOTS_ON_PAGE = """JSON.stringify([...document.querySelectorAll('svg.plot')].map
 def test_html_report_loads_without_console_errors_and_shows_its_plots(three_jobs, browser):
     out, _ = three_jobs
     html = (out / "report.html").read_text()
-    assert "<script" not in html and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")  # self-contained
+    assert "<script" not in html and "http://" not in html.replace(
+        'xmlns="http://www.w3.org/2000/svg"', ""
+    )  # self-contained
     errors, value = browser.load((out / "report.html").as_uri(), PLOTS_ON_PAGE)
     assert errors == []
     plots = {p["plot"]: p for p in json.loads(value)}
@@ -425,8 +597,10 @@ def test_html_report_loads_without_console_errors_and_shows_its_plots(three_jobs
 def test_browser_check_sees_console_errors(tmp_path, browser):
     """The harness itself: a page that logs an error and throws is caught."""
     page = tmp_path / "bad.html"
-    page.write_text("<!DOCTYPE html><html><head><link rel='icon' href='data:,'></head><body>"
-                    "<script>console.error('deliberate'); undefinedFunction();</script></body></html>")
+    page.write_text(
+        "<!DOCTYPE html><html><head><link rel='icon' href='data:,'></head><body>"
+        "<script>console.error('deliberate'); undefinedFunction();</script></body></html>"
+    )
     errors, _ = browser.load(page.as_uri(), "1")
     assert any("deliberate" in e for e in errors) and any("undefinedFunction" in e for e in errors)
 
@@ -449,7 +623,9 @@ def test_html_tables_show_cpu_replicas_and_the_overall_acceptance(three_jobs, br
     assert jobs["job-a"]["replicas x GPUs"] == "2 x 1" and jobs["job-b"]["replicas x GPUs"] == "1 x 2"
     assert jobs["job-c"]["replicas x GPUs"] == "3 replicas, CPU"
     (overall,) = tables["Overall"]
-    assert overall["mean acceptance length"] == f"{1 + 215 / 210:.3f}" and overall["acceptance rate"] == f"{215 / 430:.3f}"
+    assert (
+        overall["mean acceptance length"] == f"{1 + 215 / 210:.3f}" and overall["acceptance rate"] == f"{215 / 430:.3f}"
+    )
 
 
 LONG_ID = "2026-11-29-nightly-llama-3.3-70b-instruct-eagle31-depth-3-on-the-cpu-pool-of-cluster-east"
@@ -472,8 +648,18 @@ LEGENDS_ON_PAGE = """JSON.stringify([...document.querySelectorAll('svg.plot')].m
 def long_id_report(tmp_path) -> None:
     """The report of a job with a long id and job A, in tmp_path/report."""
     uris = [str(tmp_path / "long"), str(tmp_path / "a")]
-    write_job(Storage(), uris[0], manifest(LONG_ID, accelerator="test-node", replicas=1, gpus=0, wall=3600, speculative=True, k=3), JOB_C)
-    write_job(Storage(), uris[1], manifest("job-a", accelerator="test-gpu", replicas=2, gpus=1, wall=1800, speculative=True, k=2), JOB_A)
+    write_job(
+        Storage(),
+        uris[0],
+        manifest(LONG_ID, accelerator="test-node", replicas=1, gpus=0, wall=3600, speculative=True, k=3),
+        JOB_C,
+    )
+    write_job(
+        Storage(),
+        uris[1],
+        manifest("job-a", accelerator="test-gpu", replicas=2, gpus=1, wall=1800, speculative=True, k=2),
+        JOB_A,
+    )
     prices = tmp_path / "prices.yaml"
     prices.write_text(PRICES)
     assert report_main([*uris, "--prices", str(prices), "--out", str(tmp_path / "report")]) == 0
@@ -518,4 +704,3 @@ def test_every_table_of_a_report_fits_a_1280_px_window(tmp_path, browser):
     page = json.loads(value)
     assert page["window"] == 1280 and page["page"] <= 1280, page
     assert all(right <= 1280 for _, right in page["tables"]), page["tables"]
-

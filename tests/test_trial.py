@@ -20,7 +20,14 @@ from pipeline.commit.outputs import OutputLocation
 from pipeline.config import parse_config
 from pipeline.job.runner import run_job
 from pipeline.speculation.guard import speculation_verdict
-from pipeline.speculation.trial import ArmClock, arm_wants_more, decide, too_few_units, worth_a_trial, worth_measuring_off
+from pipeline.speculation.trial import (
+    ArmClock,
+    arm_wants_more,
+    decide,
+    too_few_units,
+    worth_a_trial,
+    worth_measuring_off,
+)
 from pipeline.storage import Storage
 from tinykit import kit_paths
 from schemas import JobTotals, TrialArm
@@ -30,12 +37,21 @@ KIT = kit_paths()
 
 
 def config_with(**overrides):
-    return parse_config(job_config("/tmp/in", "/tmp/out", {"target": KIT["target"], "drafter": KIT["drafter_eagle31"]}, **overrides))
+    return parse_config(
+        job_config("/tmp/in", "/tmp/out", {"target": KIT["target"], "drafter": KIT["drafter_eagle31"]}, **overrides)
+    )
 
 
 def arm(setting: str, tokens_per_second: float, rows: int = 128, tokens: int = 4096) -> TrialArm:
-    return TrialArm(setting=setting, units=2, rows=rows, generated_tokens=tokens, seconds=tokens / tokens_per_second,
-                    tokens_per_second=tokens_per_second, unit_tokens_per_second=[tokens_per_second] * 2)
+    return TrialArm(
+        setting=setting,
+        units=2,
+        rows=rows,
+        generated_tokens=tokens,
+        seconds=tokens / tokens_per_second,
+        tokens_per_second=tokens_per_second,
+        unit_tokens_per_second=[tokens_per_second] * 2,
+    )
 
 
 # ---------------------------------------------------------------- decisions, without an engine
@@ -65,10 +81,29 @@ def test_a_job_whose_units_hold_more_rows_than_it_runs_at_once_begins_with_head_
     units = plan_units(files, 4096, head)
     assert [u.rows for u in units] == [256] * 16 + [4096] and too_few_units(config, len(units), 8192, head) is None
     small = too_few_units(config, 10, 2560, head)  # as a resume of a job that began with head units sees it
-    assert "2,560 rows to run in 10 units, fewer than the 16 units" in small.reason and "at least 4,096 rows, in units of 256" in small.reason
-    assert head_units(config_with(resources={"rows_per_unit": 16, "units_in_flight": 2}), 8192) is None  # 16 <= 32 at once
-    assert head_units(config_with(engine={"max_num_seqs": 256}, resources={"rows_per_unit": 4096}, speculative={"trial": None}), 8192) is None
-    assert head_units(config_with(engine={"max_num_seqs": 256}, resources={"rows_per_unit": 4096}, speculative={"enabled": False}), 8192) is None
+    assert (
+        "2,560 rows to run in 10 units, fewer than the 16 units" in small.reason
+        and "at least 4,096 rows, in units of 256" in small.reason
+    )
+    assert (
+        head_units(config_with(resources={"rows_per_unit": 16, "units_in_flight": 2}), 8192) is None
+    )  # 16 <= 32 at once
+    assert (
+        head_units(
+            config_with(engine={"max_num_seqs": 256}, resources={"rows_per_unit": 4096}, speculative={"trial": None}),
+            8192,
+        )
+        is None
+    )
+    assert (
+        head_units(
+            config_with(
+                engine={"max_num_seqs": 256}, resources={"rows_per_unit": 4096}, speculative={"enabled": False}
+            ),
+            8192,
+        )
+        is None
+    )
 
 
 def test_off_or_null_turns_the_trial_off():
@@ -103,7 +138,9 @@ def test_an_arm_takes_its_units_then_more_until_min_seconds_in_the_engine_up_to_
     assert not arm_wants_more(config, 3, short, 40, 4)  # 12 rows: the arm stops short of its 10 s
     assert not arm_wants_more(config_with(speculative={"trial": {"units": 2, "min_seconds": 0}}), 2, short, 1000, 4)
     # with head units, an arm takes at most half of them: the units after them are of another size
-    assert arm_wants_more(config, 3, short, 1000, 4, max_units=4) and not arm_wants_more(config, 4, short, 1000, 4, max_units=4)
+    assert arm_wants_more(config, 3, short, 1000, 4, max_units=4) and not arm_wants_more(
+        config, 4, short, 1000, 4, max_units=4
+    )
 
 
 def test_the_off_arm_runs_only_when_the_rest_pays_back_an_engine_start():
@@ -129,9 +166,12 @@ def test_speculation_is_turned_off_when_off_measures_faster():
     config = config_with()
     verdict = decide(config, arm("k=3", 660.0), arm("off", 1000.0), 100_000, 1, 20.0)
     assert verdict.outcome == "turned-off" and verdict.speedup_vs_off == 0.66
-    assert verdict.concurrency == min(config.resources.units_in_flight * config.resources.rows_per_unit, config.engine.max_num_seqs)
-    assert verdict.reason == (f"speculation k=3: 0.66x of off at {verdict.concurrency} sequences on this job's first 2 + 2 "
-                              "units: turned off")
+    assert verdict.concurrency == min(
+        config.resources.units_in_flight * config.resources.rows_per_unit, config.engine.max_num_seqs
+    )
+    assert verdict.reason == (
+        f"speculation k=3: 0.66x of off at {verdict.concurrency} sequences on this job's first 2 + 2 units: turned off"
+    )
 
 
 def test_speculation_is_kept_only_beyond_the_margin_and_when_the_rest_pays_for_the_restart():
@@ -152,7 +192,10 @@ def test_the_trial_tells_whether_speculation_cost_more_than_it_saved():
     assert speculation_verdict(config, totals, [], None, slower).cost_more_than_saved is True
     assert speculation_verdict(config, totals, [], None, faster).cost_more_than_saved is False
     unknown = speculation_verdict(config, totals, [], None, too_few_units(config, 3, 48, None))
-    assert unknown.cost_more_than_saved is None and "trial skipped: 48 rows to run in 3 units" in unknown.cost_unknown_because
+    assert (
+        unknown.cost_more_than_saved is None
+        and "trial skipped: 48 rows to run in 3 units" in unknown.cost_unknown_because
+    )
 
 
 # ---------------------------------------------------------------- jobs on real engines
@@ -165,7 +208,9 @@ def trial_input(folder: Path, files: int, first: int = 0) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     for f in range(files):
         ids = [f"f{first + f}-{i:03d}" for i in range(PROMPTS)]
-        write_prompts(folder / f"part-{f}.parquet", {"id": ids, "prompt": [f"def g{i}(x):\n    return" for i in range(PROMPTS)]})
+        write_prompts(
+            folder / f"part-{f}.parquet", {"id": ids, "prompt": [f"def g{i}(x):\n    return" for i in range(PROMPTS)]}
+        )
     return str(folder)
 
 
@@ -187,12 +232,17 @@ def busy_job(tmp_path_factory, ray_local, stripped_drafter):
     over a ninth file."""
     root = tmp_path_factory.mktemp("trial-busy")
     folder = Path(trial_input(root / "in", 8))
-    config = parse_config(job_config(
-        str(folder), str(root / "out"), {"target": KIT["target"], "drafter": stripped_drafter},
-        engine={"max_num_seqs": 64}, sampling={"max_tokens": 48, "ignore_eos": True},
-        resources={"rows_per_unit": 64, "units_in_flight": 1},
-        speculative={"trial": {"units": 2, "payback_starts": 0}},
-    ))
+    config = parse_config(
+        job_config(
+            str(folder),
+            str(root / "out"),
+            {"target": KIT["target"], "drafter": stripped_drafter},
+            engine={"max_num_seqs": 64},
+            sampling={"max_tokens": 48, "ignore_eos": True},
+            resources={"rows_per_unit": 64, "units_in_flight": 1},
+            speculative={"trial": {"units": 2, "payback_starts": 0}},
+        )
+    )
     first = run_job(config, progress=True)
     location = OutputLocation(Storage(), config.output_uri)
     stats_first = location.read_table("stats").to_pylist()
@@ -247,14 +297,22 @@ def test_with_a_drafter_that_is_always_right_the_verdict_follows_the_arms_measur
     1.23 over every unit, off arm included, and flagged a grammar that was not there."""
     folder = tmp_path / "in"
     folder.mkdir()
-    write_prompts(folder / "p.parquet", {"id": [f"r{i:02d}" for i in range(16)], "prompt": [f"def h{i}(x):\n    return" for i in range(16)]})
-    config = parse_config(job_config(
-        str(folder), str(tmp_path / "out"), zero_kit,
-        engine={"max_num_seqs": 2}, sampling={"max_tokens": 128, "ignore_eos": True},
-        # one unit's worth of rows: the job begins with head units of its 2 sequences at once, 8 of them
-        resources={"rows_per_unit": 16, "units_in_flight": 1},
-        speculative={"trial": {"units": 2, "payback_starts": 0}},  # 512 tokens a setting
-    ))
+    write_prompts(
+        folder / "p.parquet",
+        {"id": [f"r{i:02d}" for i in range(16)], "prompt": [f"def h{i}(x):\n    return" for i in range(16)]},
+    )
+    config = parse_config(
+        job_config(
+            str(folder),
+            str(tmp_path / "out"),
+            zero_kit,
+            engine={"max_num_seqs": 2},
+            sampling={"max_tokens": 128, "ignore_eos": True},
+            # one unit's worth of rows: the job begins with head units of its 2 sequences at once, 8 of them
+            resources={"rows_per_unit": 16, "units_in_flight": 1},
+            speculative={"trial": {"units": 2, "payback_starts": 0}},  # 512 tokens a setting
+        )
+    )
     manifest = run_job(config, progress=False)
     assert (manifest.head_units.rows, manifest.head_units.rows_per_unit) == (16, 2)
     trial = manifest.trial
@@ -264,7 +322,9 @@ def test_with_a_drafter_that_is_always_right_the_verdict_follows_the_arms_measur
     assert trial.speedup_vs_off == pytest.approx(measured, abs=1e-3) and trial.concurrency == 2
     kept = measured >= 1 + trial.margin
     assert trial.outcome == ("kept" if kept else "turned-off"), (trial.reason, trial.speculation, trial.off)
-    stats = sorted(OutputLocation(Storage(), config.output_uri).read_table("stats").to_pylist(), key=lambda r: r["started_at"])
+    stats = sorted(
+        OutputLocation(Storage(), config.output_uri).read_table("stats").to_pylist(), key=lambda r: r["started_at"]
+    )
     assert_the_verdict_follows_the_trial(manifest.speculation, trial, [r for r in stats if r["speculative"]])
     assert [r["speculative"] for r in stats] == [True] * 2 + [False] * 2 + [kept] * 4
     assert [r["trial_arm"] for r in stats] == ["on"] * 2 + ["off"] * 2 + [None] * 4
@@ -288,11 +348,15 @@ def assert_the_verdict_follows_the_trial(verdict, trial, speculated: list[dict])
     deciding (and, when speculation is off or lost, naming) whether it cost more than it saved."""
     generated, completions = (sum(r[c] for r in speculated) for c in ("generated_tokens", "samples"))
     accepted, drafts = (sum(r[c] for r in speculated) for c in ("accepted_tokens", "num_drafts"))
-    assert verdict.tokens_per_target_pass == pytest.approx((generated - completions) / max(generated - accepted - completions, drafts))
+    assert verdict.tokens_per_target_pass == pytest.approx(
+        (generated - completions) / max(generated - accepted - completions, drafts)
+    )
     assert verdict.tokens_per_target_pass > 3.5 and verdict.mean_acceptance_length == 4.0 and not verdict.below_floor
     assert verdict.cost_more_than_saved is (trial.speedup_vs_off < 1)
     if trial.speedup_vs_off < 1:
-        assert verdict.flags == [f"the speculation trial measured it slower than off: it cost more than it saved ({trial.reason})"]
+        assert verdict.flags == [
+            f"the speculation trial measured it slower than off: it cost more than it saved ({trial.reason})"
+        ]
     else:
         assert verdict.flags == ([] if trial.outcome == "kept" else [trial.reason])
 
@@ -301,8 +365,9 @@ def assert_the_verdict_follows_the_trial(verdict, trial, speculated: list[dict])
 def test_status_and_the_report_show_the_trial(busy_job):
     from pipeline.tools.cost import build_report, read_job
     from pipeline.tools.prices import Prices
-    from pipeline.tools.report import tables
-    from pipeline.tools.status import job_status, render
+    from pipeline.tools.report_tables import tables
+    from pipeline.tools.status import job_status
+    from pipeline.tools.status_render import render
 
     first, _, _, location = busy_job
     status = job_status(Storage(), location.uri)
@@ -325,8 +390,11 @@ def test_a_resume_plans_the_units_its_job_began_with_whatever_the_trial_settings
     from pipeline.job.plan import plan_job
 
     folder = trial_input(tmp_path / "in", 1)
-    config = config_with(engine={"max_num_seqs": 2}, resources={"rows_per_unit": 16, "units_in_flight": 1},
-                         speculative={"trial": {"units": 2}})
+    config = config_with(
+        engine={"max_num_seqs": 2},
+        resources={"rows_per_unit": 16, "units_in_flight": 1},
+        speculative={"trial": {"units": 2}},
+    )
     config = config.model_copy(update={"input_uri": folder, "output_uri": str(tmp_path / "out")})
     first = plan_job(config)
     assert (first.head.rows, first.head.rows_per_unit) == (16, 2)

@@ -13,15 +13,28 @@ from pipeline.storage import Storage
 from pipeline.storage.model_cache import localize
 
 
-def engine_kwargs(config: JobConfig, *, speculative: bool | None = None, num_speculative_tokens: int | None = None) -> dict[str, Any]:
+def engine_kwargs(
+    config: JobConfig, *, speculative: bool | None = None, num_speculative_tokens: int | None = None
+) -> dict[str, Any]:
     """Keyword arguments for `vllm.LLM(...)` / `AsyncEngineArgs(...)`. `speculative` and
     `num_speculative_tokens` override the config (calibration, side-by-side checks). Models in
     object storage are copied into this node's model cache first (pipeline/storage/model_cache.py): this
     runs in the process that starts the engine, on the engine's node."""
-    engine, spec = config.engine, config.speculative
     storage = Storage.from_config(config.storage)
+    kwargs = _engine_settings(config, storage)
+    kwargs.update(_backend_options(config))
+    use_spec = config.speculative.enabled if speculative is None else speculative
+    if use_spec:
+        kwargs.update(_speculation_options(config, storage, num_speculative_tokens))
+    kwargs.update(config.engine.extra_args)
+    return kwargs
+
+
+def _engine_settings(config: JobConfig, storage: Storage) -> dict[str, Any]:
+    """The model and tokenizer (copied into the model cache), and the engine section's settings."""
+    engine = config.engine
     model = localize(config.model.path, storage)
-    kwargs: dict[str, Any] = dict(
+    return dict(
         model=model,
         tokenizer=localize(config.model.tokenizer, storage, weights=False) if config.model.tokenizer else model,
         dtype=engine.dtype,
@@ -34,6 +47,11 @@ def engine_kwargs(config: JobConfig, *, speculative: bool | None = None, num_spe
         seed=engine.seed,
         disable_log_stats=False,
     )
+
+
+def _backend_options(config: JobConfig) -> dict[str, Any]:
+    """The executor, the CPU build's KV cache, LoRA, structured outputs and the batched tokens."""
+    engine, kwargs = config.engine, {}
     if config.engine_workers > 1 and not config.resources.cpu_build:
         # One process per GPU, started by vLLM's Ray executor inside the engine actor's placement
         # group (pipeline/cluster/__init__.py), possibly on other nodes. vLLM's CPU build has no Ray
@@ -48,19 +66,21 @@ def engine_kwargs(config: JobConfig, *, speculative: bool | None = None, num_spe
         kwargs["structured_outputs_config"]["disable_any_whitespace"] = True
     if engine.max_num_batched_tokens:
         kwargs["max_num_batched_tokens"] = engine.max_num_batched_tokens
-    use_spec = spec.enabled if speculative is None else speculative
-    if use_spec:
-        # Per-request acceptance counts: exact per-batch stats even when batches overlap.
-        kwargs["per_request_spec_decode_metrics"] = "summary"
-        kwargs["speculative_config"] = {
-            "method": spec.method,
-            "model": localize(spec.drafter, storage),
-            "num_speculative_tokens": num_speculative_tokens or spec.num_speculative_tokens,
-        }
-        if spec.depth_schedule and not num_speculative_tokens:  # a fixed depth asked for replaces the schedule
-            kwargs["speculative_config"]["num_speculative_tokens_per_batch_size"] = [list(r) for r in spec.depth_schedule]
-    kwargs.update(engine.extra_args)
     return kwargs
+
+
+def _speculation_options(config: JobConfig, storage: Storage, num_speculative_tokens: int | None) -> dict[str, Any]:
+    """The drafter (copied into the model cache) and its depth: a fixed depth asked for replaces the schedule."""
+    spec = config.speculative
+    speculative_config = {
+        "method": spec.method,
+        "model": localize(spec.drafter, storage),
+        "num_speculative_tokens": num_speculative_tokens or spec.num_speculative_tokens,
+    }
+    if spec.depth_schedule and not num_speculative_tokens:
+        speculative_config["num_speculative_tokens_per_batch_size"] = [list(r) for r in spec.depth_schedule]
+    # Per-request acceptance counts: exact per-batch stats even when batches overlap.
+    return {"per_request_spec_decode_metrics": "summary", "speculative_config": speculative_config}
 
 
 def structured_backend(config: JobConfig) -> str:
@@ -181,7 +201,9 @@ class EngineProcesses:
 ENGINE_START_ATTEMPTS = 2
 
 
-def start_engine(config: JobConfig, processes: EngineProcesses, vllm_classes: tuple[type, type], stat_loggers: list | None = None):
+def start_engine(
+    config: JobConfig, processes: EngineProcesses, vllm_classes: tuple[type, type], stat_loggers: list | None = None
+):
     """vLLM's AsyncLLM (`vllm_classes`: AsyncEngineArgs and AsyncLLM) for the job's engine
     settings, with its processes noted in `processes`; a failed start leaves none of them.
     `stat_loggers`: vLLM stat logger factories (pipeline/stages/engine_watch.py's clock)."""

@@ -21,101 +21,70 @@ looks better at small batches than it is at the job's.
 from __future__ import annotations
 
 import argparse
-import io
 import json
-import random
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-import pyarrow.parquet as pq
-
-from pipeline.inputs.units import LAYOUT, UNIT_COLUMNS
-from pipeline.config import ConfigError, InputRowsConfig, JobConfig, load_config
-from pipeline.inputs import InputError, inspect_inputs
-from pipeline.inputs.shape import RowShape
+from pipeline.config import ConfigError, JobConfig, load_config
+from pipeline.inputs import InputError
 from pipeline.speculation.measure import measure_depth
 from pipeline.stages.engine import schedule_text
-from pipeline.stages.stats import Acceptance
 from pipeline.storage import Storage
 from pipeline.tools.calibration_choice import (
-    best_depths, calibration_rows, config_snippet, schedule_from, schedule_pays, schedule_yaml, write_config_depth,
+    best_depths,
+    calibration_rows,
+    config_snippet,
+    schedule_from,
+    schedule_pays,
+    schedule_yaml,
+    write_config_depth,
 )
 from pipeline.tools.calibration_files import table, write_results
+from pipeline.tools.calibration_job_check import job_check
+from pipeline.tools.calibration_sample import sample_prompts
 from pipeline.tools.prices import load_prices
-from pipeline.tools.report import format_terminal_table
+from pipeline.tools.report_tables import format_terminal_table
 from schemas import utc_timestamp
-from schemas.report import CalibrationReport, JobCheckRow
+from schemas.report import CalibrationReport
 
 
 class CalibrationError(ValueError):
     pass
 
 
-# ---------------------------------------------------------------- the job's own prompts
-
-
-def sample_prompts(config: JobConfig, storage: Storage, n: int, seed: int = 0) -> tuple[list[dict[str, Any]], int]:
-    """Up to `n` random input rows prepared exactly as the job prepares them (prompt token ids
-    and resolved sampling parameters); rows the job would refuse are skipped. Reads only the
-    row groups holding sampled rows. Returns (prepared rows, rows skipped)."""
-    from pipeline.stages.preprocess import Preprocessor, RowError
-
-    shape = RowShape.for_job(config)
-    inputs = inspect_inputs(config.input_uri, storage, shape=shape)
-    rng = random.Random(seed)
-    candidates = rng.sample(range(inputs.rows), min(inputs.rows, 2 * n + 16))  # spare rows for the refused ones
-    wanted: dict[str, dict[int, int]] = {}  # file -> local row -> sample order
-    offset = 0
-    order = {g: i for i, g in enumerate(candidates)}
-    for file in inputs.files:
-        uri, rows = file.uri, file.rows
-        for g in candidates:
-            if offset <= g < offset + rows:
-                wanted.setdefault(uri, {})[g - offset] = order[g]
-        offset += rows
-
-    preprocessor = Preprocessor.for_job(config, storage)
-    found: list[tuple[int, dict[str, Any]]] = []
-    skipped = 0
-    for uri, local_rows in wanted.items():
-        text_column = inputs.text_columns[uri]
-        fs, path = storage.fs(uri)
-        with fs.open(path, "rb") as f:
-            parquet = pq.ParquetFile(f)
-            columns = shape.source_columns(parquet.schema_arrow.names, LAYOUT)  # what a unit carries
-            start = 0
-            for group in range(parquet.metadata.num_row_groups):
-                size = parquet.metadata.row_group(group).num_rows
-                inside = [r for r in local_rows if start <= r < start + size]
-                if inside:
-                    table = shape.apply(parquet.read_row_group(group, columns=columns, use_threads=False))  # as read_unit
-                    for r in inside:
-                        row = table.slice(r - start, 1).to_pylist()[0]
-                        try:
-                            found.append((local_rows[r], {"id": row["id"], **preprocessor.prepare(row, text_column)}))
-                        except RowError:
-                            skipped += 1
-                start += size
-    found.sort(key=lambda item: item[0])
-    return [row for _, row in found[:n]], skipped
-
-
 # ---------------------------------------------------------------- one depth, in its own process
 
 
 def run_depth_in_subprocess(
-    config: JobConfig, depth: Optional[int], prompts: Sequence[dict[str, Any]], repeats: int, workdir: Path,
+    config: JobConfig,
+    depth: Optional[int],
+    prompts: Sequence[dict[str, Any]],
+    repeats: int,
+    workdir: Path,
     concurrencies: Sequence[Optional[int]] = (None,),
 ) -> list[dict[str, Any]]:
     name = "schedule" if depth is None else f"depth-{depth}"
     request, result, log = workdir / f"{name}.request.json", workdir / f"{name}.result.json", workdir / f"{name}.log"
-    request.write_text(json.dumps({"config": config.model_dump(mode="json"), "depth": depth, "prompts": list(prompts),
-                                   "repeats": repeats, "concurrencies": list(concurrencies)}))
+    request.write_text(
+        json.dumps(
+            {
+                "config": config.model_dump(mode="json"),
+                "depth": depth,
+                "prompts": list(prompts),
+                "repeats": repeats,
+                "concurrencies": list(concurrencies),
+            }
+        )
+    )
     with log.open("w") as out:
-        code = subprocess.call([sys.executable, "-m", "pipeline.tools.calibrate", "--measure", str(request), str(result)], stdout=out, stderr=subprocess.STDOUT)
+        code = subprocess.call(
+            [sys.executable, "-m", "pipeline.tools.calibrate", "--measure", str(request), str(result)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     if code != 0 or not result.exists():
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
         raise CalibrationError(f"{name}: the measuring process failed (exit {code}):\n{tail}")
@@ -143,7 +112,11 @@ def calibrate(args: argparse.Namespace) -> CalibrationReport:
         raise CalibrationError("depths above 0 need speculative.drafter in the config")
     prices = load_prices(args.prices, storage)
     units, price = prices.billing(config.resources.accelerator, config.resources.gpus_per_replica)
-    warnings = [] if price is not None else [prices.missing_price_message(config.resources.accelerator, config.resources.gpus_per_replica)]
+    warnings = (
+        []
+        if price is not None
+        else [prices.missing_price_message(config.resources.accelerator, config.resources.gpus_per_replica)]
+    )
 
     prompts, skipped = sample_prompts(config, storage, args.sample, seed=args.seed)
     if not prompts:
@@ -162,7 +135,11 @@ def calibrate(args: argparse.Namespace) -> CalibrationReport:
     measured = []
     with tempfile.TemporaryDirectory(prefix="specbatch-calibrate-") as workdir:
         for depth in depths:
-            print(f"[calibrate] depth {depth}: concurrency {', '.join(map(str, concurrencies))} ...", file=sys.stderr, flush=True)
+            print(
+                f"[calibrate] depth {depth}: concurrency {', '.join(map(str, concurrencies))} ...",
+                file=sys.stderr,
+                flush=True,
+            )
             results = run_depth_in_subprocess(config, depth, prompts, args.repeats, Path(workdir), concurrencies)
             measured += results
             print(
@@ -175,8 +152,17 @@ def calibrate(args: argparse.Namespace) -> CalibrationReport:
         candidate = schedule_from(best, config.engine.max_num_seqs)
         if candidate:  # measured in its own engine: a range with k=0 still runs the drafter's forward pass
             print(f"[calibrate] schedule {schedule_text(candidate)} ...", file=sys.stderr, flush=True)
-            scheduled = config.model_copy(update={"speculative": config.speculative.model_copy(
-                update={"enabled": True, "depth_schedule": candidate, "num_speculative_tokens": max(k for *_, k in candidate)})})
+            scheduled = config.model_copy(
+                update={
+                    "speculative": config.speculative.model_copy(
+                        update={
+                            "enabled": True,
+                            "depth_schedule": candidate,
+                            "num_speculative_tokens": max(k for *_, k in candidate),
+                        }
+                    )
+                }
+            )
             for m in run_depth_in_subprocess(scheduled, None, prompts, args.repeats, Path(workdir), concurrencies):
                 measured.append({**m, "depth": max(k for *_, k in candidate), "schedule": schedule_text(candidate)})
     rows = calibration_rows(measured, units, price)
@@ -193,8 +179,11 @@ def calibrate(args: argparse.Namespace) -> CalibrationReport:
         chosen = max(singles, key=lambda r: (r.tokens_per_second, -r.depth)).depth
         schedule = candidate if any(r.chosen and r.schedule for r in checked) else None
     elif candidate and not schedule:
-        why = ("a range with k=0 still runs the drafter's forward pass in vLLM" if any(k == 0 for *_, k in candidate)
-               else "vLLM's dynamic depth, or noise: measure with more --repeats")
+        why = (
+            "a range with k=0 still runs the drafter's forward pass in vLLM"
+            if any(k == 0 for *_, k in candidate)
+            else "vLLM's dynamic depth, or noise: measure with more --repeats"
+        )
         warnings.append(
             f"the schedule {schedule_text(candidate)} measured slower than depth {chosen} at {max(best)} sequences at once "
             f"({why}): not recommended"
@@ -220,95 +209,49 @@ def calibrate(args: argparse.Namespace) -> CalibrationReport:
     )
 
 
-def job_check(
-    config: JobConfig, storage: Storage, work_uri: str, rows: int, settings: dict[str, tuple[int, Optional[list]]]
-) -> list[JobCheckRow]:
-    """Each setting (label -> (depth, schedule)) run through the job itself on `rows` rows of
-    its input: units spread over the input, copied to `work_uri/input/`, each setting's outputs
-    in `work_uri/<n>/`. Calibration with vLLM alone leaves out what the job adds around the
-    engine; on a CPU machine that decided the winner (docs/speculation.md). Engine start is
-    excluded: it is the same for every setting."""
-    import pyarrow.parquet as pq
-
-    from pipeline.commit.outputs import OutputLocation
-    from pipeline.inputs.units import plan_units, read_unit
-    from pipeline.job.runner import run_job
-
-    shape = RowShape.for_job(config)
-    units = plan_units(inspect_inputs(config.input_uri, storage, shape=shape).files, config.resources.rows_per_unit)
-    spread = units[:: max(1, len(units) // max(1, -(-rows // config.resources.rows_per_unit)))]
-    chosen_units, total = [], 0
-    for unit in spread + [u for u in units if u not in spread]:  # spread over the input, then what is needed
-        if total >= rows:
-            break
-        chosen_units.append(unit)
-        total += unit.rows
-    input_uri = storage.join(work_uri, "input")
-    for unit in chosen_units:
-        table = read_unit(storage, unit, shape)  # in the row layout: the runs below read it with the default `rows`
-        keep = [c.name for c in UNIT_COLUMNS if c.name in ("id", unit.text_column) or table.column(c.name).null_count < table.num_rows]
-        if table.column("metadata").null_count < table.num_rows:
-            keep.append("metadata")
-        buffer = io.BytesIO()
-        pq.write_table(table.select(keep), buffer)
-        storage.write_bytes(storage.join(input_uri, f"{unit.unit_id}.parquet"), buffer.getvalue())
-    results = []
-    for n, (label, (depth, schedule)) in enumerate(settings.items()):
-        spec = config.speculative.model_copy(update={
-            "enabled": depth > 0, "num_speculative_tokens": depth or config.speculative.num_speculative_tokens,
-            "depth_schedule": schedule, "guard": None, "trial": None,  # each run measures its one setting
-            "probe": config.speculative.probe.model_copy(update={"rows": 0}),
-        })
-        run_config = config.model_copy(update={
-            "input_uri": input_uri, "output_uri": storage.join(work_uri, f"run-{n}"), "speculative": spec,
-            "rows": InputRowsConfig(),
-        })
-        print(f"[calibrate] job check: {label} ...", file=sys.stderr, flush=True)
-        run_job(run_config, progress=False, restart=True)
-        stats = OutputLocation(storage, run_config.output_uri).read_table("stats").to_pylist()
-        first = min(r["started_at"] for r in stats)
-        last = max(r["started_at"] + r["wall_seconds"] for r in stats)
-        generated = sum(r["generated_tokens"] for r in stats)
-        acceptance = Acceptance(sum(r["num_drafts"] for r in stats), sum(r["draft_tokens"] for r in stats),
-                                sum(r["accepted_tokens"] for r in stats))
-        results.append(JobCheckRow(
-            setting=label, depth=depth, schedule=schedule_text(schedule) if schedule else None,
-            rows=sum(r["rows"] for r in stats), generated_tokens=generated, seconds=last - first,
-            tokens_per_second=generated / (last - first) if last > first else 0.0,
-            mean_acceptance_length=acceptance.mean_acceptance_length, chosen=False,
-        ))
-        print(f"[calibrate] job check: {label}: {results[-1].tokens_per_second:,.0f} tok/s", file=sys.stderr, flush=True)
-    max(results, key=lambda r: (r.tokens_per_second, -r.depth)).chosen = True
-    return results
-
-
 def parse_concurrencies(text: str, in_flight: int) -> list[int]:
     """`1,4,16,max`: max is what the job keeps in flight per engine; values above it are dropped."""
     try:
         values = {in_flight if part.strip() == "max" else int(part) for part in text.split(",") if part.strip()}
     except ValueError:
-        raise CalibrationError(f"--concurrency {text!r}: a comma-separated list of integers and 'max', e.g. 1,4,16,max") from None
+        raise CalibrationError(
+            f"--concurrency {text!r}: a comma-separated list of integers and 'max', e.g. 1,4,16,max"
+        ) from None
     values = sorted(v for v in values if 1 <= v <= in_flight)
     if not values:
-        raise CalibrationError(f"--concurrency {text!r}: no value in 1..{in_flight} (the job's sequences in flight per engine)")
+        raise CalibrationError(
+            f"--concurrency {text!r}: no value in 1..{in_flight} (the job's sequences in flight per engine)"
+        )
     return values
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="specbatch calibrate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="specbatch calibrate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="example:\n"
         "  specbatch calibrate job.yaml --sample 256 --depths 0,1,2,3,4 --apply   # measure, then write the best depth",
     )
     parser.add_argument("config", nargs="?", help="the job config (YAML, local path or URI)")
     parser.add_argument("--sample", type=int, default=256, help="prompts to measure (default 256)")
-    parser.add_argument("--depths", default="0,1,2,3,4,5", help="speculation depths to measure; 0 = off (default 0,1,2,3,4,5)")
-    parser.add_argument("--concurrency", default="1,4,16,max",
-                        help="sequences running at once to measure each depth at; max = the job's in flight per engine "
-                        "(default 1,4,16,max)")
-    parser.add_argument("--job-check", type=int, default=512, metavar="ROWS",
-                        help="run off, the best single depth and the schedule through the job itself on this many rows "
-                        "of the input and recommend the fastest (default 512; 0 skips: vLLM alone decides)")
+    parser.add_argument(
+        "--depths", default="0,1,2,3,4,5", help="speculation depths to measure; 0 = off (default 0,1,2,3,4,5)"
+    )
+    parser.add_argument(
+        "--concurrency",
+        default="1,4,16,max",
+        help="sequences running at once to measure each depth at; max = the job's in flight per engine "
+        "(default 1,4,16,max)",
+    )
+    parser.add_argument(
+        "--job-check",
+        type=int,
+        default=512,
+        metavar="ROWS",
+        help="run off, the best single depth and the schedule through the job itself on this many rows "
+        "of the input and recommend the fastest (default 512; 0 skips: vLLM alone decides)",
+    )
     parser.add_argument("--prices", help="YAML prices adding to / replacing pipeline/tools/prices.yaml")
     parser.add_argument("--out", help="where the table and snippet go (default OUTPUT_URI/calibration)")
     parser.add_argument("--apply", action="store_true", help="write the recommended depth into the job config")
@@ -320,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.measure:  # the measuring child process
         request = json.loads(Path(args.measure[0]).read_text())
         config = JobConfig.model_validate(request["config"])
-        result = measure_depth(config, request["depth"], request["prompts"], request["repeats"], request["concurrencies"])
+        result = measure_depth(
+            config, request["depth"], request["prompts"], request["repeats"], request["concurrencies"]
+        )
         Path(args.measure[1]).write_text(json.dumps(result))
         return 0
     if not args.config or args.sample < 1 or args.repeats < 1:
@@ -340,9 +285,17 @@ def main(argv: list[str] | None = None) -> int:
     header, rows = table(report)
     print(format_terminal_table(header, rows))
     for r in report.job_check:
-        print(f"job check: {r.setting:<40} {r.tokens_per_second:10,.1f} tok/s" + ("  <- recommended" if r.chosen else ""))
-    print(f"\nbest single depth: {'speculation off' if report.recommended_depth == 0 else report.recommended_depth}"
-          + (f"; schedule by concurrency: {schedule_yaml(report.recommended_schedule)}" if report.recommended_schedule else ""))
+        print(
+            f"job check: {r.setting:<40} {r.tokens_per_second:10,.1f} tok/s" + ("  <- recommended" if r.chosen else "")
+        )
+    print(
+        f"\nbest single depth: {'speculation off' if report.recommended_depth == 0 else report.recommended_depth}"
+        + (
+            f"; schedule by concurrency: {schedule_yaml(report.recommended_schedule)}"
+            if report.recommended_schedule
+            else ""
+        )
+    )
     print(report.config_snippet, end="")
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)

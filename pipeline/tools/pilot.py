@@ -27,7 +27,7 @@ from pipeline.inputs import InputError
 from pipeline.storage import Storage
 from pipeline.tools.calibrate import CalibrationError, calibrate, store_calibration
 from pipeline.tools.calibration_files import write_results
-from pipeline.tools.report import format_terminal_table
+from pipeline.tools.report_tables import format_terminal_table
 from schemas.report import CalibrationReport, CalibrationRow
 
 Table = tuple[list[str], list[list[str]]]
@@ -50,26 +50,47 @@ def pilot_tables(report: CalibrationReport) -> dict[str, Table]:
     chosen = next((r.setting for r in report.job_check if r.chosen), None)
     settings = (
         ["setting", "tokens/s", "tokens/s per GPU", "vs off", f"{c} / 1M generated", "recommended"],
-        [[_setting(r), _num(r.tokens_per_second), _num(r.tokens_per_second_per_gpu),
-          _num(r.speedup_vs_off, ".2f") + ("x" if r.speedup_vs_off is not None else ""),
-          _num(r.cost_per_million_generated_tokens, ",.4f"), "<-" if _setting(r) == chosen else ""] for r in at_top],
+        [
+            [
+                _setting(r),
+                _num(r.tokens_per_second),
+                _num(r.tokens_per_second_per_gpu),
+                _num(r.speedup_vs_off, ".2f") + ("x" if r.speedup_vs_off is not None else ""),
+                _num(r.cost_per_million_generated_tokens, ",.4f"),
+                "<-" if _setting(r) == chosen else "",
+            ]
+            for r in at_top
+        ],
     )
     alone = {_setting(r): r for r in at_top}
     through = (
         ["setting", "specbatch tokens/s", "vLLM alone tokens/s", "specbatch / vLLM alone", "rows", "chosen"],
-        [[r.setting, _num(r.tokens_per_second),
-          _num(alone[r.setting].tokens_per_second) if r.setting in alone else "–",
-          _num(r.tokens_per_second / alone[r.setting].tokens_per_second, ".2f") + "x"
-          if r.setting in alone and alone[r.setting].tokens_per_second else "–",
-          str(r.rows), "<-" if r.chosen else ""] for r in report.job_check],
+        [
+            [
+                r.setting,
+                _num(r.tokens_per_second),
+                _num(alone[r.setting].tokens_per_second) if r.setting in alone else "–",
+                _num(r.tokens_per_second / alone[r.setting].tokens_per_second, ".2f") + "x"
+                if r.setting in alone and alone[r.setting].tokens_per_second
+                else "–",
+                str(r.rows),
+                "<-" if r.chosen else "",
+            ]
+            for r in report.job_check
+        ],
     )
-    return {f"Each setting, vLLM alone at {top} sequences at once": settings,
-            "Through specbatch, beside vLLM alone": through}
+    return {
+        f"Each setting, vLLM alone at {top} sequences at once": settings,
+        "Through specbatch, beside vLLM alone": through,
+    }
 
 
 def intro(report: CalibrationReport, store_uri: Optional[str]) -> list[str]:
-    price = (f"{report.price_per_gpu_hour} {report.currency} per GPU-hour (per node-hour on CPU-only replicas)"
-             if report.price_per_gpu_hour is not None else "no price for this accelerator: costs are blank")
+    price = (
+        f"{report.price_per_gpu_hour} {report.currency} per GPU-hour (per node-hour on CPU-only replicas)"
+        if report.price_per_gpu_hour is not None
+        else "no price for this accelerator: costs are blank"
+    )
     return [
         f"Config `{report.config_uri}`, measured {report.measured_at} on {report.accelerator}; {price}.",
         f"{report.sample_measured} of the job's prompts (asked for {report.sample_requested}), engine max_num_seqs "
@@ -77,7 +98,8 @@ def intro(report: CalibrationReport, store_uri: Optional[str]) -> list[str]:
         "specbatch: over the time from its first unit entering an engine to its last commit (engine start excluded "
         "from both).",
         f"The calibration is stored in `{store_uri}`: jobs of these models, accelerator and engine settings use it."
-        if store_uri else "No drafter: nothing is stored.",
+        if store_uri
+        else "No drafter: nothing is stored.",
     ]
 
 
@@ -100,8 +122,11 @@ def to_html(report: CalibrationReport, store_uri: Optional[str]) -> str:
         *(f"<p>{escape(line)}</p>" for line in intro(report, store_uri)),
     ]
     for title, (header, rows) in pilot_tables(report).items():
-        parts.append(f"<h2>{escape(title)}</h2><table><thead><tr>" + "".join(f"<th>{escape(h)}</th>" for h in header)
-                     + "</tr></thead><tbody>")
+        parts.append(
+            f"<h2>{escape(title)}</h2><table><thead><tr>"
+            + "".join(f"<th>{escape(h)}</th>" for h in header)
+            + "</tr></thead><tbody>"
+        )
         parts += ["<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in row) + "</tr>" for row in rows]
         parts.append("</tbody></table>")
     parts.append(f"<h2>Config lines to use</h2><pre>{escape(report.config_snippet)}</pre>")
@@ -112,7 +137,9 @@ def to_html(report: CalibrationReport, store_uri: Optional[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="specbatch pilot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="specbatch pilot",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="example:\n  specbatch pilot jobs/configs/gpu-cluster.yaml --sample 256   # on the GPU node, before the nightly job",
     )
     parser.add_argument("config", help="the job config (YAML, local path or URI)")
@@ -129,8 +156,16 @@ def main(argv: list[str] | None = None) -> int:
         storage = Storage.from_config(config.storage)
         out_uri = (args.out or storage.join(config.output_uri, "pilot")).rstrip("/")
         measure = argparse.Namespace(
-            config=args.config, sample=args.sample, depths=args.depths, concurrency="1,max", job_check=args.sample,
-            prices=args.prices, out=storage.join(out_uri, "calibration"), apply=False, seed=args.seed, repeats=1,
+            config=args.config,
+            sample=args.sample,
+            depths=args.depths,
+            concurrency="1,max",
+            job_check=args.sample,
+            prices=args.prices,
+            out=storage.join(out_uri, "calibration"),
+            apply=False,
+            seed=args.seed,
+            repeats=1,
         )
         report = calibrate(measure)
         write_results(storage, measure.out, report)
@@ -145,7 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     print(report.config_snippet, end="")
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    print(f"the page: {out_uri}/pilot.html and pilot.md" + (f"; the calibration is stored in {stored}" if stored else ""))
+    print(
+        f"the page: {out_uri}/pilot.html and pilot.md" + (f"; the calibration is stored in {stored}" if stored else "")
+    )
     return 0
 
 

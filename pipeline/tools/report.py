@@ -16,138 +16,19 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime as dt
 import io
 import posixpath
 import sys
-from collections import defaultdict
 from html import escape
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 from pipeline.storage import Storage
 from pipeline.tools import plots
 from pipeline.tools.cost import JobData, ReportError, build_report, read_job
 from pipeline.tools.prices import load_prices
-from schemas.report import CalibrationReport, CostReport, JobFigures
-
-
-def _share(value: Optional[float]) -> str:
-    return "–" if value is None else f"{value:.0%}"
-
-
-def _num(value: Optional[float], digits: int = 3) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return f"{value:,.{digits}f}" if abs(value) < 1e6 else f"{value:,.0f}"
-
-
-def _depth(job: JobFigures) -> str:
-    return f"k={job.num_speculative_tokens}" if job.speculative else "off"
-
-
-def _replicas(job: JobFigures) -> str:
-    """"2 x 1" (replicas x GPUs each), or "3 replicas, CPU" for replicas without a GPU."""
-    if job.cpu_only:
-        return f"{job.replicas} replica{'s' if job.replicas != 1 else ''}, CPU"
-    return f"{job.replicas} x {job.gpus_per_replica:g}"
-
-
-Table = tuple[list[str], list[list[str]]]
-
-
-def tables(report: CostReport) -> dict[str, Table]:
-    """Every table of the report as (header, rows) of strings: one source for Markdown, HTML
-    and the terminal."""
-    c = report.currency
-    jobs = report.jobs
-    o = report.overall
-    out: dict[str, Table] = {}
-    out["Overall"] = (
-        ["jobs", "generated tokens", "prompt tokens", "GPU-hours", "busy GPU-hours", f"cost ({c})",
-         f"{c} / 1M generated", f"{c} / 1M total", "tokens/s per GPU", "acceptance rate", "mean acceptance length",
-         "failed rows"],
-        [[str(o.jobs), _num(o.generated_tokens), _num(o.prompt_tokens), _num(o.gpu_hours, 4), _num(o.busy_gpu_hours, 4),
-          _num(o.cost, 4), _num(o.cost_per_million_generated_tokens, 4), _num(o.cost_per_million_total_tokens, 4),
-          _num(o.tokens_per_second_per_gpu, 1), _num(o.acceptance_rate), _num(o.mean_acceptance_length),
-          _num(o.failed_rows)]],
-    )
-    out["Jobs"] = (
-        ["job", "status", "accelerator", "replicas x GPUs", "speculation", "wall s", "GPU-hours", f"cost ({c})",
-         f"{c} / 1M generated", "tokens/s per GPU", "failed rows"],
-        [[j.job_id, j.status, j.accelerator, _replicas(j), _depth(j), _num(j.wall_seconds, 1), _num(j.gpu_hours, 4),
-          _num(j.cost, 4), _num(j.cost_per_million_generated_tokens, 4), _num(j.tokens_per_second_per_gpu, 1),
-          _num(j.failed_rows)] for j in jobs],
-    )
-    out["Engines and prefill"] = (
-        ["job", "busy GPU-hours", "engine busy", "generated tokens", "prompt tokens", "prefix cache hit rate",
-         "prefill tokens computed", f"{c} / 1M total", "tok/s of engine time", "tok/s of wall time"],
-        [[j.job_id, _num(j.busy_gpu_hours, 4), _share(j.utilization), _num(j.generated_tokens), _num(j.prompt_tokens),
-          _share(j.prefix_cache_hit_rate), _num(j.computed_prompt_tokens), _num(j.cost_per_million_total_tokens, 4),
-          _num(j.engine_tokens_per_second, 1), _num(j.wall_tokens_per_second, 1)] for j in jobs],
-    )
-    priced = {(j.accelerator, j.cpu_only): j for j in jobs if j.price_per_gpu_hour is not None}
-    out["Prices"] = (
-        ["accelerator", "billed", f"{c} per hour", "from"],
-        [[kind, "node-hour" if cpu_only else "GPU-hour", _num(j.price_per_gpu_hour, 4), j.price_source or ""]
-         for (kind, cpu_only), j in sorted(priced.items())],
-    )
-    out["Start-up"] = (
-        ["job", "phase", "from (s)", "seconds"],
-        [[j.job_id, p.name, _num(p.started_s, 1), _num(p.seconds, 1)] for j in jobs for p in j.start_phases]
-        + [[j.job_id, f"first unit committed ({j.engine_starts} engine start{'s' if j.engine_starts != 1 else ''})",
-            "", _num(j.to_first_commit_seconds, 1)] for j in jobs if j.to_first_commit_seconds is not None],
-    )
-    spec_jobs = [j for j in jobs if j.speculative]
-    width = max((len(j.accepted_per_position) for j in spec_jobs), default=0)
-    out["Acceptance"] = (
-        ["job", "speculation", "drafts", "acceptance rate", "mean acceptance length", "tokens per target pass"]
-        + [f"pos {i + 1}" for i in range(width)],
-        [[j.job_id, _depth(j), _num(j.num_drafts), _num(j.acceptance_rate), _num(j.mean_acceptance_length),
-          _num(j.tokens_per_target_pass)]
-         + [_num(j.accepted_per_position[i]) if i < len(j.accepted_per_position) else "" for i in range(width)]
-         for j in spec_jobs],
-    )
-    out["Speculation on vs off"] = (
-        ["model", "accelerator", "speculation", f"{c} / 1M generated (on)", f"{c} / 1M generated (off)",
-         f"saving {c} / 1M", "saving", "tokens/s per GPU on / off"],
-        [[posixpath.basename(s.model.rstrip("/")), s.accelerator, f"k={s.num_speculative_tokens}",
-          _num(s.cost_per_million_generated_tokens_on, 4), _num(s.cost_per_million_generated_tokens_off, 4),
-          _num(s.saving_per_million_generated_tokens, 4), f"{s.saving_fraction:+.1%}",
-          f"{s.tokens_per_second_per_gpu_on:,.1f} / {s.tokens_per_second_per_gpu_off:,.1f}"] for s in report.speculation],
-    )
-    trials = [j for j in jobs if j.trial_outcome]
-    out["Speculation trial (each job on its own first units)"] = (
-        ["job", "speculation", "sequences at once", "tok/s on", "tok/s off", "on / off", f"{c} / 1M on", f"{c} / 1M off",
-         "outcome"],
-        [[j.job_id, _depth(j), _num(j.trial_concurrency), _num(j.trial_tokens_per_second_on, 1),
-          _num(j.trial_tokens_per_second_off, 1),
-          _num(j.trial_tokens_per_second_on / j.trial_tokens_per_second_off, 2)
-          if j.trial_tokens_per_second_on and j.trial_tokens_per_second_off else "",
-          _num(j.trial_cost_per_million_on, 4), _num(j.trial_cost_per_million_off, 4), j.trial] for j in trials],
-    )
-    out["Speculation verdict"] = (
-        ["job", "speculation", "verdict"],
-        [[j.job_id, _depth(j), j.speculation_verdict] for j in jobs if j.speculation_verdict],
-    )
-    out["Speculation flags"] = (
-        ["job", "speculation", "mean acceptance length", "flag"],
-        [[j.job_id, _depth(j), _num(j.mean_acceptance_length, 2), flag] for j in jobs for flag in j.speculation_flags],
-    )
-    return {title: ([in_units(report, h) for h in header], rows) for title, (header, rows) in out.items()}
-
-
-def in_units(report: CostReport, text: str) -> str:
-    """A report whose jobs all ran on CPU nodes bills node-hours, not GPU-hours (the figures
-    are the same: one node per replica)."""
-    if not report.jobs or not all(j.cpu_only for j in report.jobs):
-        return text
-    for gpu, node in (("replicas x GPUs per replica x", "replicas x"), ("times GPUs per replica", "one node a replica"),
-                      ("replicas x GPUs", "replicas"), ("GPU-hour", "node-hour"), ("GPU-h", "node-h"),
-                      ("per GPU", "per node"), ("/GPU", "/node")):
-        text = text.replace(gpu, node)
-    return text
+from pipeline.tools.report_plots import report_plots
+from pipeline.tools.report_tables import in_units, tables, terminal_summary
+from schemas.report import CostReport
 
 
 DEFINITIONS = [
@@ -181,82 +62,6 @@ def to_markdown(report: CostReport) -> str:
     return "\n".join(lines) + "\n"
 
 
-MAX_POINTS_PER_SERIES = 2000
-
-
-def _thin(rows: Sequence[dict[str, Any]]) -> Sequence[dict[str, Any]]:
-    """Every n-th unit, so that a job of many thousand units keeps the page light."""
-    step = -(-len(rows) // MAX_POINTS_PER_SERIES)
-    return rows[::step]
-
-
-def throughput_series(job: JobData) -> list[tuple[str, list[tuple[float, float]]]]:
-    """(name, (seconds since the job's first unit, unit tok/s)) per attempt that committed
-    units: a line of its own each, so none is drawn across the gap between two attempts."""
-    starts = sorted((dt.datetime.fromisoformat(a.started_at).timestamp(), a.number) for a in job.manifest.attempts)
-    first = min(r["started_at"] for r in job.stats)
-    by_attempt: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for row in job.stats:
-        by_attempt[max((n for t, n in starts if t <= row["started_at"]), default=starts[0][1] if starts else 1)].append(row)
-    name = job.manifest.job_id
-    return [(f"{name}, attempt {n}" if len(by_attempt) > 1 else name,
-             [(r["started_at"] - first, r["tokens_per_second"]) for r in _thin(rows)])
-            for n, rows in sorted(by_attempt.items())]
-
-
-def report_plots(report: CostReport, jobs: Sequence[JobData]) -> list[str]:
-    acceptance = plots.line_chart(
-        "acceptance",
-        "Acceptance by draft position",
-        [(f"{j.job_id} ({_depth(j)})", [(i + 1, r) for i, r in enumerate(j.accepted_per_position)]) for j in report.jobs if j.speculative],
-        "draft position",
-        "share of drafts accepted",
-        integer_x=True,
-    )
-    throughput = plots.line_chart(
-        "throughput",
-        "Tokens/s per unit over time",
-        [series for job in jobs if job.stats for series in throughput_series(job)],
-        "seconds since the job's first unit",
-        "generated tokens/s (unit)",
-    )
-    cost = plots.bar_chart(
-        "cost",
-        f"Cost per million generated tokens ({report.currency})",
-        [(j.job_id, j.cost_per_million_generated_tokens, f"speculation {_depth(j)}") for j in report.jobs],
-        f"{report.currency} per 1M generated tokens",
-    )
-    calibrations = [plot for job in jobs if job.calibration for plot in calibration_plots(job.calibration, job.manifest.job_id)]
-    return [acceptance, throughput, cost, *calibrations]
-
-
-def calibration_plots(calibration: CalibrationReport, name: str = "") -> list[str]:
-    """Where depth stops paying: tokens/s against concurrency, one line per depth, and the
-    acceptance by draft position of each depth at the highest concurrency measured."""
-    suffix = f" ({name})" if name else ""
-    settings = list(dict.fromkeys((r.depth, r.schedule) for r in sorted(calibration.rows, key=lambda r: (r.schedule is not None, r.depth))))
-    label = lambda d, schedule: f"schedule {schedule}" if schedule else "off" if d == 0 else f"k={d}"  # noqa: E731
-    speed = plots.line_chart(
-        f"calibration-speed{'-' + name if name else ''}",
-        "Calibration: tokens/s by concurrency and depth" + suffix,
-        [(label(d, sch), [(r.concurrency, r.tokens_per_second) for r in calibration.rows if (r.depth, r.schedule) == (d, sch)])
-         for d, sch in settings],
-        "sequences running at once",
-        "generated tokens/s",
-    )
-    top = max(r.concurrency for r in calibration.rows)
-    positions = plots.line_chart(
-        f"calibration-positions{'-' + name if name else ''}",
-        f"Calibration: acceptance by draft position at concurrency {top}" + suffix,
-        [(label(r.depth, None), [(i + 1, a) for i, a in enumerate(r.accepted_per_position)])
-         for r in calibration.rows if r.concurrency == top and r.depth and not r.schedule],
-        "draft position",
-        "share of drafts accepted",
-        integer_x=True,
-    )
-    return [speed, positions]
-
-
 def to_html(report: CostReport, jobs: Sequence[JobData]) -> str:
     parts = [
         "<!DOCTYPE html>",
@@ -283,8 +88,12 @@ def to_html(report: CostReport, jobs: Sequence[JobData]) -> str:
     parts.append("<h2>Plots</h2>")
     parts += [f"<figure>{svg}</figure>" for svg in report_plots(report, jobs)]
     if report.warnings:
-        parts.append("<h2>Warnings</h2><ul>" + "".join(f'<li class="warn">{escape(w)}</li>' for w in report.warnings) + "</ul>")
-    parts.append("<h2>Definitions</h2><ul>" + "".join(f"<li>{escape(in_units(report, d))}</li>" for d in DEFINITIONS) + "</ul>")
+        parts.append(
+            "<h2>Warnings</h2><ul>" + "".join(f'<li class="warn">{escape(w)}</li>' for w in report.warnings) + "</ul>"
+        )
+    parts.append(
+        "<h2>Definitions</h2><ul>" + "".join(f"<li>{escape(in_units(report, d))}</li>" for d in DEFINITIONS) + "</ul>"
+    )
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
@@ -298,39 +107,13 @@ def to_csv(rows: Sequence[Any]) -> str:
     writer = csv.DictWriter(buffer, fieldnames=list(dumped[0]), lineterminator="\n")
     writer.writeheader()
     for row in dumped:
-        writer.writerow({k: ";".join(str(x) for x in v) if isinstance(v, list) else ("" if v is None else v) for k, v in row.items()})
+        writer.writerow(
+            {
+                k: ";".join(str(x) for x in v) if isinstance(v, list) else ("" if v is None else v)
+                for k, v in row.items()
+            }
+        )
     return buffer.getvalue()
-
-
-def format_terminal_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
-    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
-
-
-def terminal_summary(report: CostReport) -> str:
-    c = report.currency
-    header = [in_units(report, h) for h in
-              ["job", "accelerator", "spec", "generated", "GPU-h", f"cost {c}", f"{c}/1M gen", "tok/s/GPU", "accept len", "failed"]]
-    rows = [
-        [j.job_id, j.accelerator, _depth(j), _num(j.generated_tokens), _num(j.gpu_hours, 4), _num(j.cost, 4),
-         _num(j.cost_per_million_generated_tokens, 4), _num(j.tokens_per_second_per_gpu, 1), _num(j.mean_acceptance_length, 2),
-         _num(j.failed_rows)]
-        for j in report.jobs
-    ]
-    o = report.overall
-    rows.append(["overall", "", "", _num(o.generated_tokens), _num(o.gpu_hours, 4), _num(o.cost, 4),
-                 _num(o.cost_per_million_generated_tokens, 4), _num(o.tokens_per_second_per_gpu, 1),
-                 _num(o.mean_acceptance_length, 2), _num(o.failed_rows)])
-    text = format_terminal_table(header, rows)
-    for j in report.jobs:
-        text += "".join(f"\nWARNING {j.job_id}: {flag}" for flag in j.speculation_flags)
-    for s in report.speculation:
-        verdict = "saves" if s.saving_fraction >= 0 else "costs"
-        text += (f"\nspeculation k={s.num_speculative_tokens} on {s.accelerator} {verdict} "
-                 f"{abs(s.saving_fraction):.1%} ({s.cost_per_million_generated_tokens_on:,.4f} vs "
-                 f"{s.cost_per_million_generated_tokens_off:,.4f} {c} / 1M generated tokens)")
-    return text
 
 
 # ---------------------------------------------------------------- where and how it is written
@@ -367,7 +150,9 @@ def write_report(storage: Storage, out_uri: str, report: CostReport, jobs: Seque
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="specbatch report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="specbatch report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="example:\n"
         "  specbatch report s3://bucket/outputs/daily/2026-11-29/          # one job -> .../2026-11-29/report/\n"
         "  specbatch report runs/a/output runs/b/output --out runs/report --prices my-prices.yaml",

@@ -34,15 +34,15 @@ from collections import Counter
 from typing import Any, Optional
 
 from pipeline.commit.fence import read_lease
-from pipeline.commit.lease import heartbeat_age, is_stale
 from pipeline.commit.outputs import LayoutMismatch, ManifestInvalid, OutputLocation
-from pipeline.job.console import prefill_text
 from pipeline.speculation.guard import verdict_text
 from pipeline.storage import Storage
 from pipeline.tools.status_counts import ERROR_COLUMNS, error_kinds, read_stats, running_counts
-from pipeline.tools.status_progress import age, iso, overdue_warning, progress_warnings
-from schemas import Attempt, JobManifest, JobTotals, Lease
-from schemas.status import AttemptState, LeaseState, StatusReport
+from pipeline.tools.status_lease import driver_state, first_attempt_starting, lease_notes, lease_state
+from pipeline.tools.status_progress import iso, overdue_warning, progress_warnings
+from pipeline.tools.status_render import render
+from schemas import Attempt, JobManifest, JobTotals
+from schemas.status import AttemptState, StatusReport
 
 DEFAULT_ERROR_FILES = 1000
 EXAMPLE = """example:
@@ -54,15 +54,6 @@ class StatusError(ValueError):
     """The output location holds something status cannot read as a job."""
 
 
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f} min"
-    hours, minutes = divmod(round(seconds / 60), 60)
-    return f"{hours} h {minutes:02d} min"
-
-
 def read_manifest(location: OutputLocation) -> Optional[JobManifest]:
     try:
         return location.job_manifest()
@@ -71,7 +62,10 @@ def read_manifest(location: OutputLocation) -> Optional[JobManifest]:
 
 
 def job_status(
-    storage: Storage, uri: str, error_files: int = DEFAULT_ERROR_FILES, run_command: str = "specbatch run CONFIG",
+    storage: Storage,
+    uri: str,
+    error_files: int = DEFAULT_ERROR_FILES,
+    run_command: str = "specbatch run CONFIG",
 ) -> Optional[StatusReport]:
     """Where the job at `uri` stands; None when no job has run there. `run_command` is how the
     notes name the command that resumes it."""
@@ -80,61 +74,55 @@ def job_status(
     manifest = read_manifest(location)
     lease = read_lease(location.storage, location.uri)
     if manifest is None:
-        return _first_attempt_starting(uri, lease, now, run_command) if lease else None
+        return first_attempt_starting(uri, lease, now, run_command) if lease else None
     last = manifest.attempts[-1] if manifest.attempts else None
-    driver = _driver_state(manifest, last, lease, now)
-    notes = _lease_notes(manifest, last, lease, driver, now, run_command)
+    driver = driver_state(manifest, last, lease, now)
+    notes = lease_notes(manifest, last, lease, driver, now, run_command)
     input_rows = sum(f.rows for f in manifest.input_files) or manifest.totals.input_rows
     if manifest.status == "running":
         figures, stats = _running_figures(location, manifest, input_rows, driver, now)
         notes += figures.pop("notes")
     else:
         stats = read_stats(location, ERROR_COLUMNS).table if manifest.totals.error_rows else None
-        figures = dict(counts_from="manifest", totals=manifest.totals, rows_done=manifest.totals.output_rows + manifest.totals.error_rows,
-                       units_committed=manifest.totals.units)
+        figures = dict(
+            counts_from="manifest",
+            totals=manifest.totals,
+            rows_done=manifest.totals.output_rows + manifest.totals.error_rows,
+            units_committed=manifest.totals.units,
+        )
     totals: JobTotals = figures.pop("totals")
     errors = _error_figures(location, stats, totals, error_files, notes)
     return StatusReport(
-        output_uri=uri, checked_at=iso(now), job_id=manifest.job_id, status=manifest.status, driver=driver,
-        attempts=len(manifest.attempts), last_attempt=_attempt_state(last), lease=_lease_state(lease, now) if lease else None,
-        input_rows=input_rows, output_rows=totals.output_rows, error_rows=totals.error_rows,
-        retryable_error_rows=totals.retryable_error_rows, units_planned=last.units_planned if last else 0,
+        output_uri=uri,
+        checked_at=iso(now),
+        job_id=manifest.job_id,
+        status=manifest.status,
+        driver=driver,
+        attempts=len(manifest.attempts),
+        last_attempt=_attempt_state(last),
+        lease=lease_state(lease, now) if lease else None,
+        input_rows=input_rows,
+        output_rows=totals.output_rows,
+        error_rows=totals.error_rows,
+        retryable_error_rows=totals.retryable_error_rows,
+        units_planned=last.units_planned if last else 0,
         speculation_trial=manifest.trial.reason if manifest.trial else None,
-        speculation_verdict=verdict_text(manifest.speculation) if manifest.speculation and manifest.status != "running" else None,
+        speculation_verdict=verdict_text(manifest.speculation)
+        if manifest.speculation and manifest.status != "running"
+        else None,
         generated_tokens=totals.generated_tokens,
-        prompt_tokens=totals.prompt_tokens, cached_prompt_tokens=totals.cached_prompt_tokens,
-        prefix_cache_hit_rate=totals.prefix_cache_hit_rate, tokens_per_second=totals.tokens_per_second,
+        prompt_tokens=totals.prompt_tokens,
+        cached_prompt_tokens=totals.cached_prompt_tokens,
+        prefix_cache_hit_rate=totals.prefix_cache_hit_rate,
+        tokens_per_second=totals.tokens_per_second,
         engine_tokens_per_second=totals.engine_tokens_per_second,
-        engine_busy_share=totals.engine_busy_share, acceptance_rate=totals.acceptance_rate,
-        mean_acceptance_length=totals.mean_acceptance_length, notes=notes, **figures, **errors,
+        engine_busy_share=totals.engine_busy_share,
+        acceptance_rate=totals.acceptance_rate,
+        mean_acceptance_length=totals.mean_acceptance_length,
+        notes=notes,
+        **figures,
+        **errors,
     )
-
-
-def _driver_state(manifest: JobManifest, last: Optional[Attempt], lease: Optional[Lease], now: float) -> str:
-    fresh = lease is not None and not is_stale(lease, now)
-    if manifest.status == "running":
-        return ("starting" if last and lease.attempt > last.number else "alive") if fresh else "gone"
-    return "starting" if fresh else "none"
-
-
-def _lease_notes(manifest: JobManifest, last: Optional[Attempt], lease: Optional[Lease], driver: str, now: float,
-                 run_command: str) -> list[str]:
-    notes, lease_age = [], heartbeat_age(lease, now) if lease else None
-    if manifest.status == "running" and driver == "gone":
-        if lease is not None:
-            notes.append(f"no heartbeat for {age(lease_age)}: the driver is probably gone; `{run_command}` takes over and resumes")
-        else:
-            notes.append(f"_job.json says running but no run holds the lease: the driver is gone; resume with `{run_command}`")
-    elif driver == "starting":
-        notes.append(f"a new attempt ({lease.attempt}) is starting: run {lease.owner} holds the lease, heartbeat {age(lease_age)} ago")
-    elif lease is not None and is_stale(lease, now):
-        notes.append(
-            f"a stale lease of attempt {lease.attempt} is left (no heartbeat for {age(lease_age)}): its run died without "
-            f"releasing it; the next `{run_command}` takes it over"
-        )
-    if manifest.status in ("failed", "interrupted") and last is not None and last.error:
-        notes.append(f"attempt {last.number} {manifest.status}: {last.error.splitlines()[0][:300]}; `{run_command}` resumes it")
-    return notes
 
 
 def _running_figures(location: OutputLocation, manifest: JobManifest, input_rows: int, driver: str, now: float):
@@ -159,19 +147,32 @@ def _running_figures(location: OutputLocation, manifest: JobManifest, input_rows
             f"not in generated and error rows, tokens or acceptance (status reads at most {counts.markers_read:,} markers)"
         )
     figures: dict[str, Any] = dict(
-        counts_from="commits", totals=counts.totals, rows_done=counts.rows_done, units_committed=counts.units,
-        attempt_units_committed=counts.attempt_units, markers_read=counts.markers_read, units_unread=counts.units_unread,
+        counts_from="commits",
+        totals=counts.totals,
+        rows_done=counts.rows_done,
+        units_committed=counts.units,
+        attempt_units_committed=counts.attempt_units,
+        markers_read=counts.markers_read,
+        units_unread=counts.units_unread,
         stats_as_of=iso(counts.stats_as_of) if counts.stats_as_of is not None else None,
         last_commit_at=iso(counts.last_commit_at) if counts.last_commit_at is not None else None,
-        last_commit_age_seconds=commit_age, rows_per_second=rate, pace_units=pace.window, units_before_pace=pace.units_to_go(),
-        eta_seconds=eta, eta_at=iso(counts.last_commit_at + eta) if eta is not None and driver == "alive" else None,
-        progress_written_at=iso(written_at) if written_at is not None else None, engines_without_progress=engines,
-        warnings=warnings, notes=notes,
+        last_commit_age_seconds=commit_age,
+        rows_per_second=rate,
+        pace_units=pace.window,
+        units_before_pace=pace.units_to_go(),
+        eta_seconds=eta,
+        eta_at=iso(counts.last_commit_at + eta) if eta is not None and driver == "alive" else None,
+        progress_written_at=iso(written_at) if written_at is not None else None,
+        engines_without_progress=engines,
+        warnings=warnings,
+        notes=notes,
     )
     return figures, counts.table
 
 
-def _error_figures(location: OutputLocation, stats, totals: JobTotals, error_files: int, notes: list[str]) -> dict[str, Any]:
+def _error_figures(
+    location: OutputLocation, stats, totals: JobTotals, error_files: int, notes: list[str]
+) -> dict[str, Any]:
     """Errors by kind from the error files (StatusReport fields); a partial count adds a note."""
     kinds, error_units, error_units_read = Counter(), 0, 0
     if stats is not None and totals.error_rows:
@@ -183,129 +184,20 @@ def _error_figures(location: OutputLocation, stats, totals: JobTotals, error_fil
                 f"errors by kind from {error_units_read:,} of the {error_units:,} units with error rows"
                 f" ({sum(kinds.values()):,} of {totals.error_rows:,} error rows); {why}"
             )
-    return dict(errors_by_kind=dict(kinds.most_common()), error_units=error_units, error_units_read=error_units_read,
-                errors_by_kind_complete=error_units_read == error_units)
+    return dict(
+        errors_by_kind=dict(kinds.most_common()),
+        error_units=error_units,
+        error_units_read=error_units_read,
+        errors_by_kind_complete=error_units_read == error_units,
+    )
 
 
 def _attempt_state(last: Optional[Attempt]) -> Optional[AttemptState]:
     if last is None:
         return None
-    return AttemptState(number=last.number, status=last.status, started_at=last.started_at, ended_at=last.ended_at, error=last.error)
-
-
-def _lease_state(lease: Lease, now: float) -> LeaseState:
-    return LeaseState(
-        owner=lease.owner, attempt=lease.attempt, acquired_at=lease.acquired_at, heartbeat_at=lease.heartbeat_at,
-        heartbeat_age_seconds=heartbeat_age(lease, now), stale_after_seconds=lease.stale_after_seconds, stale=is_stale(lease, now),
+    return AttemptState(
+        number=last.number, status=last.status, started_at=last.started_at, ended_at=last.ended_at, error=last.error
     )
-
-
-def _first_attempt_starting(uri: str, lease: Lease, now: float, run_command: str) -> StatusReport:
-    """A run holds the location but has not written `_job.json` yet: it is checking its inputs
-    and starting Ray (the manifest comes just before its engines start)."""
-    beat = heartbeat_age(lease, now)
-    fresh = not is_stale(lease, now)
-    if fresh:
-        note = (f"the first attempt of job {lease.job_id} is starting (input check, plan, Ray): run {lease.owner} holds "
-                f"the lease, heartbeat {age(beat)} ago; no _job.json yet, so no counts yet")
-    else:
-        note = (f"a stale lease of job {lease.job_id} is left (no heartbeat for {age(beat)}) and no _job.json: its run "
-                f"died before it wrote one; the next `{run_command}` takes it over")
-    return StatusReport(
-        output_uri=uri, checked_at=iso(now), job_id=lease.job_id, status="running", driver="starting" if fresh else "gone",
-        attempts=0, lease=_lease_state(lease, now), counts_from="manifest", input_rows=0, rows_done=0, output_rows=0, error_rows=0, retryable_error_rows=0,
-        units_planned=0, units_committed=0, errors_by_kind={}, error_units=0, error_units_read=0,
-        errors_by_kind_complete=True, generated_tokens=0, tokens_per_second=0.0, acceptance_rate=None,
-        mean_acceptance_length=None, notes=[note],
-    )
-
-
-def render(report: StatusReport) -> str:
-    """The report for a terminal: the same figures as --json."""
-    r = report
-    lines = _state_lines(r)
-    if r.attempts == 0:  # no _job.json yet: nothing to count
-        return "\n".join([*lines, *(f"note: {note}" for note in r.notes)])
-    lines += _count_lines(r) + _speed_lines(r)
-    lines += [f"{'WARNING' if i == 0 and r.driver == 'gone' else 'note'}: {note}" for i, note in enumerate(r.notes)]
-    lines += [f"WARNING: {warning}" for warning in r.warnings]
-    return "\n".join(lines)
-
-
-def _state_lines(r: StatusReport) -> list[str]:
-    driver = {"alive": "its driver is alive", "gone": "its driver is GONE", "starting": "a new attempt is starting",
-              "none": "no run holds it"}[r.driver]
-    lines = [f"job {r.job_id} at {r.output_uri}: {r.status} ({driver})"]
-    if r.last_attempt:
-        a = r.last_attempt
-        ended = f", ended {a.ended_at}" if a.ended_at else ""
-        error = f": {a.error.splitlines()[0][:200]}" if a.error else ""
-        lines.append(f"  attempts:  {r.attempts}; the last, {a.number}: started {a.started_at}{ended}, {a.status}{error}")
-    if r.lease:
-        lease = r.lease
-        state = "STALE" if lease.stale else "fresh"
-        lines.append(
-            f"  lease:     {lease.owner} (attempt {lease.attempt}), heartbeat {age(lease.heartbeat_age_seconds)} ago, "
-            f"{state} (stale after {lease.stale_after_seconds:.0f} s)"
-        )
-    else:
-        lines.append("  lease:     none")
-    return lines
-
-
-def _count_lines(r: StatusReport) -> list[str]:
-    share = f" ({r.rows_done / r.input_rows:.0%})" if r.input_rows else ""
-    unread = f", {r.rows_done - r.output_rows - r.error_rows:,} in units not read yet" if r.units_unread else ""
-    lines = [
-        f"  rows:      {r.rows_done:,} of {r.input_rows:,} done{share}: {r.output_rows:,} generated, {r.error_rows:,} errors"
-        + (f" ({r.retryable_error_rows:,} retryable)" if r.retryable_error_rows else "") + unread,
-        f"  units:     {r.units_committed:,} of {r.units_planned:,} committed" + _commit_clause(r),
-    ]
-    if r.error_rows:
-        kinds = ", ".join(f"{kind} {n:,}" for kind, n in r.errors_by_kind.items()) or "none read"
-        partial = "" if r.errors_by_kind_complete else f" (from {r.error_units_read:,} of {r.error_units:,} units with errors)"
-        lines.append(f"  errors:    {kinds}{partial}")
-    return lines
-
-
-def _commit_clause(r: StatusReport) -> str:
-    """A running job's commits: how many this attempt, and the last one's age."""
-    if r.counts_from != "commits":
-        return ""
-    ours = f" ({r.attempt_units_committed:,} by attempt {r.last_attempt.number})" if r.last_attempt else ""
-    if r.last_commit_age_seconds is None:
-        return f"{ours}; none yet"
-    return f"{ours}; the last {age(r.last_commit_age_seconds)} ago, at {r.last_commit_at}"
-
-
-def _speed_lines(r: StatusReport) -> list[str]:
-    lines = []
-    if r.acceptance_rate is not None:
-        lines.append(f"  acceptance: rate {r.acceptance_rate:.3f}, mean acceptance length {r.mean_acceptance_length:.2f}")
-    else:
-        lines.append("  acceptance: none (no drafts)")
-    if r.speculation_trial:
-        lines.append(f"  trial:     {r.speculation_trial}")
-    if r.speculation_verdict:
-        lines.append(f"  verdict:   {r.speculation_verdict}")
-    lines.append(f"  generated: {r.generated_tokens:,} tokens, {r.tokens_per_second:,.1f} tok/s of wall time")
-    if r.prompt_tokens:
-        lines.append(f"  prefill:   {r.prompt_tokens:,} prompt tokens ({prefill_text(r.prompt_tokens, r.cached_prompt_tokens)})")
-    if r.engine_tokens_per_second:
-        busy = f", engines busy {r.engine_busy_share:.0%} of the billed time" if r.engine_busy_share is not None else ""
-        lines.append(f"  engines:   {r.engine_tokens_per_second:,.1f} tok/s of engine time{busy}")
-    if r.eta_seconds is not None:
-        when = f" (about {r.eta_at})" if r.eta_at else " once resumed"
-        lines.append(f"  ETA:       {_duration(r.eta_seconds)}{when}, at {r.rows_per_second:,.1f} rows/s over the last "
-                     f"{r.pace_units:,} units committed")
-    elif r.units_before_pace and r.units_planned - r.units_committed < r.units_before_pace:
-        left = r.units_planned - r.units_committed
-        running = "the last unit is running" if left == 1 else f"the last {left:,} units are running"
-        lines.append(f"  ETA:       none: {running} (the pace is measured over {r.pace_units:,} units, one per engine slot)")
-    elif r.units_before_pace:
-        more = "the next unit commits" if r.units_before_pace == 1 else f"{r.units_before_pace:,} more units commit"
-        lines.append(f"  ETA:       after {more} (the pace is measured over {r.pace_units:,} units, one per engine slot)")
-    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -315,17 +207,28 @@ def main(argv: list[str] | None = None) -> int:
         epilog=EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("output_uri", nargs="?", metavar="OUTPUT_URI", help="the job's output location (local or s3://...)")
+    parser.add_argument(
+        "output_uri", nargs="?", metavar="OUTPUT_URI", help="the job's output location (local or s3://...)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object (schemas.StatusReport)")
-    parser.add_argument("--config", metavar="JOB.yaml", help="take the storage settings (and OUTPUT_URI if not given) from a job config")
+    parser.add_argument(
+        "--config", metavar="JOB.yaml", help="take the storage settings (and OUTPUT_URI if not given) from a job config"
+    )
     parser.add_argument("--endpoint-url", help="S3-compatible endpoint (default: the environment's, or the config's)")
     parser.add_argument("--region")
     parser.add_argument(
-        "--error-files", type=int, default=DEFAULT_ERROR_FILES, metavar="N",
+        "--error-files",
+        type=int,
+        default=DEFAULT_ERROR_FILES,
+        metavar="N",
         help=f"read at most N units' error files for errors by kind (default {DEFAULT_ERROR_FILES}; 0: all)",
     )
     args = parser.parse_args(argv)
-    storage, uri, run_command = Storage(endpoint_url=args.endpoint_url, region=args.region), args.output_uri, "specbatch run CONFIG"
+    storage, uri, run_command = (
+        Storage(endpoint_url=args.endpoint_url, region=args.region),
+        args.output_uri,
+        "specbatch run CONFIG",
+    )
     if args.config:
         from pipeline.config import ConfigError, load_config
 
@@ -335,8 +238,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"specbatch status: {exc}", file=sys.stderr)
             return 2
         settings = config.storage
-        storage = dataclasses.replace(Storage.from_config(settings), endpoint_url=args.endpoint_url or settings.endpoint_url,
-                                      region=args.region or settings.region)
+        storage = dataclasses.replace(
+            Storage.from_config(settings),
+            endpoint_url=args.endpoint_url or settings.endpoint_url,
+            region=args.region or settings.region,
+        )
         uri = uri or config.output_uri
         run_command = f"specbatch run {args.config}"
         if uri.rstrip("/") != config.output_uri.rstrip("/"):
