@@ -305,34 +305,43 @@ class OutputLocation:
     def write_manifest(self, manifest: dict) -> None:
         """`_job.json`, as written by the run that holds the lease. A run that lost the location
         to this one may have recorded its own attempt as `fenced` since: that record stays, and
-        goes into `manifest`. Written on the version read, read again if a write came between,
-        and only while the lease is this run's: a run that lost it cannot replace the owner's."""
-        while True:
-            try:
-                data, version = self.storage.read_versioned(self.path(MANIFEST))
-                fenced = {a["number"]: a for a in json.loads(data).get("attempts", []) if a.get("status") == "fenced"}
-            except FileNotFoundError:
-                version, fenced = None, {}
+        goes into `manifest`. Written only while the lease is this run's: a run that lost it
+        cannot replace the owner's."""
+
+        def merged(current: Optional[dict]) -> dict:
+            attempts = current.get("attempts", []) if current else []
+            fenced = {a["number"]: a for a in attempts if a.get("status") == "fenced"}
             if self.holder is not None:
                 self.holder()
             manifest["attempts"] = [fenced.get(a["number"], a) for a in manifest.get("attempts", [])]
-            try:
-                self.storage.write_if(self.path(MANIFEST), json_bytes(manifest), version)
-                return
-            except PreconditionFailed:
-                continue
+            return manifest
+
+        self._update_manifest(merged)
 
     def record_fenced_attempt(self, attempt: dict) -> None:
         """A run that lost the location: its own attempt's record into `_job.json`, the rest as
-        the owner wrote it, under the same precondition."""
+        the owner wrote it. Nothing when the new owner started over (--restart)."""
+
+        def merged(current: Optional[dict]) -> Optional[dict]:
+            if current is None:
+                return None
+            others = [a for a in current.get("attempts", []) if a["number"] != attempt["number"]]
+            return {**current, "attempts": sorted([*others, attempt], key=lambda a: a["number"])}
+
+        self._update_manifest(merged)
+
+    def _update_manifest(self, update: Callable[[Optional[dict]], Optional[dict]]) -> None:
+        """`_job.json` replaced by `update(what it holds now)` (None: not there; returning None:
+        nothing to write), a compare-and-swap on the version read, read again if a write came between."""
         while True:
             try:
                 data, version = self.storage.read_versioned(self.path(MANIFEST))
+                current = json.loads(data)
             except FileNotFoundError:
-                return  # the new owner started over (--restart): no record of this attempt to keep
-            doc = json.loads(data)
-            others = [a for a in doc.get("attempts", []) if a["number"] != attempt["number"]]
-            doc["attempts"] = sorted([*others, attempt], key=lambda a: a["number"])
+                version, current = None, None
+            doc = update(current)
+            if doc is None:
+                return
             try:
                 self.storage.write_if(self.path(MANIFEST), json_bytes(doc), version)
                 return

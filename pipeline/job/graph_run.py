@@ -23,7 +23,7 @@ from pipeline.job.breaker import ErrorBreaker
 from pipeline.job.console import Pace, commit_window, print_progress, progress_line, say
 from pipeline.job.manifest import plain_text
 from pipeline.job.watch import AttemptLooks, probe_refusal
-from pipeline.speculation.guard import AcceptanceGuard, AcceptanceTooLow
+from pipeline.speculation.guard import AcceptanceGuard, AcceptanceTooLow, speculation_turned_off
 from pipeline.stages.stats import EngineBusyTime
 from pipeline.storage import StorageUnavailable
 from pipeline.job.graph_attempt import GraphAttempt
@@ -88,7 +88,7 @@ class AttemptProgress:
         events = [event for event in map(self.guard.observe, rows) if event] if self.guard else []
         for event in events:
             self._apply_guard_event(event)
-        return any(event.action == "disable-speculation" for event in events)
+        return speculation_turned_off(events)
 
     def _apply_guard_event(self, event: GuardEvent) -> None:
         self.attempt.manifest.guard_events.append(event)

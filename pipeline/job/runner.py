@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import pyarrow as pa
 
@@ -24,7 +24,7 @@ from pipeline.cluster.startup import StartClock, ray_init
 from pipeline.commit.lease import LeaseLost, OutputLease
 from pipeline.commit.outputs import OutputLocation
 from pipeline.config import JobConfig
-from pipeline.inputs.units import plan_units
+from pipeline.inputs.units import WorkUnit, plan_units
 from pipeline.job.console import print_line, say
 from pipeline.job.graph_run import AttemptProgress, GraphOutcome, run_graph
 from pipeline.job.manifest import added_by, close_killed_attempt, finished_status, new_manifest, plain_text, plan_summary
@@ -37,12 +37,15 @@ from pipeline.job.plan import (
     results_fingerprint,
 )
 from pipeline.speculation.calibrations import JobCalibration, calibrated_setting, job_calibration
-from pipeline.speculation.guard import AcceptanceGuard, speculation_verdict
+from pipeline.speculation.guard import AcceptanceGuard, speculation_turned_off, speculation_verdict
 from pipeline.speculation.probe import job_probe_rows, refusal, rejudged
 from pipeline.speculation.trial import too_few_units
 from pipeline.stages.stats import billed_replicas, totals_from_stats
 from pipeline.storage import StorageUnavailable
 from schemas import Attempt, EngineDeath, JobManifest, Lease, ProbeResult, utc_timestamp
+
+if TYPE_CHECKING:
+    from pipeline.graph.engine_stage import EngineActorArgs
 
 log = logging.getLogger("specbatch")
 
@@ -178,7 +181,7 @@ class JobAttempt:
         spec, previous = config.speculative, plan.previous
         if not (plan.todo and spec.enabled and spec.probe.rows):
             return None
-        if previous and any(e.action == "disable-speculation" for e in previous.guard_events):
+        if previous and speculation_turned_off(previous.guard_events):
             return previous.probe
         if previous and previous.probe and previous.results_fingerprint == results_fingerprint(config, plan.target, plan.drafter):
             kept = rejudged(config, previous.probe)
@@ -235,33 +238,47 @@ class JobAttempt:
         probe's rows go to the first graph's board; later graphs have the verdict already."""
         # The engine actor's module imports Ray's metrics: only a run with work imports it.
         from pipeline.graph import build_dataset
-        from pipeline.graph.engine_trial import trial_plan
-        from pipeline.graph.engine_stage import EngineActorArgs
 
-        config, todo, manifest = self.config, self.plan.todo, self.manifest
-        drafter = model_id(self.plan.drafter) if self.plan.drafter and config.speculative.enabled else None
-        guard_config = config.speculative.guard
-        # An earlier attempt's guard turned speculation off: a resume keeps it off.
-        disabled = any(e.action == "disable-speculation" for e in manifest.guard_events)
-        guard = AcceptanceGuard(guard_config, self.record.number) if guard_config and drafter and not disabled else None
-        progress = AttemptProgress(self, sum(u.rows for u in todo) + self.record.skipped_rows, guard)
+        todo = self.plan.todo
+        disabled = speculation_turned_off(self.manifest.guard_events)  # by an earlier attempt's guard: kept off
+        progress = AttemptProgress(self, sum(u.rows for u in todo) + self.record.skipped_rows, self._guard(disabled))
         probe_rows = self.probe_rows
-        self._skip_a_trial_too_small(drafter is not None and not disabled)
+        self._skip_a_trial_too_small(self._drafter_id() is not None and not disabled)
         while todo:
-            trial = None
-            if disabled or (manifest.trial and manifest.trial.outcome == "turned-off"):
-                config, drafter, progress.guard, probe_rows = config.without_speculation(), None, None, ([], 0)
-            elif drafter and config.speculative.trial and manifest.trial is None:
-                trial = trial_plan(config, sum(u.rows for u in todo), self.plan.head)
-            board = start_board(*probe_rows)
-            engines = EngineActorArgs(model_id(self.plan.target), drafter, manifest.job_id, disabled, board, self.lease.fence, trial)
-            outcome = run_graph(build_dataset(config, todo, engines, self.plan.ids.duplicates), todo, progress, board)
+            config, engines = self._next_graph(disabled, probe_rows, todo, progress)
+            outcome = run_graph(build_dataset(config, todo, engines, self.plan.ids.duplicates), todo, progress, engines.board)
             probe_rows = ([], 0)  # judged by this graph, or refused (and then the job has stopped)
             if outcome is GraphOutcome.FINISHED:
                 return
             disabled = disabled or outcome is GraphOutcome.SPECULATION_OFF
             committed = self.location.committed_units()  # what the stopped engines committed
             todo = [u for u in todo if u.unit_id not in committed]
+
+    def _drafter_id(self) -> Optional[str]:
+        return model_id(self.plan.drafter) if self.plan.drafter and self.config.speculative.enabled else None
+
+    def _guard(self, disabled: bool) -> Optional[AcceptanceGuard]:
+        guard_config = self.config.speculative.guard
+        if guard_config and self._drafter_id() and not disabled:
+            return AcceptanceGuard(guard_config, self.record.number)
+        return None
+
+    def _next_graph(
+        self, disabled: bool, probe_rows: tuple[list, int], todo: list[WorkUnit], progress: AttemptProgress
+    ) -> tuple[JobConfig, EngineActorArgs]:
+        """The next graph's config and what its engines are built with: without the drafter once
+        the guard or the trial turned speculation off; with the trial's plan while it is to run."""
+        from pipeline.graph import engine_stage
+        from pipeline.graph.engine_trial import trial_plan
+
+        config, drafter, trial, manifest = self.config, self._drafter_id(), None, self.manifest
+        if disabled or (manifest.trial and manifest.trial.outcome == "turned-off"):
+            config, drafter, progress.guard, probe_rows = config.without_speculation(), None, None, ([], 0)
+        elif drafter and config.speculative.trial and manifest.trial is None:
+            trial = trial_plan(config, sum(u.rows for u in todo), self.plan.head)
+        board = start_board(*probe_rows)
+        target = model_id(self.plan.target)
+        return config, engine_stage.EngineActorArgs(target, drafter, manifest.job_id, disabled, board, self.lease.fence, trial)
 
     def _skip_a_trial_too_small(self, speculating: bool) -> None:
         """A job of too few units skips the speculation trial before any engine, and says why."""
@@ -283,7 +300,6 @@ class JobAttempt:
             committed = location.committed_units()
             # also units that stopped engines committed after the driver stopped listening
             record.processed_rows = sum(u.rows for u in plan.todo if u.unit_id in committed)
-            record.engine_deaths = [EngineDeath.model_validate(e) for e in location.engine_deaths(since=self.started)]
         previous = plan.previous
         if previous is not None and previous.status in ("succeeded", "completed_with_errors") and not plan.todo:
             # a rerun of a finished job: nothing to tidy, nothing new to count
@@ -292,7 +308,7 @@ class JobAttempt:
             location.cleanup(committed, since=self.started, generation=self.lease.lease.generation)
             stats = self.write_stats(committed)
             record.added = added_by(list(self.unit_stats.values()), plan.inputs.files, plan.previous)
-        record.wall_seconds, record.ended_at = time.time() - self.started, utc_timestamp()
+        self._end_record()
         manifest.ended_at = record.ended_at
         wall = sum(a.wall_seconds for a in manifest.attempts)
         manifest.totals = totals_from_stats(stats, plan.inputs.rows, wall, billed_replicas(config, stats))
@@ -337,8 +353,16 @@ class JobAttempt:
         record.error = (f"lost the output location to {taken} while it ran: it committed {len(self.unit_stats)} units under "
                         "its own lease, then stopped")
         record.processed_rows = sum(r["rows"] for r in self.unit_stats.values())
-        record.wall_seconds, record.ended_at = time.time() - self.started, utc_timestamp()
-        record.engine_deaths = [EngineDeath.model_validate(e) for e in location.engine_deaths(since=self.started)]
+        self._end_record()
         self.write_stats()
         self.save()
+
+    def _end_record(self) -> None:
+        """The attempt's record ends (a closed attempt's and a fenced one's): its wall time, and the
+        engine deaths and hangs recorded since it began generating."""
+        record = self.record
+        record.wall_seconds, record.ended_at = time.time() - self.started, utc_timestamp()
+        if self.plan.todo:
+            deaths = self.location.engine_deaths(since=self.started)
+            record.engine_deaths = [EngineDeath.model_validate(e) for e in deaths]
 

@@ -84,6 +84,11 @@ class AcceptanceGuard:
         )
 
 
+def speculation_turned_off(events: list[GuardEvent]) -> bool:
+    """Whether the acceptance guard turned speculation off: for the rest of the job, resumes included."""
+    return any(event.action == "disable-speculation" for event in events)
+
+
 def depth_at(config: JobConfig, concurrency: int) -> int:
     """The depth the job drafts at with `concurrency` sequences running."""
     spec = config.speculative
