@@ -95,8 +95,11 @@ def start_moto() -> tuple[subprocess.Popen, str]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     endpoint = f"http://127.0.0.1:{port}"
     client = boto3.client("s3", endpoint_url=endpoint)
     for _ in range(150):
@@ -142,8 +145,13 @@ def write_input(endpoint: str, files: int, megabytes: float) -> tuple[int, int]:
 
 def old_check() -> Callable:
     """`inspect_inputs(input_uri, storage)` of commit OLD_COMMIT, imported from a temp file."""
-    source = subprocess.run(["git", "show", f"{OLD_COMMIT}:pipeline/inputs/__init__.py"], cwd=ROOT,
-                            capture_output=True, text=True, check=True).stdout
+    source = subprocess.run(
+        ["git", "show", f"{OLD_COMMIT}:pipeline/inputs/__init__.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / f"inputs_{OLD_COMMIT}.py"
         path.write_text(source)
@@ -203,17 +211,23 @@ def measure(check: Callable[[], int], traffic: S3Traffic, expected_rows: int) ->
 
 
 def print_table(runs: dict[str, list[Run]], input_bytes: int) -> None:
-    print(f"\n{'variant':34} {'runs':>4} {'wall s':>7} {'bytes read':>14} {'% input':>8} {'GET':>5} {'HEAD':>5} {'LIST':>5}")
+    print(
+        f"\n{'variant':34} {'runs':>4} {'wall s':>7} {'bytes read':>14} {'% input':>8} {'GET':>5} {'HEAD':>5} {'LIST':>5}"
+    )
     medians = {}
     for name, measured in runs.items():
         run = medians[name] = sorted(measured, key=lambda r: r.wall)[len(measured) // 2]
-        print(f"{name:34} {len(measured):4d} {run.wall:7.2f} {run.bytes_read:14,d} "
-              f"{100 * run.bytes_read / input_bytes:7.3f}% {run.requests['get_object']:5d} "
-              f"{run.requests['head_object']:5d} {run.requests['list_objects_v2']:5d}")
+        print(
+            f"{name:34} {len(measured):4d} {run.wall:7.2f} {run.bytes_read:14,d} "
+            f"{100 * run.bytes_read / input_bytes:7.3f}% {run.requests['get_object']:5d} "
+            f"{run.requests['head_object']:5d} {run.requests['list_objects_v2']:5d}"
+        )
     one, parallel = list(medians.values())[:2]
     print(f"\nwall time, 1 at a time / {inputs.PARALLEL_FOOTERS} at a time: {one.wall / parallel.wall:.2f}")
-    print(f"target: bytes read <= {TARGET:.0%} of input bytes; "
-          f"(b) reads {parallel.bytes_read / input_bytes:.3%}: {'met' if parallel.bytes_read <= TARGET * input_bytes else 'NOT met'}")
+    print(
+        f"target: bytes read <= {TARGET:.0%} of input bytes; "
+        f"(b) reads {parallel.bytes_read / input_bytes:.3%}: {'met' if parallel.bytes_read <= TARGET * input_bytes else 'NOT met'}"
+    )
 
 
 def main() -> None:
@@ -227,8 +241,10 @@ def main() -> None:
     try:
         started = time.perf_counter()
         input_bytes, rows = write_input(endpoint, args.files, args.mb)
-        print(f"setup: {args.files} files, {input_bytes:,d} bytes ({input_bytes / 2**30:.2f} GiB), "
-              f"{rows:,d} rows, written to moto in {time.perf_counter() - started:.1f} s")
+        print(
+            f"setup: {args.files} files, {input_bytes:,d} bytes ({input_bytes / 2**30:.2f} GiB), "
+            f"{rows:,d} rows, written to moto in {time.perf_counter() - started:.1f} s"
+        )
 
         storage = Storage(endpoint_url=endpoint)
         storage.expand_input(INPUT_URI)  # s3fs's client and connections are made once, not in (a)'s first run

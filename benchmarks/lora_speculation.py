@@ -17,6 +17,7 @@
    with the adapter; with the adapter, output with the drafter equals output without it; the
    acceptance with and without the adapter (the drafter was trained on the base model only).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,9 +51,15 @@ def step(label: str, fn):
     try:
         value = fn()
     except Exception as exc:  # noqa: BLE001 - the finding is the exception
-        print(f"[FAIL] {label}: {type(exc).__name__}: {exc}\n       raised at {raising_line(exc)}"
-              + ("\n       (the engine process's own traceback, the root cause, is in vLLM's log above)"
-                 if type(exc).__name__ == "EngineDeadError" else ""), flush=True)
+        print(
+            f"[FAIL] {label}: {type(exc).__name__}: {exc}\n       raised at {raising_line(exc)}"
+            + (
+                "\n       (the engine process's own traceback, the root cause, is in vLLM's log above)"
+                if type(exc).__name__ == "EngineDeadError"
+                else ""
+            ),
+            flush=True,
+        )
         return False, None
     print(f"[ok]   {label} ({time.perf_counter() - t0:.1f} s)", flush=True)
     return True, value
@@ -96,7 +103,9 @@ def main() -> None:
     from pipeline.tools.demo import sample_prompts
 
     config = load_config(args.config)
-    adapter = write_lora_adapter(config.model.path, args.adapter or tempfile.mkdtemp(prefix="kit-lora-"), rank=args.rank)
+    adapter = write_lora_adapter(
+        config.model.path, args.adapter or tempfile.mkdtemp(prefix="kit-lora-"), rank=args.rank
+    )
     print(f"vLLM {vllm.__version__}; adapter (rank {args.rank}, q_proj v_proj) in {adapter}")
     lora = dict(enable_lora=True, max_lora_rank=args.rank, max_loras=1)
     prompts = sample_prompts(args.prompts, 0)
@@ -108,22 +117,31 @@ def main() -> None:
         outs = [o.outputs[0] for o in llm.generate(prompts, sp, lora_request=lora_request, use_tqdm=False)]
         return outs, sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t0)
 
-    ok_spec, spec = step(f"start LLM(enable_lora=True, speculative_config=eagle3 k={args.k})",
-                         lambda: LLM(**engine_kwargs(config, num_speculative_tokens=args.k), **lora))
-    ok_plain, plain = step("start LLM(enable_lora=True) without speculation",
-                           lambda: LLM(**engine_kwargs(config, speculative=False), **lora))
+    ok_spec, spec = step(
+        f"start LLM(enable_lora=True, speculative_config=eagle3 k={args.k})",
+        lambda: LLM(**engine_kwargs(config, num_speculative_tokens=args.k), **lora),
+    )
+    ok_plain, plain = step(
+        "start LLM(enable_lora=True) without speculation",
+        lambda: LLM(**engine_kwargs(config, speculative=False), **lora),
+    )
     spec_own = engine_kwargs(config, num_speculative_tokens=args.k)
     spec_own["speculative_config"]["model"] = own_embedding_drafter(
-        spec_own["speculative_config"]["model"], config.model.path, tempfile.mkdtemp(prefix="kit-drafter-own-embed-"))
-    ok_own, own = step(f"start LLM(enable_lora=True, speculative_config=eagle3 k={args.k}, drafter with its own embedding)",
-                       lambda: LLM(**spec_own, **lora))
+        spec_own["speculative_config"]["model"], config.model.path, tempfile.mkdtemp(prefix="kit-drafter-own-embed-")
+    )
+    ok_own, own = step(
+        f"start LLM(enable_lora=True, speculative_config=eagle3 k={args.k}, drafter with its own embedding)",
+        lambda: LLM(**spec_own, **lora),
+    )
     runs = {}
     for name, llm in (("spec", spec), ("own", own), ("plain", plain)):
         if llm is None:
             continue
         for with_lora in (False, True):
-            ok, value = step(f"{name}: generate {'with the adapter' if with_lora else 'base (no adapter)'}",
-                             lambda: generate(llm, request if with_lora else None))
+            ok, value = step(
+                f"{name}: generate {'with the adapter' if with_lora else 'base (no adapter)'}",
+                lambda: generate(llm, request if with_lora else None),
+            )
             if ok:
                 runs[(name, with_lora)] = value
 
@@ -142,11 +160,21 @@ def main() -> None:
     for key, (outs, tps) in runs.items():
         acc = acceptance(key) if key[0] != "plain" else None
         metrics = sum(o.spec_decode_metrics is not None for o in outs)
-        print(f"  {key[0]:<5} {'adapter' if key[1] else 'base   '}  {tps:7,.0f} tok/s  spec-decode metrics on {metrics}/{n} rows"
-              + (f"  drafts {acc.num_drafts}  MAL {acc.mean_acceptance_length or 0:.2f}  rate {acc.acceptance_rate or 0:.3f}" if acc else ""))
+        print(
+            f"  {key[0]:<5} {'adapter' if key[1] else 'base   '}  {tps:7,.0f} tok/s  spec-decode metrics on {metrics}/{n} rows"
+            + (
+                f"  drafts {acc.num_drafts}  MAL {acc.mean_acceptance_length or 0:.2f}  rate {acc.acceptance_rate or 0:.3f}"
+                if acc
+                else ""
+            )
+        )
     checks = {
-        "adapter changes the output (plain: adapter != base), rows differing": (lambda s: None if s is None else n - s)(same(("plain", True), ("plain", False))),
-        "adapter changes the output (spec: adapter != base), rows differing": (lambda s: None if s is None else n - s)(same(("spec", True), ("spec", False))),
+        "adapter changes the output (plain: adapter != base), rows differing": (lambda s: None if s is None else n - s)(
+            same(("plain", True), ("plain", False))
+        ),
+        "adapter changes the output (spec: adapter != base), rows differing": (lambda s: None if s is None else n - s)(
+            same(("spec", True), ("spec", False))
+        ),
         "lossless with the adapter (spec+adapter == plain+adapter), rows equal": same(("spec", True), ("plain", True)),
         "lossless without it (spec == plain), rows equal": same(("spec", False), ("plain", False)),
         "own-embedding drafter, with the adapter == plain+adapter, rows equal": same(("own", True), ("plain", True)),
@@ -155,14 +183,32 @@ def main() -> None:
     for label, value in checks.items():
         print(f"  {label}: {'n/a' if value is None else f'{value}/{n}'}")
     acc = acceptance(("spec", True))
-    works = ok_spec and ("spec", True) in runs and acc is not None and acc.num_drafts > 0 and checks[
-        "lossless with the adapter (spec+adapter == plain+adapter), rows equal"] == n
-    print("verdict: " + ("LoRA and EAGLE-3 speculation work together on this build (drafted, lossless)" if works
-                         else "LoRA with EAGLE-3 speculation does NOT work as a whole here (see the steps above)"))
+    works = (
+        ok_spec
+        and ("spec", True) in runs
+        and acc is not None
+        and acc.num_drafts > 0
+        and checks["lossless with the adapter (spec+adapter == plain+adapter), rows equal"] == n
+    )
+    print(
+        "verdict: "
+        + (
+            "LoRA and EAGLE-3 speculation work together on this build (drafted, lossless)"
+            if works
+            else "LoRA with EAGLE-3 speculation does NOT work as a whole here (see the steps above)"
+        )
+    )
     acc = acceptance(("own", True))
-    own_works = ok_own and acc is not None and acc.num_drafts > 0 and checks[
-        "own-embedding drafter, with the adapter == plain+adapter, rows equal"] == n
-    print("workaround, a drafter with its own embedding: " + ("works (drafted, lossless)" if own_works else "does NOT work"))
+    own_works = (
+        ok_own
+        and acc is not None
+        and acc.num_drafts > 0
+        and checks["own-embedding drafter, with the adapter == plain+adapter, rows equal"] == n
+    )
+    print(
+        "workaround, a drafter with its own embedding: "
+        + ("works (drafted, lossless)" if own_works else "does NOT work")
+    )
 
 
 if __name__ == "__main__":

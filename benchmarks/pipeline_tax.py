@@ -85,14 +85,22 @@ def run_vllm(config_path: str, sort_prompts: bool = False) -> dict:
     started = time.time()
     outputs = llm.generate(table.column("prompt").to_pylist(), params, use_tqdm=False)
     seconds = time.time() - started
-    out = pa.table({"id": table.column("id"), "text": [o.outputs[0].text for o in outputs],
-                    "tokens": [len(o.outputs[0].token_ids) for o in outputs]})
+    out = pa.table(
+        {
+            "id": table.column("id"),
+            "text": [o.outputs[0].text for o in outputs],
+            "tokens": [len(o.outputs[0].token_ids) for o in outputs],
+        }
+    )
     fs_out, out_path = _output(config, "vllm")
     pq.write_table(out, out_path + "/part-0.parquet", filesystem=fs_out)
-    return {"tokens": int(sum(out.column("tokens").to_pylist())), "engine_seconds": seconds,
-            "prompt_tokens": sum(len(o.prompt_token_ids) for o in outputs),
-            "cached_tokens": sum(o.num_cached_tokens or 0 for o in outputs),  # prefix-cache hits (prefix_sharing.py)
-            "kv_cache_blocks": llm.llm_engine.vllm_config.cache_config.num_gpu_blocks}
+    return {
+        "tokens": int(sum(out.column("tokens").to_pylist())),
+        "engine_seconds": seconds,
+        "prompt_tokens": sum(len(o.prompt_token_ids) for o in outputs),
+        "cached_tokens": sum(o.num_cached_tokens or 0 for o in outputs),  # prefix-cache hits (prefix_sharing.py)
+        "kv_cache_blocks": llm.llm_engine.vllm_config.cache_config.num_gpu_blocks,
+    }
 
 
 def _output(config, name: str):
@@ -118,8 +126,12 @@ def run_ray_data_llm(config_path: str) -> dict:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(logging_level="WARNING")
     else:
-        ray.init(num_cpus=max(4, os.cpu_count() or 1), logging_level="WARNING", _node_ip_address="127.0.0.1",
-                 include_dashboard=False)
+        ray.init(
+            num_cpus=max(4, os.cpu_count() or 1),
+            logging_level="WARNING",
+            _node_ip_address="127.0.0.1",
+            include_dashboard=False,
+        )
     ray.data.DataContext.get_current().enable_progress_bars = False
     kwargs = engine_kwargs(config)
     kwargs.pop("model")
@@ -218,8 +230,12 @@ class CpuSampler(threading.Thread):
                     cmdline = " ".join(p.cmdline()) or p.name()
                     times = p.cpu_times()
                     seconds = times.user + times.system
-                    self.baseline.setdefault(p.pid, seconds if p.pid != self.pid and p.pid not in self.cpu and
-                                             p.create_time() < self.started else 0.0)
+                    self.baseline.setdefault(
+                        p.pid,
+                        seconds
+                        if p.pid != self.pid and p.pid not in self.cpu and p.create_time() < self.started
+                        else 0.0,
+                    )
                     self.cpu[p.pid] = (group_of(cmdline, self.pid, p.pid), seconds - self.baseline[p.pid])
                     if "VLLM::EngineCore" in cmdline:
                         self.engine_cores.add((p.pid, p.create_time()))
@@ -261,7 +277,7 @@ def timed_run(kind: str, config_path: str, cluster: dict | None = None, script: 
         result = run_specbatch(config_path)
     else:
         (line,) = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
-        result = json.loads(line[len("RESULT "):])
+        result = json.loads(line[len("RESULT ") :])
     if kind == "vllm":
         result["busy_share"] = result["engine_seconds"] / wall
     result.update(wall=wall, cpu=sampler.by_group(), engine_starts=len(sampler.engine_cores))
@@ -329,8 +345,10 @@ def report(label: str, runs: dict[str, list[dict]]) -> None:
     for kind in kinds:
         rs = runs[kind]
         steady = [r["tokens"] / r["engine_seconds"] if r.get("engine_seconds") else None for r in rs]
-        print(f"{kind:<12}{med([r['wall'] for r in rs]):>22}{med(steady, 0):>24}{med([r.get('first_commit_s') for r in rs]):>20}"
-              f"{med([r['engine_starts'] for r in rs], 0):>15}{med([r.get('busy_share') for r in rs], 2):>20}")
+        print(
+            f"{kind:<12}{med([r['wall'] for r in rs]):>22}{med(steady, 0):>24}{med([r.get('first_commit_s') for r in rs]):>20}"
+            f"{med([r['engine_starts'] for r in rs], 0):>15}{med([r.get('busy_share') for r in rs], 2):>20}"
+        )
     if kinds == list(KINDS):
         rounds = list(zip(runs["vllm"], runs["raydatallm"], runs["specbatch"]))
         print(f"vllm wall / specbatch wall, per round: {med([v['wall'] / s['wall'] for v, _, s in rounds], 2)}")
@@ -344,7 +362,10 @@ def report(label: str, runs: dict[str, list[dict]]) -> None:
         cells = []
         for kind in kinds:
             if g == "outside the vLLM engine processes":
-                vals = [sum(c for n, c in r["cpu"].items() if n != "vLLM engine processes") / r["tokens"] * 1e6 for r in runs[kind]]
+                vals = [
+                    sum(c for n, c in r["cpu"].items() if n != "vLLM engine processes") / r["tokens"] * 1e6
+                    for r in runs[kind]
+                ]
             else:
                 vals = [r["cpu"].get(g, 0.0) / r["tokens"] * 1e6 for r in runs[kind]]
             cells.append(f"{statistics.median(vals):>14,.0f}")
@@ -366,8 +387,11 @@ def start_cluster() -> dict:
     from tests.ray_cluster import LocalCluster
 
     cluster = LocalCluster(head_cpus=4)
-    (raylet,) = [p.pid for p in psutil.process_iter(["cmdline"])
-                 if cluster.temp_dir in " ".join(p.info["cmdline"] or []) and "raylet/raylet" in " ".join(p.info["cmdline"])]
+    (raylet,) = [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if cluster.temp_dir in " ".join(p.info["cmdline"] or []) and "raylet/raylet" in " ".join(p.info["cmdline"])
+    ]
     return {"env": cluster.env, "raylet": raylet, "cluster": cluster}
 
 
@@ -376,9 +400,13 @@ def main() -> None:
     parser.add_argument("--sizes", default="256x32,2048x64", help="PROMPTSxMAX_TOKENS, comma-separated")
     parser.add_argument("--stores", default="local,s3", help="local and/or s3 (moto's server on 127.0.0.1)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--ray", default="own", choices=("own", "cluster"),
-                        help="own: each Ray run starts a local Ray, as `specbatch run` alone does; cluster: they join "
-                             "a Ray head started once here, as jobs submitted with `ray job submit` do")
+    parser.add_argument(
+        "--ray",
+        default="own",
+        choices=("own", "cluster"),
+        help="own: each Ray run starts a local Ray, as `specbatch run` alone does; cluster: they join "
+        "a Ray head started once here, as jobs submitted with `ray job submit` do",
+    )
     parser.add_argument("--kinds", default=",".join(KINDS), help="which runs, comma-separated (ratios need all three)")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "CONFIG"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -412,7 +440,7 @@ def main() -> None:
                 kinds = tuple(k for k in KINDS if k in args.kinds.split(","))
                 runs: dict[str, list[dict]] = {k: [] for k in kinds}
                 for r in range(args.rounds):
-                    order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]
+                    order = kinds[r % len(kinds) :] + kinds[: r % len(kinds)]
                     for kind in order:
                         clear_outputs(config)
                         runs[kind].append(timed_run(kind, config, cluster))

@@ -73,8 +73,11 @@ MAX_TOKENS = 16
 MAX_NUM_SEQS = 64
 MAX_MODEL_LEN = 512
 SEED = 0
-CHILD_RUNS = {"vllm": tax.run_vllm, "sorted": lambda config: tax.run_vllm(config, sort_prompts=True),
-              "raydatallm": tax.run_ray_data_llm}
+CHILD_RUNS = {
+    "vllm": tax.run_vllm,
+    "sorted": lambda config: tax.run_vllm(config, sort_prompts=True),
+    "raydatallm": tax.run_ray_data_llm,
+}
 RAYDATA_CACHED = (
     "Ray Data LLM's output rows (vLLMOutputData) carry prompt_token_ids, num_input_tokens and metrics "
     "(vLLM's RequestStateStats: timings, preemptions), not RequestOutput.num_cached_tokens; vLLM's prefix-cache "
@@ -115,15 +118,19 @@ def passages(rng: random.Random, tokenizer, groups: int) -> list[tuple[str, str]
         topics = rng.sample(sorted(set(w.strip(".").lower() for w in passage.split())), 8)
         for q in range(4):
             question = f"What does the passage say about the {topics[2 * q]} and the {topics[2 * q + 1]}?"
-            prompt = ("Read the passage below and answer the question in a few words.\n\n"
-                      f"Passage: {passage}\n\nQuestion: {question}\nAnswer:")
+            prompt = (
+                "Read the passage below and answer the question in a few words.\n\n"
+                f"Passage: {passage}\n\nQuestion: {question}\nAnswer:"
+            )
             rows.append((f"a-{p:04d}-q{q}", prompt))
     return rows
 
 
 def judging(rng: random.Random, tokenizer, groups: int) -> list[tuple[str, str]]:
-    judge = ("You are a strict judge. Read the prompt and the candidate response, then rate how well the response "
-             "answers the prompt on a scale from 1 to 10. Reply with the score only.")
+    judge = (
+        "You are a strict judge. Read the prompt and the candidate response, then rate how well the response "
+        "answers the prompt on a scale from 1 to 10. Reply with the score only."
+    )
     rows = []
     for p in range(groups):
         prompt = pseudo_text(rng, tokenizer, rng.randint(140, 160))
@@ -154,8 +161,10 @@ def write_shards(folder: Path, rows: list[tuple[str, str]]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     per = -(-len(rows) // tax.SHARDS)
     for s in range(tax.SHARDS):
-        chunk = rows[s * per:(s + 1) * per]
-        pq.write_table(pa.table({"id": [r[0] for r in chunk], "prompt": [r[1] for r in chunk]}), folder / f"{s:03d}.parquet")
+        chunk = rows[s * per : (s + 1) * per]
+        pq.write_table(
+            pa.table({"id": [r[0] for r in chunk], "prompt": [r[1] for r in chunk]}), folder / f"{s:03d}.parquet"
+        )
 
 
 # ---------------------------------------------------------------- what the data allows
@@ -202,8 +211,12 @@ def kv_cache(distinct_prefix_tokens: int, fraction: float, datasets: dict[str, d
     blocks = max(round(distinct_prefix_tokens * fraction / BLOCK), 1)
     floor = -(-MAX_MODEL_LEN // BLOCK)
     per_seq = max(-(-(d["max_prompt"] + MAX_TOKENS) // BLOCK) for d in datasets.values())
-    return {"blocks": max(blocks, floor), "raised": blocks < floor, "per_seq": per_seq,
-            "max_num_seqs": min(MAX_NUM_SEQS, max(blocks, floor) // per_seq)}
+    return {
+        "blocks": max(blocks, floor),
+        "raised": blocks < floor,
+        "per_seq": per_seq,
+        "max_num_seqs": min(MAX_NUM_SEQS, max(blocks, floor) // per_seq),
+    }
 
 
 def write_configs(folder: Path, models: dict, cache: dict, args) -> dict[str, str]:
@@ -213,14 +226,23 @@ def write_configs(folder: Path, models: dict, cache: dict, args) -> dict[str, st
     base = yaml.safe_load((ROOT / "jobs" / "configs" / "local.yaml").read_text())
     base.update(job_name=f"prefix-{folder.name}", input_uri=str(folder / "in"))
     base["model"]["path"] = models["target"]
-    base["engine"].update(max_model_len=MAX_MODEL_LEN, max_num_seqs=cache["max_num_seqs"],
-                          cpu_kv_cache_gib=cache["bytes"] / 2**30,  # a multiple of 2^17 B: exact
-                          extra_args={"block_size": BLOCK})  # every run's engine arguments (engine_kwargs)
+    base["engine"].update(
+        max_model_len=MAX_MODEL_LEN,
+        max_num_seqs=cache["max_num_seqs"],
+        cpu_kv_cache_gib=cache["bytes"] / 2**30,  # a multiple of 2^17 B: exact
+        extra_args={"block_size": BLOCK},
+    )  # every run's engine arguments (engine_kwargs)
     base["sampling"].update(max_tokens=MAX_TOKENS, temperature=0.0)
     base["resources"]["rows_per_unit"] = args.rows_per_unit
     if args.drafter:
-        base["speculative"] = {"enabled": True, "drafter": models["drafter"], "num_speculative_tokens": 3,
-                               "probe": {"rows": 0}, "trial": None, "guard": None}
+        base["speculative"] = {
+            "enabled": True,
+            "drafter": models["drafter"],
+            "num_speculative_tokens": 3,
+            "probe": {"rows": 0},
+            "trial": None,
+            "guard": None,
+        }
     else:
         base["speculative"] = {"enabled": False}
     paths = {}
@@ -251,8 +273,14 @@ def specbatch_figures(config_path: str) -> dict:
     if cached is None and "cached_prompt_tokens" in stats.column_names:
         cached = sum(stats.column("cached_prompt_tokens").to_pylist())
     g = manifest.get("grouping")
-    grouping = f"{'grouped' if g['grouped'] else 'not grouped'} ({g['setting']}): {g['reason']}" if g else "not recorded"
-    return {"prompt_tokens": sum(stats.column("prompt_tokens").to_pylist()), "cached_tokens": cached, "grouping": grouping}
+    grouping = (
+        f"{'grouped' if g['grouped'] else 'not grouped'} ({g['setting']}): {g['reason']}" if g else "not recorded"
+    )
+    return {
+        "prompt_tokens": sum(stats.column("prompt_tokens").to_pylist()),
+        "cached_tokens": cached,
+        "grouping": grouping,
+    }
 
 
 def run_arm(arm: str, configs: dict[str, str]) -> dict:
@@ -272,7 +300,9 @@ def outputs_by_id(config_path: str) -> dict[str, str]:
 
     config = load_config(config_path)
     table = OutputLocation(Storage.from_config(config.storage), config.output_uri).read_table("outputs")
-    return {r["id"]: r["text"] for r in table.select(["id", "sample_index", "text"]).to_pylist() if r["sample_index"] == 0}
+    return {
+        r["id"]: r["text"] for r in table.select(["id", "sample_index", "text"]).to_pylist() if r["sample_index"] == 0
+    }
 
 
 # ---------------------------------------------------------------- the report
@@ -283,7 +313,11 @@ def med(values: list, digits: int = 1) -> str:
 
 
 def hit_rate(r: dict):
-    return r["cached_tokens"] / r["prompt_tokens"] if r.get("cached_tokens") is not None and r.get("prompt_tokens") else None
+    return (
+        r["cached_tokens"] / r["prompt_tokens"]
+        if r.get("cached_tokens") is not None and r.get("prompt_tokens")
+        else None
+    )
 
 
 def prefill(r: dict):
@@ -293,34 +327,48 @@ def prefill(r: dict):
 def kv_line(cache: dict, figures: dict) -> str:
     tokens = cache["blocks"] * BLOCK
     share = tokens / figures["distinct_prefix_tokens"] if figures["distinct_prefix_tokens"] else math.inf
-    return (f"KV cache {tokens:,} tokens ({cache['blocks']} blocks, {cache['bytes'] / 2**20:,.1f} MiB) = {share:.0%} of the "
-            f"data set's distinct prefix tokens ({figures['distinct_prefix_tokens']:,})")
+    return (
+        f"KV cache {tokens:,} tokens ({cache['blocks']} blocks, {cache['bytes'] / 2**20:,.1f} MiB) = {share:.0%} of the "
+        f"data set's distinct prefix tokens ({figures['distinct_prefix_tokens']:,})"
+    )
 
 
 def report(key: str, figures: dict, cache: dict, runs: dict[str, list[dict]]) -> None:
     arms = [a for a in ARMS if runs.get(a)]
     allowed = figures["cacheable_tokens"] / figures["prompt_tokens"]
-    print(f"\n== ({key}) {DATASETS[key]}: {figures['rows']:,} rows, {figures['prompt_tokens']:,} prompt tokens, "
-          f"{max(len(runs[a]) for a in arms)} rounds, medians (min-max)")
+    print(
+        f"\n== ({key}) {DATASETS[key]}: {figures['rows']:,} rows, {figures['prompt_tokens']:,} prompt tokens, "
+        f"{max(len(runs[a]) for a in arms)} rounds, medians (min-max)"
+    )
     print(kv_line(cache, figures))
-    print(f"what the data allows: hit rate {allowed:.3f} with an infinite cache "
-          f"({figures['cacheable_tokens']:,} cacheable prompt tokens)")
+    print(
+        f"what the data allows: hit rate {allowed:.3f} with an infinite cache "
+        f"({figures['cacheable_tokens']:,} cacheable prompt tokens)"
+    )
     print(f"{'':<12}{'wall s':>22}{'gen tok/s (wall)':>22}{'hit rate':>24}{'prefill tokens':>30}")
     for arm in arms:
         rs = runs[arm]
-        print(f"{arm:<12}{med([r['wall'] for r in rs]):>22}{med([r['tokens'] / r['wall'] for r in rs], 0):>22}"
-              f"{med([hit_rate(r) for r in rs], 3):>24}{med([prefill(r) for r in rs], 0):>30}")
+        print(
+            f"{arm:<12}{med([r['wall'] for r in rs]):>22}{med([r['tokens'] / r['wall'] for r in rs], 0):>22}"
+            f"{med([hit_rate(r) for r in rs], 3):>24}{med([prefill(r) for r in rs], 0):>30}"
+        )
     for arm in (a for a in ("grouped", "ungrouped", "vllm", "sorted") if runs.get(a)):
-        print(f"{arm:<12}steady: {med([r['engine_seconds'] for r in runs[arm]])} s of generation, "
-              f"{med([r['tokens'] / r['engine_seconds'] for r in runs[arm]], 0)} gen tok/s")
+        print(
+            f"{arm:<12}steady: {med([r['engine_seconds'] for r in runs[arm]])} s of generation, "
+            f"{med([r['tokens'] / r['engine_seconds'] for r in runs[arm]], 0)} gen tok/s"
+        )
     for other in ("vllm", "sorted", "raydatallm", "ungrouped"):
         if runs.get("grouped") and runs.get(other):
             pairs = list(zip(runs["grouped"], runs[other]))
-            print(f"grouped / {other} gen tok/s (wall), per round: "
-                  f"{med([(g['tokens'] / g['wall']) / (o['tokens'] / o['wall']) for g, o in pairs], 2)}")
+            print(
+                f"grouped / {other} gen tok/s (wall), per round: "
+                f"{med([(g['tokens'] / g['wall']) / (o['tokens'] / o['wall']) for g, o in pairs], 2)}"
+            )
             if other != "raydatallm":
-                print(f"grouped / {other} steady gen tok/s, per round: "
-                      f"{med([o['engine_seconds'] / g['engine_seconds'] for g, o in pairs], 2)}")
+                print(
+                    f"grouped / {other} steady gen tok/s, per round: "
+                    f"{med([o['engine_seconds'] / g['engine_seconds'] for g, o in pairs], 2)}"
+                )
     if runs.get("grouped"):
         rates = [hit_rate(r) / allowed if hit_rate(r) is not None and allowed else None for r in runs["grouped"]]
         print(f"grouped hit rate / allowed: {med(rates, 2) if allowed else '- (the data allows no cache hit)'}")
@@ -329,9 +377,11 @@ def report(key: str, figures: dict, cache: dict, runs: dict[str, list[dict]]) ->
             print(f"{arm} job's grouping decision: {' | '.join(sorted({r['grouping'] for r in runs[arm]}))}")
     if runs.get("sorted") and runs.get("vllm"):
         pairs = list(zip(runs["sorted"], runs["vllm"]))
-        print(f"sorted / vllm gen tok/s (wall), per round: {med([v['wall'] / s['wall'] for s, v in pairs], 2)}; "
-              f"steady: {med([v['engine_seconds'] / s['engine_seconds'] for s, v in pairs], 2)} "
-              "(the most any order of these rows gives this engine)")
+        print(
+            f"sorted / vllm gen tok/s (wall), per round: {med([v['wall'] / s['wall'] for s, v in pairs], 2)}; "
+            f"steady: {med([v['engine_seconds'] / s['engine_seconds'] for s, v in pairs], 2)} "
+            "(the most any order of these rows gives this engine)"
+        )
     blocks = {r.get("kv_cache_blocks") for r in runs.get("vllm", [])}
     if blocks:
         print(f"vllm's engine reported {' / '.join(map(str, blocks))} KV cache blocks (asked: {cache['blocks']})")
@@ -353,8 +403,10 @@ def prepare(workdir: Path, args) -> tuple[dict, dict, dict]:
     rows = {k: make_dataset(k, tokenizer, args.scale) for k in sorted({"a", *args.datasets})}
     figures = {k: prefix_figures(tokenizer([p for _, p in r]).input_ids) for k, r in rows.items()}
     per_token = kv_bytes_per_token(models["target"]) + (kv_bytes_per_token(models["drafter"]) if args.drafter else 0)
-    print(f"KV cache: {per_token:,} bytes per token (K and V in fp32 of every layer of the target"
-          f"{' and the drafter' if args.drafter else ''}, from config.json), blocks of {BLOCK} tokens")
+    print(
+        f"KV cache: {per_token:,} bytes per token (K and V in fp32 of every layer of the target"
+        f"{' and the drafter' if args.drafter else ''}, from config.json), blocks of {BLOCK} tokens"
+    )
     caches, configs = {}, {}
     for k in args.datasets:
         caches[k] = size_cache(k, figures, per_token, args)
@@ -369,19 +421,26 @@ def size_cache(key: str, figures: dict, per_token: int, args) -> dict:
     sized_by = "a" if key == "c" else key
     cache = kv_cache(figures[sized_by]["distinct_prefix_tokens"], args.kv_fraction, {key: figures[key]})
     cache.update(bytes=cache["blocks"] * BLOCK * per_token, per_token=per_token)
-    print(f"({key}) {DATASETS[key]}: {cache['blocks']} blocks = {args.kv_fraction:.0%} of ({sized_by})'s "
-          f"{figures[sized_by]['distinct_prefix_tokens']:,} distinct prefix tokens, {cache['bytes']:,} bytes; "
-          f"{kv_line(cache, figures[key])}")
+    print(
+        f"({key}) {DATASETS[key]}: {cache['blocks']} blocks = {args.kv_fraction:.0%} of ({sized_by})'s "
+        f"{figures[sized_by]['distinct_prefix_tokens']:,} distinct prefix tokens, {cache['bytes']:,} bytes; "
+        f"{kv_line(cache, figures[key])}"
+    )
     if cache["raised"]:
-        print(f"  raised to {cache['blocks']} blocks: vLLM refuses a cache smaller than one request of max_model_len "
-              f"({MAX_MODEL_LEN})")
+        print(
+            f"  raised to {cache['blocks']} blocks: vLLM refuses a cache smaller than one request of max_model_len "
+            f"({MAX_MODEL_LEN})"
+        )
     if cache["max_num_seqs"] < MAX_NUM_SEQS:
-        print(f"  max_num_seqs {cache['max_num_seqs']} instead of {MAX_NUM_SEQS}: {MAX_NUM_SEQS} requests of up to "
-              f"{cache['per_seq']} blocks (longest prompt + {MAX_TOKENS}) would not fit in {cache['blocks']} blocks")
-    print(f"  while the engine is full, its {cache['max_num_seqs']} running requests hold up to "
-          f"{cache['max_num_seqs'] * cache['per_seq']} of the {cache['blocks']} blocks")
+        print(
+            f"  max_num_seqs {cache['max_num_seqs']} instead of {MAX_NUM_SEQS}: {MAX_NUM_SEQS} requests of up to "
+            f"{cache['per_seq']} blocks (longest prompt + {MAX_TOKENS}) would not fit in {cache['blocks']} blocks"
+        )
+    print(
+        f"  while the engine is full, its {cache['max_num_seqs']} running requests hold up to "
+        f"{cache['max_num_seqs'] * cache['per_seq']} of the {cache['blocks']} blocks"
+    )
     return cache
-
 
 
 def check_identical(configs: dict[str, dict[str, str]]) -> None:
@@ -390,29 +449,46 @@ def check_identical(configs: dict[str, dict[str, str]]) -> None:
         for arm in ("grouped", "ungrouped"):
             run = run_arm(arm, paths)
             rate = hit_rate(run)
-            print(f"  ({key}) {arm}: {run['wall']:.1f} s, hit rate {'not known' if rate is None else f'{rate:.3f}'}; "
-                  f"{run['grouping']}", flush=True)
+            print(
+                f"  ({key}) {arm}: {run['wall']:.1f} s, hit rate {'not known' if rate is None else f'{rate:.3f}'}; "
+                f"{run['grouping']}",
+                flush=True,
+            )
             texts[arm] = outputs_by_id(paths[arm])
         g, u = texts["grouped"], texts["ungrouped"]
         differ = sorted(i for i in g.keys() & u.keys() if g[i] != u[i])
-        print(f"({key}) {DATASETS[key]}: {len(differ)} of {len(g.keys() & u.keys())} rows differ between grouped and "
-              f"ungrouped (greedy){'; first: ' + ', '.join(differ[:5]) if differ else ''}; "
-              f"{len(g.keys() ^ u.keys())} ids in one only")
+        print(
+            f"({key}) {DATASETS[key]}: {len(differ)} of {len(g.keys() & u.keys())} rows differ between grouped and "
+            f"ungrouped (greedy){'; first: ' + ', '.join(differ[:5]) if differ else ''}; "
+            f"{len(g.keys() ^ u.keys())} ids in one only"
+        )
 
 
 def main() -> None:
     global BLOCK
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--datasets", default="a,b,c", help="a (passages), b (judging), c (unique), comma-separated")
-    parser.add_argument("--kinds", default=",".join(ARMS), help="which runs, comma-separated (ratios need grouped and the other)")
+    parser.add_argument(
+        "--kinds", default=",".join(ARMS), help="which runs, comma-separated (ratios need grouped and the other)"
+    )
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--scale", type=float, default=1.0, help="row counts times this (e.g. 0.03125: 64 rows per data set)")
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="row counts times this (e.g. 0.03125: 64 rows per data set)"
+    )
     parser.add_argument("--drafter", action="store_true", help="the kit's EAGLE-3.1 drafter (k=3) in every run")
-    parser.add_argument("--kv-fraction", type=float, default=0.25, help="the KV cache as a share of (a)'s distinct prefix tokens")
+    parser.add_argument(
+        "--kv-fraction", type=float, default=0.25, help="the KV cache as a share of (a)'s distinct prefix tokens"
+    )
     parser.add_argument("--rows-per-unit", type=int, default=64, help="specbatch's units, and Ray Data LLM's batches")
-    parser.add_argument("--block-size", type=int, default=BLOCK,
-                        help="KV cache block in tokens, every run (vLLM's CPU build: a multiple of 32, default 128)")
-    parser.add_argument("--check-identical", action="store_true", help="grouped and ungrouped once each; compare outputs")
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=BLOCK,
+        help="KV cache block in tokens, every run (vLLM's CPU build: a multiple of 32, default 128)",
+    )
+    parser.add_argument(
+        "--check-identical", action="store_true", help="grouped and ungrouped once each; compare outputs"
+    )
     parser.add_argument("--child", nargs=2, metavar=("KIND", "CONFIG"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     BLOCK = args.block_size
@@ -431,7 +507,7 @@ def main() -> None:
     for key in args.datasets:
         runs: dict[str, list[dict]] = {a: [] for a in kinds}
         for r in range(args.rounds):
-            for arm in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
+            for arm in kinds[r % len(kinds) :] + kinds[: r % len(kinds)]:
                 runs[arm].append(run_arm(arm, configs[key]))
                 print(f"  round {r + 1} ({key}) {arm}: {runs[arm][-1]['wall']:.1f} s", flush=True)
         report(key, figures[key], caches[key], runs)

@@ -100,9 +100,13 @@ def main() -> None:
     skipped = killed_location.read_manifest()["attempts"][-1]["skipped_rows"]
 
     print(f"{args.prompts} prompts x {args.max_tokens} tokens, about {n_units} units of {rows_per_unit} rows")
-    print(f"full run                     {full:7.1f} s   of which start cost {start_cost:5.1f} s (process start to first unit in the engine)")
+    print(
+        f"full run                     {full:7.1f} s   of which start cost {start_cost:5.1f} s (process start to first unit in the engine)"
+    )
     print(f"rerun of the finished job    {rerun:7.1f} s   {rerun / full:6.1%} of the full run (target <= 5%)")
-    print(f"resume after {skipped}/{args.prompts} rows done {resume:7.1f} s   {resume / full:6.1%} of the full run (target <= 60%); start cost {resume_start_cost:5.1f} s")
+    print(
+        f"resume after {skipped}/{args.prompts} rows done {resume:7.1f} s   {resume / full:6.1%} of the full run (target <= 60%); start cost {resume_start_cost:5.1f} s"
+    )
     print(f"killed + resumed output      {exactly_once(killed_location, args.prompts)}")
 
 

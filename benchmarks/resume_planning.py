@@ -79,17 +79,19 @@ def job_config(endpoint: str, rows_per_unit: int):
     from tinykit import kit_paths
 
     kit = kit_paths()
-    return parse_config({
-        "job_name": "resume-planning",
-        "input_uri": INPUT,
-        "output_uri": OUTPUT,
-        "model": {"path": kit["target"]},
-        "speculative": {"enabled": True, "drafter": kit["drafter_eagle31"], "num_speculative_tokens": 3},
-        "engine": {"dtype": "float32", "max_model_len": 256, "max_num_seqs": 32, "enforce_eager": True},
-        "sampling": {"max_tokens": 16, "temperature": 0.0},
-        "resources": {"replicas": 1, "rows_per_unit": rows_per_unit},
-        "storage": {"endpoint_url": endpoint},
-    })
+    return parse_config(
+        {
+            "job_name": "resume-planning",
+            "input_uri": INPUT,
+            "output_uri": OUTPUT,
+            "model": {"path": kit["target"]},
+            "speculative": {"enabled": True, "drafter": kit["drafter_eagle31"], "num_speculative_tokens": 3},
+            "engine": {"dtype": "float32", "max_model_len": 256, "max_num_seqs": 32, "enforce_eager": True},
+            "sampling": {"max_tokens": 16, "temperature": 0.0},
+            "resources": {"replicas": 1, "rows_per_unit": rows_per_unit},
+            "storage": {"endpoint_url": endpoint},
+        }
+    )
 
 
 # ---------------------------------------------------------------- setup (parent process)
@@ -102,8 +104,11 @@ def start_moto() -> tuple[subprocess.Popen, str]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     endpoint = f"http://127.0.0.1:{port}"
     for _ in range(150):
         try:
@@ -139,10 +144,12 @@ def input_file(first: int, rows: int, width: int, row_group: int) -> bytes:
     import pyarrow.parquet as pq
 
     numbers = pc.utf8_lpad(pc.cast(pa.array(np.arange(first, first + rows)), pa.string()), width=width, padding="0")
-    table = pa.table({
-        "id": pc.binary_join_element_wise("r", numbers, ""),
-        "prompt": pc.binary_join_element_wise("Write one line about item ", numbers, "."),
-    })
+    table = pa.table(
+        {
+            "id": pc.binary_join_element_wise("r", numbers, ""),
+            "prompt": pc.binary_join_element_wise("Write one line about item ", numbers, "."),
+        }
+    )
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, row_group_size=row_group, compression="zstd")
     return sink.getvalue().to_pybytes()
@@ -168,12 +175,29 @@ def unit_stats(unit, token: str) -> dict:
 
     rows = unit.rows
     return UnitStats(
-        unit_id=unit.unit_id, source=unit.source, first_row=unit.first_row, actor_id="actor-0", node_id="node-0",
-        rows=rows, output_rows=rows, error_rows=0, prompt_tokens=12 * rows, generated_tokens=16 * rows,
-        started_at=time.time(), wall_seconds=2.0, engine_seconds=1.5, tokens_per_second=16 * rows / 1.5,
-        speculative=True, num_speculative_tokens=3, num_drafts=8 * rows, draft_tokens=24 * rows,
-        accepted_tokens=12 * rows, acceptance_rate=0.5, mean_acceptance_length=2.5,
-        accepted_per_position=[6 * rows, 4 * rows, 2 * rows], commit_token=token,
+        unit_id=unit.unit_id,
+        source=unit.source,
+        first_row=unit.first_row,
+        actor_id="actor-0",
+        node_id="node-0",
+        rows=rows,
+        output_rows=rows,
+        error_rows=0,
+        prompt_tokens=12 * rows,
+        generated_tokens=16 * rows,
+        started_at=time.time(),
+        wall_seconds=2.0,
+        engine_seconds=1.5,
+        tokens_per_second=16 * rows / 1.5,
+        speculative=True,
+        num_speculative_tokens=3,
+        num_drafts=8 * rows,
+        draft_tokens=24 * rows,
+        accepted_tokens=12 * rows,
+        acceptance_rate=0.5,
+        mean_acceptance_length=2.5,
+        accepted_per_position=[6 * rows, 4 * rows, 2 * rows],
+        commit_token=token,
     ).model_dump(mode="json")
 
 
@@ -190,14 +214,29 @@ def commit_all(client, units, args) -> list[dict]:
         stats = unit_stats(unit, token)
         name = f"outputs/{unit.unit_id}.{token}.parquet"
         if i < args.output_files:
-            rows = [OutputRow(id=f"u{i}-{r}", text="x", finish_reason="length", prompt_tokens=12, generated_tokens=16,
-                              draft_tokens=24, accepted_tokens=12, num_drafts=8, mean_acceptance_length=2.5,
-                              model="target", source=unit.source, row=unit.first_row + r,
-                              unit_id=unit.unit_id).model_dump() for r in range(unit.rows)]
+            rows = [
+                OutputRow(
+                    id=f"u{i}-{r}",
+                    text="x",
+                    finish_reason="length",
+                    prompt_tokens=12,
+                    generated_tokens=16,
+                    draft_tokens=24,
+                    accepted_tokens=12,
+                    num_drafts=8,
+                    mean_acceptance_length=2.5,
+                    model="target",
+                    source=unit.source,
+                    row=unit.first_row + r,
+                    unit_id=unit.unit_id,
+                ).model_dump()
+                for r in range(unit.rows)
+            ]
             body = parquet_bytes(pa.Table.from_pylist(rows, schema=arrow_schema(OutputRow)))
             client.put_object(Bucket=BUCKET, Key=f"output/{name}", Body=body)
-        marker = CommitMarker(unit_id=unit.unit_id, token=token, files={"outputs": name}, rows={"outputs": unit.rows},
-                              stats=stats)
+        marker = CommitMarker(
+            unit_id=unit.unit_id, token=token, files={"outputs": name}, rows={"outputs": unit.rows}, stats=stats
+        )
         body = json.dumps(marker.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
         client.put_object(Bucket=BUCKET, Key=f"output/_commits/{unit.unit_id}.json", Body=body.encode())
         return stats
@@ -221,14 +260,33 @@ def write_finished_job(client, config, inputs, stats: list[dict], units: int) ->
     target = job_plan.model_fingerprint(config.model.path)
     drafter = job_plan.model_fingerprint(config.speculative.drafter)
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    attempt = Attempt(number=1, started_at=now, ended_at=now, status="succeeded", skipped_rows=0,
-                      units_planned=units, units_skipped=0, footers_read=len(inputs.files),
-                      processed_rows=inputs.rows, wall_seconds=3600.0)
+    attempt = Attempt(
+        number=1,
+        started_at=now,
+        ended_at=now,
+        status="succeeded",
+        skipped_rows=0,
+        units_planned=units,
+        units_skipped=0,
+        footers_read=len(inputs.files),
+        processed_rows=inputs.rows,
+        wall_seconds=3600.0,
+    )
     manifest = JobManifest(
-        layout_version=LAYOUT_VERSION, job_id="resume-planning-bench", status="succeeded", started_at=now, ended_at=now,
-        config=config.redacted(), results_fingerprint=job_plan.results_fingerprint(config, target, drafter),
-        versions=versions(), model=target, drafter=drafter, accelerator=config.resources.accelerator,
-        input_files=inputs.files, totals=totals_from_stats(table, inputs.rows, 3600.0), attempts=[attempt],
+        layout_version=LAYOUT_VERSION,
+        job_id="resume-planning-bench",
+        status="succeeded",
+        started_at=now,
+        ended_at=now,
+        config=config.redacted(),
+        results_fingerprint=job_plan.results_fingerprint(config, target, drafter),
+        versions=versions(),
+        model=target,
+        drafter=drafter,
+        accelerator=config.resources.accelerator,
+        input_files=inputs.files,
+        totals=totals_from_stats(table, inputs.rows, 3600.0),
+        attempts=[attempt],
     )
     body = json.dumps(manifest.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
     client.put_object(Bucket=BUCKET, Key="output/_job.json", Body=body.encode())
@@ -245,12 +303,18 @@ def setup(endpoint: str, args) -> None:
     write_input(client, args)
     inputs = inspect_inputs(INPUT, Storage(endpoint_url=endpoint))
     units = plan_units(inputs.files, args.rows_per_unit)
-    print(f"setup: input of {len(inputs.files)} files, {inputs.rows:,} rows: {time.time() - started:.1f} s; "
-          f"{len(units):,} units of <= {args.rows_per_unit} rows", flush=True)
+    print(
+        f"setup: input of {len(inputs.files)} files, {inputs.rows:,} rows: {time.time() - started:.1f} s; "
+        f"{len(units):,} units of <= {args.rows_per_unit} rows",
+        flush=True,
+    )
     started = time.time()
     stats = commit_all(client, units, args)
-    print(f"setup: {len(units):,} markers ({min(args.output_files, len(units))} with output files), "
-          f"{args.threads} threads: {time.time() - started:.1f} s", flush=True)
+    print(
+        f"setup: {len(units):,} markers ({min(args.output_files, len(units))} with output files), "
+        f"{args.threads} threads: {time.time() - started:.1f} s",
+        flush=True,
+    )
     write_finished_job(client, config, inputs, stats, len(units))
 
 
@@ -282,7 +346,7 @@ def area(key: str) -> str:
         return "(no key)"
     if not key.startswith("output/"):
         return key.split("/", 1)[0] + "/"
-    rest = key[len("output/"):]
+    rest = key[len("output/") :]
     return rest.split("/", 1)[0] + "/" if "/" in rest else rest or "output/"
 
 
@@ -315,8 +379,12 @@ def rerun(endpoint: str, rows_per_unit: int) -> dict:
 
     manifest = run_job(job_config(endpoint, rows_per_unit), progress=False)
     attempt = manifest.attempts[-1]
-    return {"units": attempt.units_planned, "todo": attempt.units_planned - attempt.units_skipped,
-            "footers_read": attempt.footers_read, "status": manifest.status}
+    return {
+        "units": attempt.units_planned,
+        "todo": attempt.units_planned - attempt.units_skipped,
+        "footers_read": attempt.footers_read,
+        "status": manifest.status,
+    }
 
 
 def child(scenario: str, endpoint: str, rows_per_unit: int) -> None:
@@ -329,7 +397,9 @@ def child(scenario: str, endpoint: str, rows_per_unit: int) -> None:
         result = rerun(endpoint, rows_per_unit)
     else:
         result = plan(endpoint, rows_per_unit, footer_cache=scenario == "cached")
-    result.update(wall=time.perf_counter() - started, cpu=cpu_seconds() - cpu, rss_before=rss_before, rss_peak=peak_rss_mb())
+    result.update(
+        wall=time.perf_counter() - started, cpu=cpu_seconds() - cpu, rss_before=rss_before, rss_peak=peak_rss_mb()
+    )
     by_method: dict[str, list] = {}
     for method, key, seconds in calls:
         count = by_method.setdefault(method, [0, 0.0, {}])
@@ -348,7 +418,9 @@ def child(scenario: str, endpoint: str, rows_per_unit: int) -> None:
 def measure(scenario: str, endpoint: str, rows_per_unit: int) -> dict:
     done = subprocess.run(
         [sys.executable, __file__, "--child", scenario, "--endpoint", endpoint, "--rows-per-unit", str(rows_per_unit)],
-        check=True, stdout=subprocess.PIPE, text=True,
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -366,21 +438,27 @@ def print_result(scenario: str, r: dict) -> None:
     def count(method: str) -> int:
         return requests.get(method, [0])[0]
 
-    print(f"\n{SCENARIOS[scenario]}: {r['wall']:.1f} s wall ({r['cpu']:.1f} s driver CPU), {count('list_objects_v2')} LIST, {count('get_object')} GET, "
-          f"{count('head_object')} HEAD, {count('put_object')} PUT, peak RSS {r['rss_peak']:.0f} MB "
-          f"({r['rss_before']:.0f} MB after imports), {r['output_reads']} output files read, "
-          f"{r['input_reads']} input reads")
-    print(f"  units {r['units']:,}, left to do {r['todo']:,}, footers read {r['footers_read']}"
-          + (f", job {r['status']}" if "status" in r else ""))
+    print(
+        f"\n{SCENARIOS[scenario]}: {r['wall']:.1f} s wall ({r['cpu']:.1f} s driver CPU), {count('list_objects_v2')} LIST, {count('get_object')} GET, "
+        f"{count('head_object')} HEAD, {count('put_object')} PUT, peak RSS {r['rss_peak']:.0f} MB "
+        f"({r['rss_before']:.0f} MB after imports), {r['output_reads']} output files read, "
+        f"{r['input_reads']} input reads"
+    )
+    print(
+        f"  units {r['units']:,}, left to do {r['todo']:,}, footers read {r['footers_read']}"
+        + (f", job {r['status']}" if "status" in r else "")
+    )
     if "steps" in r:
         print("  steps: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in r["steps"].items()))
     print(f"  {'request':20}{'count':>6}{'seconds in them':>17}   where")
     for method, (n, seconds, areas) in sorted(requests.items()):
         where = ", ".join(f"{name} {k}" for name, k in sorted(areas.items()))
         print(f"  {method:20}{n:6d}{seconds:17.2f}   {where}")
-    print(f"  targets: wall {r['wall']:.1f} <= {TARGET_SECONDS} s {verdict(r['wall'] <= TARGET_SECONDS)}; "
-          f"RSS {r['rss_peak']:.0f} <= {TARGET_RSS_MB} MB {verdict(r['rss_peak'] <= TARGET_RSS_MB)}; "
-          f"output files read {r['output_reads']} == 0 {verdict(r['output_reads'] == 0)}")
+    print(
+        f"  targets: wall {r['wall']:.1f} <= {TARGET_SECONDS} s {verdict(r['wall'] <= TARGET_SECONDS)}; "
+        f"RSS {r['rss_peak']:.0f} <= {TARGET_RSS_MB} MB {verdict(r['rss_peak'] <= TARGET_RSS_MB)}; "
+        f"output files read {r['output_reads']} == 0 {verdict(r['output_reads'] == 0)}"
+    )
 
 
 def main() -> None:

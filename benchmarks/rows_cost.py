@@ -61,15 +61,24 @@ def write_table(folder: Path, rows: int) -> list[str]:
         uid[::10_000] = np.maximum(uid[::10_000] - 1, 0)  # one id in 10,000 repeats the row before it
         pick = np.arange(start, start + n) % 1000
         path = folder / f"{start // FILE_ROWS:05d}.parquet"
-        pq.write_table(pa.table({
-            "uid": uid, "context": pa.array([sentences[i] for i in pick]), "question": pa.array([questions[i] for i in pick]),
-            "topic": pa.array([WORDS[i % len(WORDS)] for i in pick]),
-        }), path, row_group_size=8192)
+        pq.write_table(
+            pa.table(
+                {
+                    "uid": uid,
+                    "context": pa.array([sentences[i] for i in pick]),
+                    "question": pa.array([questions[i] for i in pick]),
+                    "topic": pa.array([WORDS[i % len(WORDS)] for i in pick]),
+                }
+            ),
+            path,
+            row_group_size=8192,
+        )
         files.append(str(path))
     return files
 
 
-CHILD = r"""
+CHILD = (
+    r"""
 import json, resource, sys, time
 from pipeline.config import InputRowsConfig
 from pipeline.inputs import inspect_inputs
@@ -125,15 +134,19 @@ else:
         if read >= render_rows:
             break
     print("RESULT " + json.dumps({"cpu_per_million": done / read * 1e6, "rows": read}))
-""" % TEMPLATE
+"""
+    % TEMPLATE
+)
 
 
 def child(kind: str, folder: str, render_rows: int) -> dict:  # render_rows: rows shaped or preprocessed
-    done = subprocess.run([sys.executable, "-c", CHILD, kind, folder, str(render_rows)], capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, kind, folder, str(render_rows)], capture_output=True, text=True, cwd=ROOT
+    )
     if done.returncode:
         raise SystemExit(done.stderr[-3000:])
     (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 def main() -> None:
@@ -142,34 +155,47 @@ def main() -> None:
     parser.add_argument("--render-rows", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--preprocess-rows", type=int, default=50_000)
-    parser.add_argument("--key-pass", action="store_true", help="also the prefix key pass with and without the template")
+    parser.add_argument(
+        "--key-pass", action="store_true", help="also the prefix key pass with and without the template"
+    )
     parser.add_argument("--engine-rows-per-second", type=float, default=2048 / 37.4)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="specbatch-rows-") as tmp:
         started = time.time()
         files = write_table(Path(tmp) / "in", args.rows)
         print(f"{args.rows:,} rows in {len(files)} files written in {time.time() - started:.0f} s", flush=True)
-        runs = {kind: [] for kind in ("ids", "template", "plain", "preprocess", *(("keys", "keys-plain") if args.key_pass else ()))}
+        runs = {
+            kind: []
+            for kind in ("ids", "template", "plain", "preprocess", *(("keys", "keys-plain") if args.key_pass else ()))
+        }
         for _ in range(args.repeats):
             for kind in runs:
                 rows = args.preprocess_rows if kind == "preprocess" else args.render_rows
                 runs[kind].append(child(kind, str(Path(tmp) / "in"), rows))
         ids = runs["ids"]
         med = lambda key, rs: statistics.median(r[key] for r in rs)  # noqa: E731
-        print(f"id check, {ids[0]['rows']:,} rows: {med('wall', ids):.1f} s wall, {med('cpu', ids):.1f} s CPU, "
-              f"peak memory +{med('peak_mb', ids):,.0f} MB, {ids[0]['duplicates']:,} duplicates found "
-              f"(min-max wall {min(r['wall'] for r in ids):.1f}-{max(r['wall'] for r in ids):.1f} s)")
+        print(
+            f"id check, {ids[0]['rows']:,} rows: {med('wall', ids):.1f} s wall, {med('cpu', ids):.1f} s CPU, "
+            f"peak memory +{med('peak_mb', ids):,.0f} MB, {ids[0]['duplicates']:,} duplicates found "
+            f"(min-max wall {min(r['wall'] for r in ids):.1f}-{max(r['wall'] for r in ids):.1f} s)"
+        )
         template, plain = med("cpu_per_million", runs["template"]), med("cpu_per_million", runs["plain"])
         engine = 1e6 / args.engine_rows_per_second
-        print(f"rows shaped, CPU s per 1M rows: template {template:.1f}, plain column {plain:.1f}; the template's extra "
-              f"{template - plain:.1f} s = {(template - plain) / engine:.2%} of the engine's {engine:,.0f} s per 1M rows")
+        print(
+            f"rows shaped, CPU s per 1M rows: template {template:.1f}, plain column {plain:.1f}; the template's extra "
+            f"{template - plain:.1f} s = {(template - plain) / engine:.2%} of the engine's {engine:,.0f} s per 1M rows"
+        )
         for kind in ("keys", "keys-plain") if args.key_pass else ():
             rs = runs[kind]
-            print(f"key pass {'with the template' if kind == 'keys' else 'on a plain column'}, {rs[0]['rows']:,} rows: "
-                  f"{med('wall', rs):.1f} s wall, {med('cpu', rs):.1f} s CPU, peak memory +{med('peak_mb', rs):,.0f} MB")
+            print(
+                f"key pass {'with the template' if kind == 'keys' else 'on a plain column'}, {rs[0]['rows']:,} rows: "
+                f"{med('wall', rs):.1f} s wall, {med('cpu', rs):.1f} s CPU, peak memory +{med('peak_mb', rs):,.0f} MB"
+            )
         preprocess = med("cpu_per_million", runs["preprocess"])
-        print(f"preprocess stage on templated units, CPU s per 1M rows: {preprocess:.1f} = {preprocess / engine:.2%} of the "
-              f"engine's time (over {runs['preprocess'][0]['rows']:,} rows)")
+        print(
+            f"preprocess stage on templated units, CPU s per 1M rows: {preprocess:.1f} = {preprocess / engine:.2%} of the "
+            f"engine's time (over {runs['preprocess'][0]['rows']:,} rows)"
+        )
 
 
 if __name__ == "__main__":

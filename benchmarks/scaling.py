@@ -65,11 +65,19 @@ def measure(cluster: LocalCluster, config: Path) -> dict:
     for s in stats:  # each engine's decode rate: tokens over the time it had units inside
         engines.setdefault(s["actor_id"], []).append(s)
     per_engine = statistics.mean(
-        sum(s["generated_tokens"] for s in units) / (max(s["started_at"] + s["wall_seconds"] for s in units) - min(s["started_at"] for s in units))
+        sum(s["generated_tokens"] for s in units)
+        / (max(s["started_at"] + s["wall_seconds"] for s in units) - min(s["started_at"] for s in units))
         for units in engines.values()
     )
-    return dict(wall=wall, rows=rows, rows_per_s=rows / wall, steady_rows_per_s=rows / (last - first), start=first - started,
-                nodes=len({s["node_id"] for s in stats}), engine_tokens_per_s=per_engine)
+    return dict(
+        wall=wall,
+        rows=rows,
+        rows_per_s=rows / wall,
+        steady_rows_per_s=rows / (last - first),
+        start=first - started,
+        nodes=len({s["node_id"] for s in stats}),
+        engine_tokens_per_s=per_engine,
+    )
 
 
 def main() -> int:
@@ -82,8 +90,10 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="scaling-"))
     models, _ = demo_models(work)
     write_sample_shards(work / "prompts", args.rows)
-    print(f"{platform.node()}: {os.cpu_count()} cores; {args.rows} prompts, {args.max_tokens} tokens each, "
-          f"{args.rounds} rounds, alternating 1 and 2 replicas")
+    print(
+        f"{platform.node()}: {os.cpu_count()} cores; {args.rows} prompts, {args.max_tokens} tokens each, "
+        f"{args.rounds} rounds, alternating 1 and 2 replicas"
+    )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped benchmark still stops its cluster
     cluster = LocalCluster(head_cpus=2)
     results: dict[int, list[dict]] = {1: [], 2: []}
@@ -94,21 +104,32 @@ def main() -> int:
             for replicas in (1, 2):
                 r = measure(cluster, job(work, models, replicas, run, args.max_tokens))
                 results[replicas].append(r)
-                print(f"  replicas {replicas} (run {run + 1}): {r['wall']:6.1f} s wall ({r['start']:4.1f} s to the first unit), "
-                      f"{r['rows_per_s']:6.1f} rows/s overall, {r['steady_rows_per_s']:6.1f} rows/s steady, "
-                      f"{r['engine_tokens_per_s']:6.0f} tok/s per engine, on {r['nodes']} node(s)", flush=True)
+                print(
+                    f"  replicas {replicas} (run {run + 1}): {r['wall']:6.1f} s wall ({r['start']:4.1f} s to the first unit), "
+                    f"{r['rows_per_s']:6.1f} rows/s overall, {r['steady_rows_per_s']:6.1f} rows/s steady, "
+                    f"{r['engine_tokens_per_s']:6.0f} tok/s per engine, on {r['nodes']} node(s)",
+                    flush=True,
+                )
     finally:
         cluster.shutdown()
     keys = ("wall", "rows_per_s", "steady_rows_per_s", "engine_tokens_per_s", "start")
     one, two = ({k: statistics.median(r[k] for r in results[n]) for k in keys} for n in (1, 2))
-    print(f"median rows/s overall: 1 replica {one['rows_per_s']:.1f}, 2 replicas {two['rows_per_s']:.1f} "
-          f"-> {two['rows_per_s'] / one['rows_per_s']:.2f}x")
-    print(f"median rows/s steady:  1 replica {one['steady_rows_per_s']:.1f}, 2 replicas {two['steady_rows_per_s']:.1f} "
-          f"-> {two['steady_rows_per_s'] / one['steady_rows_per_s']:.2f}x")
-    print(f"median tok/s per engine: 1 replica {one['engine_tokens_per_s']:.0f}, 2 replicas {two['engine_tokens_per_s']:.0f} "
-          f"-> {two['engine_tokens_per_s'] / one['engine_tokens_per_s']:.2f}x; time to the first unit: "
-          f"{one['start']:.1f} s and {two['start']:.1f} s")
-    print(f"ideal scaling is 2.00x; the nodes here share {os.cpu_count()} cores, so each engine gets about half of what one had")
+    print(
+        f"median rows/s overall: 1 replica {one['rows_per_s']:.1f}, 2 replicas {two['rows_per_s']:.1f} "
+        f"-> {two['rows_per_s'] / one['rows_per_s']:.2f}x"
+    )
+    print(
+        f"median rows/s steady:  1 replica {one['steady_rows_per_s']:.1f}, 2 replicas {two['steady_rows_per_s']:.1f} "
+        f"-> {two['steady_rows_per_s'] / one['steady_rows_per_s']:.2f}x"
+    )
+    print(
+        f"median tok/s per engine: 1 replica {one['engine_tokens_per_s']:.0f}, 2 replicas {two['engine_tokens_per_s']:.0f} "
+        f"-> {two['engine_tokens_per_s'] / one['engine_tokens_per_s']:.2f}x; time to the first unit: "
+        f"{one['start']:.1f} s and {two['start']:.1f} s"
+    )
+    print(
+        f"ideal scaling is 2.00x; the nodes here share {os.cpu_count()} cores, so each engine gets about half of what one had"
+    )
     return 0
 
 

@@ -74,8 +74,10 @@ def build_input(folder: Path, n: int, seed: int, short: int, long: int, long_fra
     long_rows = set(random.Random(seed).sample(range(n), round(n * long_fraction)))
     max_tokens = [long if i in long_rows else short for i in range(n)]
     folder.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"id": ids, "prompt": prompts, "max_tokens": pa.array(max_tokens, pa.int64())}),
-                   folder / "prompts.parquet")
+    pq.write_table(
+        pa.table({"id": ids, "prompt": prompts, "max_tokens": pa.array(max_tokens, pa.int64())}),
+        folder / "prompts.parquet",
+    )
     return {ids[i] for i in long_rows}
 
 
@@ -89,8 +91,13 @@ def job_config(input_uri: str, output_uri: str, args: argparse.Namespace) -> dic
         "input_uri": input_uri,
         "output_uri": output_uri,
         "model": {"path": kit["target"]},
-        "speculative": {"enabled": True, "drafter": kit["drafter_eagle31"], "num_speculative_tokens": 3,
-                        "probe": {"rows": 0}, "guard": None},
+        "speculative": {
+            "enabled": True,
+            "drafter": kit["drafter_eagle31"],
+            "num_speculative_tokens": 3,
+            "probe": {"rows": 0},
+            "guard": None,
+        },
         "engine": {"dtype": "float32", "max_model_len": 512, "max_num_seqs": args.max_num_seqs, "enforce_eager": True},
         "sampling": {"max_tokens": args.short_tokens, "temperature": 0.0, "ignore_eos": args.ignore_eos},
         "resources": {"replicas": 1, "rows_per_unit": args.rows_per_unit, "units_in_flight": 2},
@@ -109,8 +116,21 @@ def calibrate(config_path: Path, out: Path, args: argparse.Namespace):
     from pipeline.tools import calibrate as calibration
     from schemas.report import CalibrationReport
 
-    argv = [str(config_path), "--sample", str(args.sample), "--depths", args.depths, "--concurrency", args.concurrency,
-            "--repeats", str(args.repeats), "--job-check", str(args.job_check), "--out", str(out)]
+    argv = [
+        str(config_path),
+        "--sample",
+        str(args.sample),
+        "--depths",
+        args.depths,
+        "--concurrency",
+        args.concurrency,
+        "--repeats",
+        str(args.repeats),
+        "--job-check",
+        str(args.job_check),
+        "--out",
+        str(out),
+    ]
     printed = io.StringIO()  # its wide table; the short one below is what matters here
     started = time.time()
     with contextlib.redirect_stdout(printed):
@@ -122,10 +142,14 @@ def calibrate(config_path: Path, out: Path, args: argparse.Namespace):
 
 
 def print_calibration(report, seconds: float) -> None:
-    depths = sorted({r.depth for r in report.rows if not r.schedule}) + (["schedule"] if report.schedule_candidate else [])
+    depths = sorted({r.depth for r in report.rows if not r.schedule}) + (
+        ["schedule"] if report.schedule_candidate else []
+    )
     cell = {("schedule" if r.schedule else r.depth, r.concurrency): r for r in report.rows}
-    print(f"\ncalibration ({seconds:.0f} s): {report.sample_measured} of the job's prompts, tokens/s by depth x "
-          "concurrency (x vs off; * best at that concurrency; MAL = mean acceptance length)")
+    print(
+        f"\ncalibration ({seconds:.0f} s): {report.sample_measured} of the job's prompts, tokens/s by depth x "
+        "concurrency (x vs off; * best at that concurrency; MAL = mean acceptance length)"
+    )
     print(f"{'depth':<8}" + "".join(f"{'conc ' + str(c):>22}" for c in report.concurrencies))
     for d in depths:
         line = f"{'off' if d == 0 else d:<8}"
@@ -140,11 +164,15 @@ def print_calibration(report, seconds: float) -> None:
                 text += f" MAL {r.mean_acceptance_length:.2f}" if r.mean_acceptance_length is not None else ""
             line += f"{text + (' *' if r.recommended else '  '):>22}"
         print(line)
-    print(f"recommended_depth {report.recommended_depth} (best at concurrency {report.concurrencies[-1]}); "
-          f"schedule candidate {report.schedule_candidate}, recommended_schedule {report.recommended_schedule}")
+    print(
+        f"recommended_depth {report.recommended_depth} (best at concurrency {report.concurrencies[-1]}); "
+        f"schedule candidate {report.schedule_candidate}, recommended_schedule {report.recommended_schedule}"
+    )
     for row in report.job_check:
-        print(f"job check (through the job, start excluded): {row.setting:<32} {row.tokens_per_second:9,.1f} tok/s"
-              + ("  <- recommended" if row.chosen else ""))
+        print(
+            f"job check (through the job, start excluded): {row.setting:<32} {row.tokens_per_second:9,.1f} tok/s"
+            + ("  <- recommended" if row.chosen else "")
+        )
     for warning in report.warnings:
         print(f"calibration warning: {warning}")
 
@@ -172,8 +200,15 @@ def run_once(config: dict) -> dict:
     stats = location.read_table("stats").to_pylist()
     outputs = location.read_table("outputs", ["id", "text", "generated_tokens"]).to_pylist()
     t = manifest.totals
-    units = [(s["started_at"], s["started_at"] + s["engine_seconds"], s["started_at"] + s["wall_seconds"],
-              s["generated_tokens"]) for s in stats]
+    units = [
+        (
+            s["started_at"],
+            s["started_at"] + s["engine_seconds"],
+            s["started_at"] + s["wall_seconds"],
+            s["generated_tokens"],
+        )
+        for s in stats
+    ]
     first_start = min(u[0] for u in units)
     last_start = max(u[0] for u in units)
     last_commit = max(u[2] for u in units)
@@ -223,24 +258,37 @@ def figures(r: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, help="input rows (default 512; --quick: 128)")
-    parser.add_argument("--rounds", type=int, help="rounds of the three runs, order alternating (default 2; --quick: 1)")
-    parser.add_argument("--quick", action="store_true", help="128 rows, 1 round, 32 rows per unit, calibration sample 64")
+    parser.add_argument(
+        "--rounds", type=int, help="rounds of the three runs, order alternating (default 2; --quick: 1)"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="128 rows, 1 round, 32 rows per unit, calibration sample 64"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--short-tokens", type=int, default=16)
     parser.add_argument("--long-tokens", type=int, default=128)
     parser.add_argument("--long-fraction", type=float, default=0.2)
-    parser.add_argument("--ignore-eos", action="store_true", help="rows always run to their max_tokens (default: they may stop at EOS)")
+    parser.add_argument(
+        "--ignore-eos", action="store_true", help="rows always run to their max_tokens (default: they may stop at EOS)"
+    )
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--rows-per-unit", type=int, help="default 128; --quick: 32")
     parser.add_argument("--sample", type=int, help="calibration prompts (default 128; --quick: 64)")
     parser.add_argument("--depths", default="0,1,2,3")
     parser.add_argument("--concurrency", default="1,4,16,max")
     parser.add_argument("--repeats", type=int, default=1, help="calibration repeats per depth and concurrency")
-    parser.add_argument("--job-check", type=int, default=256,
-                        help="rows calibrate runs through the job to choose between off, depth and schedule (default 256)")
+    parser.add_argument(
+        "--job-check",
+        type=int,
+        default=256,
+        help="rows calibrate runs through the job to choose between off, depth and schedule (default 256)",
+    )
     parser.add_argument("--workdir", help="default: a new temporary folder")
-    parser.add_argument("--worker-logs", action="store_true",
-                        help="show the Ray workers' (vLLM's) logs here; by default they stay in /tmp/ray/session_latest/logs")
+    parser.add_argument(
+        "--worker-logs",
+        action="store_true",
+        help="show the Ray workers' (vLLM's) logs here; by default they stay in /tmp/ray/session_latest/logs",
+    )
     args = parser.parse_args()
     quick = args.quick
     args.rows = args.rows or (128 if quick else 512)
@@ -251,16 +299,26 @@ def main() -> None:
     import ray
     import yaml
 
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING", _node_ip_address="127.0.0.1",
-             log_to_driver=args.worker_logs)
+    ray.init(
+        num_cpus=4,
+        include_dashboard=False,
+        logging_level="WARNING",
+        _node_ip_address="127.0.0.1",
+        log_to_driver=args.worker_logs,
+    )
     began = time.time()
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="specbatch-schedule-"))
-    long_ids = build_input(workdir / "in", args.rows, args.seed, args.short_tokens, args.long_tokens, args.long_fraction)
+    long_ids = build_input(
+        workdir / "in", args.rows, args.seed, args.short_tokens, args.long_tokens, args.long_fraction
+    )
     base = job_config(str(workdir / "in"), str(workdir / "out-calibration-job"), args)
     config_path = workdir / "job.yaml"
     config_path.write_text(yaml.safe_dump(base, sort_keys=False))
-    print(f"{args.rows} rows: {len(long_ids)} with max_tokens {args.long_tokens}, the rest {args.short_tokens}; "
-          f"max_num_seqs {args.max_num_seqs}, {args.rows_per_unit} rows per unit x 2 in flight; workdir {workdir}", flush=True)
+    print(
+        f"{args.rows} rows: {len(long_ids)} with max_tokens {args.long_tokens}, the rest {args.short_tokens}; "
+        f"max_num_seqs {args.max_num_seqs}, {args.rows_per_unit} rows per unit x 2 in flight; workdir {workdir}",
+        flush=True,
+    )
 
     report, calibration_seconds = calibrate(config_path, workdir / "calibration", args)
     print_calibration(report, calibration_seconds)
@@ -271,8 +329,10 @@ def main() -> None:
 
     depth = best_depths(report.rows)[max(report.concurrencies)]  # the sweep's best static depth (vLLM alone)
     if depth == 0:
-        print("\nthe best static depth at the highest concurrency is 0 (off): (b) is (a) again, run as enabled false "
-              "(the a/b difference shows the noise)")
+        print(
+            "\nthe best static depth at the highest concurrency is 0 (off): (b) is (a) again, run as enabled false "
+            "(the a/b difference shows the noise)"
+        )
         runs["b"] = ("(b) best static depth: off", {"enabled": False})
         extra = best_positive_depth(report)
         if extra:
@@ -283,9 +343,15 @@ def main() -> None:
     # (c): what calibration recommends after its job check: the schedule, a single depth, or off.
     schedule = report.recommended_schedule
     if schedule:
-        runs["c"] = (f"(c) calibrated: schedule {schedule_text(schedule)}", {"enabled": True, "depth_schedule": [list(r) for r in schedule]})
+        runs["c"] = (
+            f"(c) calibrated: schedule {schedule_text(schedule)}",
+            {"enabled": True, "depth_schedule": [list(r) for r in schedule]},
+        )
     elif report.recommended_depth:
-        runs["c"] = (f"(c) calibrated: depth {report.recommended_depth}", {"enabled": True, "num_speculative_tokens": report.recommended_depth})
+        runs["c"] = (
+            f"(c) calibrated: depth {report.recommended_depth}",
+            {"enabled": True, "num_speculative_tokens": report.recommended_depth},
+        )
     else:
         runs["c"] = ("(c) calibrated: off", {"enabled": False})
     print(f"\n{runs['c'][0]} (schedule candidate {report.schedule_candidate})")
@@ -299,14 +365,19 @@ def main() -> None:
             r = run_once(with_speculation(base, str(out), spec))
             results[key].append(r)
             f = figures(r)
-            print(f"round {rnd + 1} {label:<36} {r['status']:<10} {r['tokens']:>7} tokens in {r['wall']:6.1f} s = "
-                  f"{f['whole']:7,.1f} tok/s whole job; {f['no_start']:7,.1f} without the {r['start_cost']:.1f} s start"
-                  + (f"; MAL {r['mal']:.2f}" if r["mal"] is not None else ""), flush=True)
+            print(
+                f"round {rnd + 1} {label:<36} {r['status']:<10} {r['tokens']:>7} tokens in {r['wall']:6.1f} s = "
+                f"{f['whole']:7,.1f} tok/s whole job; {f['no_start']:7,.1f} without the {r['start_cost']:.1f} s start"
+                + (f"; MAL {r['mal']:.2f}" if r["mal"] is not None else ""),
+                flush=True,
+            )
 
     # ---- summary
     reference = results["a"][0]
-    print(f"\n{'run (median over ' + str(args.rounds) + ' rounds)':<44}{'whole tok/s':>12}{'start s':>9}{'no start':>10}"
-          f"{'steady tok/s':>14}{'tail tok/s':>12}{'tail s':>8}{'drafts':>9}{'MAL':>6}")
+    print(
+        f"\n{'run (median over ' + str(args.rounds) + ' rounds)':<44}{'whole tok/s':>12}{'start s':>9}{'no start':>10}"
+        f"{'steady tok/s':>14}{'tail tok/s':>12}{'tail s':>8}{'drafts':>9}{'MAL':>6}"
+    )
     medians = {}
     for key, (label, _) in runs.items():
         figs = [figures(r) for r in results[key]]
@@ -316,42 +387,68 @@ def main() -> None:
         medians[key] = m
         last = results[key][-1]
         mal = f"{last['mal']:.2f}" if last["mal"] is not None else "-"
-        print(f"{label:<44}{m['whole']:>12,.1f}{m['start_cost']:>9.1f}{m['no_start']:>10,.1f}{m['steady']:>14,.1f}{m['tail']:>12,.1f}"
-              f"{m['tail_seconds']:>8.1f}{last['num_drafts']:>9}{mal:>6}")
+        print(
+            f"{label:<44}{m['whole']:>12,.1f}{m['start_cost']:>9.1f}{m['no_start']:>10,.1f}{m['steady']:>14,.1f}{m['tail']:>12,.1f}"
+            f"{m['tail_seconds']:>8.1f}{last['num_drafts']:>9}{mal:>6}"
+        )
     share = statistics.median(r["start_cost"] / r["wall"] for rs in results.values() for r in rs)
-    print(f"the start (run_job called -> first unit in the engine: Ray Data, engine and drafter load) is {share:.0%} "
-          "of a run's wall time (median)")
-    print("per run, whole-job tok/s: " + "; ".join(
-        f"{key}: " + ", ".join(f"{figures(r)['whole']:,.1f}" for r in results[key]) for key in runs))
+    print(
+        f"the start (run_job called -> first unit in the engine: Ray Data, engine and drafter load) is {share:.0%} "
+        "of a run's wall time (median)"
+    )
+    print(
+        "per run, whole-job tok/s: "
+        + "; ".join(f"{key}: " + ", ".join(f"{figures(r)['whole']:,.1f}" for r in results[key]) for key in runs)
+    )
 
     lengths = reference["lengths"]
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
-    print(f"generated tokens per row in (a): long rows {mean([lengths[i] for i in long_ids if i in lengths]):.1f} "
-          f"(max_tokens {args.long_tokens}), short rows {mean([v for i, v in lengths.items() if i not in long_ids]):.1f} "
-          f"(max_tokens {args.short_tokens})")
+    print(
+        f"generated tokens per row in (a): long rows {mean([lengths[i] for i in long_ids if i in lengths]):.1f} "
+        f"(max_tokens {args.long_tokens}), short rows {mean([v for i, v in lengths.items() if i not in long_ids]):.1f} "
+        f"(max_tokens {args.short_tokens})"
+    )
     for key in runs:
         for r in results[key]:
             if r["status"] != "succeeded" or r["rows"] != args.rows:
                 print(f"note: {runs[key][0]}: status {r['status']}, {r['rows']} output rows, {r['errors']} errors")
     if "c" in results and schedule:
         print(f"schedule recorded in the stats of (c): {results['c'][0]['schedule']}")
-    differ = {key: sum(r["texts"].get(i) != t for i, t in reference["texts"].items()) for key in runs for r in results[key][:1]}
+    differ = {
+        key: sum(r["texts"].get(i) != t for i, t in reference["texts"].items())
+        for key in runs
+        for r in results[key][:1]
+    }
     print("greedy outputs differing from (a) round 1, rows: " + ", ".join(f"{k} {v}" for k, v in differ.items()))
 
     print("\nwhere each one wins (median tok/s):")
-    for part, name in (("steady", "steady part (until the last unit enters the engine)"),
-                       ("tail", "tail (the engine drains)"), ("whole", "whole job")):
+    for part, name in (
+        ("steady", "steady part (until the last unit enters the engine)"),
+        ("tail", "tail (the engine drains)"),
+        ("whole", "whole job"),
+    ):
         best = max(medians, key=lambda k: medians[k][part])
         print(f"  {name:<52} " + "  ".join(f"{k} {medians[k][part]:,.1f}" for k in medians) + f"   -> {best}")
     a, b, c = medians["a"]["whole"], medians["b"]["whole"], medians["c"]["whole"]
-    print(f"(c)/(a) {c / a:.3f}   (c)/(b) {c / b:.3f}" + (f"   (c)/(b') {c / medians[B_PRIME]['whole']:.3f}" if B_PRIME in medians else ""))
+    print(
+        f"(c)/(a) {c / a:.3f}   (c)/(b) {c / b:.3f}"
+        + (f"   (c)/(b') {c / medians[B_PRIME]['whole']:.3f}" if B_PRIME in medians else "")
+    )
     same = [k for k in ("a", "b") if runs[k][1] == runs["c"][1]]
     if same:
-        print(f"(c) is the same setting as {' and '.join(f'({k})' for k in same)}: calibration chose it; "
-              "their difference is run-to-run noise")
+        print(
+            f"(c) is the same setting as {' and '.join(f'({k})' for k in same)}: calibration chose it; "
+            "their difference is run-to-run noise"
+        )
     met = c >= max(a, b)
-    print(f"target (c) >= max((a), (b)) in whole-job tokens/s: {'met' if met else 'NOT met'}"
-          + (f"; against (b') too: {'met' if c >= medians[B_PRIME]['whole'] else 'NOT met'}" if B_PRIME in medians else ""))
+    print(
+        f"target (c) >= max((a), (b)) in whole-job tokens/s: {'met' if met else 'NOT met'}"
+        + (
+            f"; against (b') too: {'met' if c >= medians[B_PRIME]['whole'] else 'NOT met'}"
+            if B_PRIME in medians
+            else ""
+        )
+    )
     print(f"benchmark wall time {time.time() - began:.0f} s")
     ray.shutdown()
 

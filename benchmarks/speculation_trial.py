@@ -44,8 +44,10 @@ def build_input(folder: Path, rows: int) -> str:
     from pipeline.tools.demo import sample_prompts
 
     folder.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"id": [f"row-{i:06d}" for i in range(rows)], "prompt": sample_prompts(rows, 0)}),
-                   folder / "prompts.parquet")
+    pq.write_table(
+        pa.table({"id": [f"row-{i:06d}" for i in range(rows)], "prompt": sample_prompts(rows, 0)}),
+        folder / "prompts.parquet",
+    )
     return str(folder)
 
 
@@ -57,8 +59,11 @@ def config_for(run: str, concurrency: int, input_uri: str, output_uri: str) -> d
     if run == "k=3":
         speculative["trial"] = None
     return {
-        "job_name": f"trial-bench-{concurrency}", "input_uri": input_uri, "output_uri": output_uri,
-        "model": {"path": kit["target"]}, "speculative": speculative,
+        "job_name": f"trial-bench-{concurrency}",
+        "input_uri": input_uri,
+        "output_uri": output_uri,
+        "model": {"path": kit["target"]},
+        "speculative": speculative,
         "engine": {"dtype": "float32", "max_model_len": 512, "max_num_seqs": concurrency, "enforce_eager": True},
         "sampling": {"max_tokens": SETTINGS[concurrency]["max_tokens"], "temperature": 0.0, "ignore_eos": True},
         "resources": {"replicas": 1, "rows_per_unit": concurrency, "units_in_flight": 1},
@@ -71,19 +76,29 @@ def run_job_process(config: dict, workdir: Path) -> dict:
     path = workdir / "job.yaml"
     path.write_text(yaml.safe_dump(config))
     started = time.time()
-    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", str(path), "--restart"], cwd=ROOT,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "run", str(path), "--restart"], cwd=ROOT, capture_output=True, text=True
+    )
     wall = time.time() - started
     if done.returncode != 0:
         raise SystemExit(f"specbatch run exited {done.returncode}:\n{done.stderr[-3000:]}")
     manifest = json.loads((Path(config["output_uri"]) / "_job.json").read_text())
     trial = manifest.get("trial") or {}
-    return {"wall": wall, "tokens": manifest["totals"]["generated_tokens"], "trial": trial.get("reason"),
-            "outcome": trial.get("outcome"), "starts": len(manifest["attempts"][-1]["start"]["engine_starts"])}
+    return {
+        "wall": wall,
+        "tokens": manifest["totals"]["generated_tokens"],
+        "trial": trial.get("reason"),
+        "outcome": trial.get("outcome"),
+        "starts": len(manifest["attempts"][-1]["start"]["engine_starts"]),
+    }
 
 
 def med(values: list[float]) -> str:
-    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})" if len(values) > 1 else f"{values[0]:.1f}"
+    return (
+        f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+        if len(values) > 1
+        else f"{values[0]:.1f}"
+    )
 
 
 def main() -> None:
@@ -100,27 +115,34 @@ def main() -> None:
         walls: dict[str, list[float]] = {run: [] for run in RUNS}
         verdicts, starts = [], []
         for round_ in range(args.rounds):
-            order = RUNS[round_ % 3:] + RUNS[:round_ % 3]
+            order = RUNS[round_ % 3 :] + RUNS[: round_ % 3]
             for run in order:
                 folder = work / f"{concurrency}-{run}"
                 folder.mkdir(exist_ok=True)
                 result = run_job_process(config_for(run, concurrency, input_uri, str(folder / "out")), folder)
                 walls[run].append(result["wall"])
-                print(f"  {concurrency} sequences, round {round_ + 1}, {run}: {result['wall']:.1f} s, "
-                      f"{result['tokens']:,} tokens, {result['starts']} engine start(s)", flush=True)
+                print(
+                    f"  {concurrency} sequences, round {round_ + 1}, {run}: {result['wall']:.1f} s, "
+                    f"{result['tokens']:,} tokens, {result['starts']} engine start(s)",
+                    flush=True,
+                )
                 if run == "trial":
                     verdicts.append(result["trial"])
                     starts.append(result["starts"])
-        print(f"\n== {concurrency} sequences at once, {rows:,} rows x {SETTINGS[concurrency]['max_tokens']} tokens, "
-              f"{args.rounds} rounds: whole-process wall seconds, median (min-max)")
+        print(
+            f"\n== {concurrency} sequences at once, {rows:,} rows x {SETTINGS[concurrency]['max_tokens']} tokens, "
+            f"{args.rounds} rounds: whole-process wall seconds, median (min-max)"
+        )
         for run in RUNS:
             print(f"  {run:6s} {med(walls[run])}")
         for verdict, n in zip(verdicts, starts):
             print(f"  trial said: {verdict} ({n} engine starts)")
         best = min(statistics.median(walls["off"]), statistics.median(walls["k=3"]))
         ratio = statistics.median(walls["trial"]) / best
-        print(f"  trial / the better of off and k=3: {ratio:.3f} ({'within' if ratio <= 1.05 else 'NOT within'} 5%)\n",
-              flush=True)
+        print(
+            f"  trial / the better of off and k=3: {ratio:.3f} ({'within' if ratio <= 1.05 else 'NOT within'} 5%)\n",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -49,19 +49,38 @@ def manifest_doc(args, status: str, error_rows: int, units: int) -> dict:
 
     per_file = -(-args.rows // args.files)
     files = [
-        InputFile(uri=f"s3://{BUCKET}/input/part-{i:05d}.parquet", size=per_file * 40, version=f"v{i}",
-                  rows=min(per_file, args.rows - first), text_column="prompt")
+        InputFile(
+            uri=f"s3://{BUCKET}/input/part-{i:05d}.parquet",
+            size=per_file * 40,
+            version=f"v{i}",
+            rows=min(per_file, args.rows - first),
+            text_column="prompt",
+        )
         for i, first in enumerate(range(0, args.rows, per_file))
     ]
     started = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=2)).isoformat(timespec="seconds")
     running = status == "running"
-    attempt = Attempt(number=1, started_at=started, ended_at=None if running else started, status=status, skipped_rows=0,
-                      units_planned=units)
+    attempt = Attempt(
+        number=1,
+        started_at=started,
+        ended_at=None if running else started,
+        status=status,
+        skipped_rows=0,
+        units_planned=units,
+    )
     model = ModelFingerprint(path="s3://models/target", config_sha256="0" * 64, architectures=["LlamaForCausalLM"])
     return JobManifest(
-        layout_version=LAYOUT_VERSION, job_id="status-bench", status=status, started_at=started,
-        config={"resources": {"rows_per_unit": args.rows_per_unit, "replicas": REPLICAS, "units_in_flight": UNITS_IN_FLIGHT}},
-        versions=versions(), model=model, accelerator="cpu", input_files=files,
+        layout_version=LAYOUT_VERSION,
+        job_id="status-bench",
+        status=status,
+        started_at=started,
+        config={
+            "resources": {"rows_per_unit": args.rows_per_unit, "replicas": REPLICAS, "units_in_flight": UNITS_IN_FLIGHT}
+        },
+        versions=versions(),
+        model=model,
+        accelerator="cpu",
+        input_files=files,
         totals=JobTotals(input_rows=args.rows, output_rows=args.rows - error_rows, error_rows=error_rows, units=units),
         attempts=[attempt],
     ).model_dump(mode="json")
@@ -83,23 +102,49 @@ def setup(endpoint: str, args) -> None:
     engine = REPLICAS * UNITS_IN_FLIGHT * gap
     for i, unit in enumerate(units):
         row = dict(
-            unit_id=unit.unit_id, source=unit.source, first_row=unit.first_row, actor_id=f"actor-{i % REPLICAS}", node_id="node-0",
-            rows=unit.rows, output_rows=unit.rows - 1, error_rows=1, samples=unit.rows - 1, retryable_error_rows=0,
-            clipped_rows=0, first_error=f"empty_prompt: r{unit.first_row}", prompt_tokens=12 * unit.rows,
-            generated_tokens=16 * unit.rows, started_at=now - 7200 + i * gap, wall_seconds=engine,
-            engine_seconds=engine, tokens_per_second=16 * unit.rows / engine, speculative=True, num_speculative_tokens=3, depth_schedule=None,
-            num_drafts=8 * unit.rows, draft_tokens=24 * unit.rows, accepted_tokens=12 * unit.rows, acceptance_rate=0.5,
-            mean_acceptance_length=2.5, accepted_per_position=[6 * unit.rows, 4 * unit.rows, 2 * unit.rows],
-            speculation_disabled_by_guard=False, commit_token=tokens[i],
+            unit_id=unit.unit_id,
+            source=unit.source,
+            first_row=unit.first_row,
+            actor_id=f"actor-{i % REPLICAS}",
+            node_id="node-0",
+            rows=unit.rows,
+            output_rows=unit.rows - 1,
+            error_rows=1,
+            samples=unit.rows - 1,
+            retryable_error_rows=0,
+            clipped_rows=0,
+            first_error=f"empty_prompt: r{unit.first_row}",
+            prompt_tokens=12 * unit.rows,
+            generated_tokens=16 * unit.rows,
+            started_at=now - 7200 + i * gap,
+            wall_seconds=engine,
+            engine_seconds=engine,
+            tokens_per_second=16 * unit.rows / engine,
+            speculative=True,
+            num_speculative_tokens=3,
+            depth_schedule=None,
+            num_drafts=8 * unit.rows,
+            draft_tokens=24 * unit.rows,
+            accepted_tokens=12 * unit.rows,
+            acceptance_rate=0.5,
+            mean_acceptance_length=2.5,
+            accepted_per_position=[6 * unit.rows, 4 * unit.rows, 2 * unit.rows],
+            speculation_disabled_by_guard=False,
+            commit_token=tokens[i],
         )
         for name, values in columns.items():  # a field this row leaves out is null
             values.append(row.get(name))
     table = pa.table(columns, schema=arrow_schema(UnitStats))
     stats = parquet_bytes(table)
     client.put_object(Bucket=BUCKET, Key="output/stats/attempt-0001.parquet", Body=stats)
-    client.put_object(Bucket=BUCKET, Key="bench/stats-running.parquet", Body=parquet_bytes(table.slice(0, len(units) - args.recent)))
-    print(f"setup: {len(units):,} units, stats file {len(stats) / 1e6:.1f} MB, _job.json "
-          f"{len(json.dumps(doc)) / 1e3:.0f} KB", flush=True)
+    client.put_object(
+        Bucket=BUCKET, Key="bench/stats-running.parquet", Body=parquet_bytes(table.slice(0, len(units) - args.recent))
+    )
+    print(
+        f"setup: {len(units):,} units, stats file {len(stats) / 1e6:.1f} MB, _job.json "
+        f"{len(json.dumps(doc)) / 1e3:.0f} KB",
+        flush=True,
+    )
     put_markers(client, units, table.to_pylist(), tokens)
 
     sample = [len(units) * k // 1000 for k in range(1000)] if len(units) > 1000 else range(len(units))
@@ -107,9 +152,16 @@ def setup(endpoint: str, args) -> None:
     def put_errors(k_i: tuple[int, int]) -> None:
         k, i = k_i
         unit = units[i]
-        row = ErrorRow(id=f"r{unit.first_row}", source=unit.source, row=unit.first_row, stage="validate",
-                       error_kind=("empty_prompt", "invalid_sampling")[k % 2], field="prompt", message="the prompt is empty",
-                       unit_id=unit.unit_id).model_dump()
+        row = ErrorRow(
+            id=f"r{unit.first_row}",
+            source=unit.source,
+            row=unit.first_row,
+            stage="validate",
+            error_kind=("empty_prompt", "invalid_sampling")[k % 2],
+            field="prompt",
+            message="the prompt is empty",
+            unit_id=unit.unit_id,
+        ).model_dump()
         body = parquet_bytes(pa.Table.from_pylist([row], schema=arrow_schema(ErrorRow)))
         client.put_object(Bucket=BUCKET, Key=f"output/errors/{unit.unit_id}.{tokens[i]}.parquet", Body=body)
 
@@ -123,10 +175,20 @@ def put_markers(client, units, stats: list[dict], tokens: list[str]) -> None:
 
     def put(i: int) -> None:
         unit = units[i]
-        files = {"outputs": f"outputs/{unit.unit_id}.{tokens[i]}.parquet", "errors": f"errors/{unit.unit_id}.{tokens[i]}.parquet"}
-        marker = CommitMarker(unit_id=unit.unit_id, token=tokens[i], files=files,
-                              rows={"outputs": unit.rows - 1, "errors": 1}, stats={k: v for k, v in stats[i].items() if v is not None})
-        client.put_object(Bucket=BUCKET, Key=f"output/_commits/{unit.unit_id}.json", Body=marker.model_dump_json().encode())
+        files = {
+            "outputs": f"outputs/{unit.unit_id}.{tokens[i]}.parquet",
+            "errors": f"errors/{unit.unit_id}.{tokens[i]}.parquet",
+        }
+        marker = CommitMarker(
+            unit_id=unit.unit_id,
+            token=tokens[i],
+            files=files,
+            rows={"outputs": unit.rows - 1, "errors": 1},
+            stats={k: v for k, v in stats[i].items() if v is not None},
+        )
+        client.put_object(
+            Bucket=BUCKET, Key=f"output/_commits/{unit.unit_id}.json", Body=marker.model_dump_json().encode()
+        )
 
     started = time.perf_counter()
     with ThreadPoolExecutor(32) as pool:
@@ -140,14 +202,29 @@ def running_location(client, doc: dict) -> None:
     from schemas import JobProgress, ReplicaProgress
 
     now = time.time()
-    lease = Lease(owner="bench", job_id="status-bench", attempt=1, acquired_at=doc["started_at"], heartbeat_at=now,
-                  stale_after_seconds=180)
+    lease = Lease(
+        owner="bench",
+        job_id="status-bench",
+        attempt=1,
+        acquired_at=doc["started_at"],
+        heartbeat_at=now,
+        stale_after_seconds=180,
+    )
     client.put_object(Bucket=BUCKET, Key="output/_lease.json", Body=lease.model_dump_json().encode())
-    client.copy_object(Bucket=BUCKET, Key="output/stats/attempt-0001.parquet",
-                       CopySource={"Bucket": BUCKET, "Key": "bench/stats-running.parquet"})
-    replicas = [ReplicaProgress(actor_id=f"actor-{r}", node_id="node-0", requests_in_flight=200, last_output_at=now - 1,
-                                reported_at=now - 2) for r in range(REPLICAS)]
-    progress = JobProgress(attempt=1, written_at=now - 3, generating_since=now - 7200, last_commit_at=now - 1, replicas=replicas)
+    client.copy_object(
+        Bucket=BUCKET,
+        Key="output/stats/attempt-0001.parquet",
+        CopySource={"Bucket": BUCKET, "Key": "bench/stats-running.parquet"},
+    )
+    replicas = [
+        ReplicaProgress(
+            actor_id=f"actor-{r}", node_id="node-0", requests_in_flight=200, last_output_at=now - 1, reported_at=now - 2
+        )
+        for r in range(REPLICAS)
+    ]
+    progress = JobProgress(
+        attempt=1, written_at=now - 3, generating_since=now - 7200, last_commit_at=now - 1, replicas=replicas
+    )
     client.put_object(Bucket=BUCKET, Key="output/_progress.json", Body=progress.model_dump_json().encode())
 
 
@@ -188,16 +265,24 @@ def measure(endpoint: str, scenario: str, args) -> None:
     requests = Counter(method for method, _ in calls)
     if scenario == "running":  # a LIST page's bytes (s3fs does not see them): one page of _commits/ again
         page = client.list_objects_v2(Bucket=BUCKET, Prefix="output/_commits/", MaxKeys=1000)
-        print(f"a LIST page of _commits/: {len(page.get('Contents', []))} keys, "
-              f"{int(page['ResponseMetadata']['HTTPHeaders'].get('content-length', 0)) / 1e3:.0f} KB", flush=True)
+        print(
+            f"a LIST page of _commits/: {len(page.get('Contents', []))} keys, "
+            f"{int(page['ResponseMetadata']['HTTPHeaders'].get('content-length', 0)) / 1e3:.0f} KB",
+            flush=True,
+        )
     got = sum(size for _, size in calls)
-    print(f"{SCENARIOS[scenario]}: {wall:.2f} s, {', '.join(f'{n} {m}' for m, n in sorted(requests.items()))}, "
-          f"{got / 1e6:.1f} MB read, peak RSS {peak_rss_mb():.0f} MB ({rss_before:.0f} MB after imports); "
-          f"{report.rows_done:,} of {report.input_rows:,} rows, {report.units_committed:,} units, "
-          f"errors {report.errors_by_kind} from {report.error_units_read:,} of {report.error_units:,} units"
-          + (f", {report.markers_read:,} markers read, last commit {report.last_commit_age_seconds:.0f} s ago"
-             if report.status == "running" else ""),
-          flush=True)
+    print(
+        f"{SCENARIOS[scenario]}: {wall:.2f} s, {', '.join(f'{n} {m}' for m, n in sorted(requests.items()))}, "
+        f"{got / 1e6:.1f} MB read, peak RSS {peak_rss_mb():.0f} MB ({rss_before:.0f} MB after imports); "
+        f"{report.rows_done:,} of {report.input_rows:,} rows, {report.units_committed:,} units, "
+        f"errors {report.errors_by_kind} from {report.error_units_read:,} of {report.error_units:,} units"
+        + (
+            f", {report.markers_read:,} markers read, last commit {report.last_commit_age_seconds:.0f} s ago"
+            if report.status == "running"
+            else ""
+        ),
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -205,7 +290,9 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=200)
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--rows-per-unit", type=int, default=100)
-    parser.add_argument("--recent", type=int, default=170, help="units committed since the running job's stats file (a minute's)")
+    parser.add_argument(
+        "--recent", type=int, default=170, help="units committed since the running job's stats file (a minute's)"
+    )
     parser.add_argument("--measure", choices=SCENARIOS, help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -218,9 +305,25 @@ def main() -> None:
     try:
         setup(endpoint, args)
         for scenario in SCENARIOS:
-            subprocess.run([sys.executable, __file__, "--measure", scenario, "--endpoint", endpoint, "--files",
-                            str(args.files), "--rows", str(args.rows), "--rows-per-unit", str(args.rows_per_unit),
-                            "--recent", str(args.recent)], check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--measure",
+                    scenario,
+                    "--endpoint",
+                    endpoint,
+                    "--files",
+                    str(args.files),
+                    "--rows",
+                    str(args.rows),
+                    "--rows-per-unit",
+                    str(args.rows_per_unit),
+                    "--recent",
+                    str(args.recent),
+                ],
+                check=True,
+            )
     finally:
         server.terminate()
         server.wait()

@@ -24,6 +24,7 @@ on the tiny kit (target + EAGLE-3.1 drafter, k=3), greedy, the same prompts, the
 4. Lossless: greedy output with the drafter equals the output without it, per condition; and
    constrained outputs that stopped (not cut by max_tokens) satisfy their constraint.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,8 +72,12 @@ def satisfies(name: str, text: str) -> bool:
             obj = json.loads(text)
         except ValueError:
             return False
-        return (set(obj) == {"name", "age", "tags"} and isinstance(obj["name"], str)
-                and isinstance(obj["age"], int) and all(isinstance(t, str) for t in obj["tags"]))
+        return (
+            set(obj) == {"name", "age", "tags"}
+            and isinstance(obj["name"], str)
+            and isinstance(obj["age"], int)
+            and all(isinstance(t, str) for t in obj["tags"])
+        )
     if name == "choice":
         return text in CHOICES
     if name == "regex-call":
@@ -113,14 +118,21 @@ def main() -> None:
     base_kwargs = {**engine_kwargs(config, speculative=False), **so_engine}
     k = spec_kwargs["speculative_config"]["num_speculative_tokens"]
     print(f"vLLM {vllm.__version__}, {platform.node()}, {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}")
-    print(f"drafter {spec_kwargs['speculative_config']['model']} (k={k}), dtype {spec_kwargs['dtype']}, "
-          f"eager {spec_kwargs['enforce_eager']}, max_num_seqs {spec_kwargs['max_num_seqs']}")
+    print(
+        f"drafter {spec_kwargs['speculative_config']['model']} (k={k}), dtype {spec_kwargs['dtype']}, "
+        f"eager {spec_kwargs['enforce_eager']}, max_num_seqs {spec_kwargs['max_num_seqs']}"
+    )
     engines = {"spec": LLM(**spec_kwargs), "base": LLM(**base_kwargs)}
 
     prompts = sample_prompts(args.prompts, args.seed)
-    params = {name: SamplingParams(temperature=0.0, max_tokens=args.max_tokens,
-                                   structured_outputs=None if so is None else StructuredOutputsParams(**so))
-              for name, so in CONDITIONS.items()}
+    params = {
+        name: SamplingParams(
+            temperature=0.0,
+            max_tokens=args.max_tokens,
+            structured_outputs=None if so is None else StructuredOutputsParams(**so),
+        )
+        for name, so in CONDITIONS.items()
+    }
     for name in CONDITIONS:  # warm-up: grammar compilation, first-batch costs
         for llm in engines.values():
             run(llm, prompts[:8], params[name])
@@ -132,9 +144,15 @@ def main() -> None:
             for e in order if rnd % 2 == 0 else order[::-1]:
                 r = run(engines[e], prompts, params[name])
                 results[(name, e)].append(r)
-        print(f"round {rnd + 1}: " + ", ".join(
-            f"{n} {sum(len(o.token_ids) for o in results[(n, 'spec')][-1]['outputs']) / results[(n, 'spec')][-1]['seconds']:,.0f}"
-            for n in CONDITIONS) + " tok/s (spec)", flush=True)
+        print(
+            f"round {rnd + 1}: "
+            + ", ".join(
+                f"{n} {sum(len(o.token_ids) for o in results[(n, 'spec')][-1]['outputs']) / results[(n, 'spec')][-1]['seconds']:,.0f}"
+                for n in CONDITIONS
+            )
+            + " tok/s (spec)",
+            flush=True,
+        )
 
     def tok_s(name, e):
         return statistics.median(sum(len(o.token_ids) for o in r["outputs"]) / r["seconds"] for r in results[(name, e)])
@@ -150,35 +168,57 @@ def main() -> None:
         generated = sum(len(o.token_ids) for o in first)
         generated_all = sum(len(o.token_ids) for r in spec_runs for o in r["outputs"])
         same = sum(list(a.token_ids) == list(b.token_ids) for a, b in zip(first, base_runs[0]["outputs"]))
-        stable = all([list(o.token_ids) for o in r["outputs"]] == [list(o.token_ids) for o in first]
-                     for r in spec_runs + base_runs[:1])  # every spec round equals round 1 (which equals base)
+        stable = all(
+            [list(o.token_ids) for o in r["outputs"]] == [list(o.token_ids) for o in first]
+            for r in spec_runs + base_runs[:1]
+        )  # every spec round equals round 1 (which equals base)
         stopped = [o for o in first if o.finish_reason == "stop"]
         rows[name] = dict(
-            rows=len(first), generated=generated, stopped=len(stopped),
+            rows=len(first),
+            generated=generated,
+            stopped=len(stopped),
             valid=sum(satisfies(name, o.text) for o in stopped),
-            mal=acc.mean_acceptance_length, rate=acc.acceptance_rate, per_pos=acc.rate_per_position,
+            mal=acc.mean_acceptance_length,
+            rate=acc.acceptance_rate,
+            per_pos=acc.rate_per_position,
             drafted_per_step=acc.draft_tokens / acc.num_drafts if acc.num_drafts else None,
             tok_per_step=generated_all / (generated_all - acc.accepted_tokens),
-            spec_tps=tok_s(name, "spec"), base_tps=tok_s(name, "base"),
-            lossless=f"{same}/{len(first)}", stable=stable,
+            spec_tps=tok_s(name, "spec"),
+            base_tps=tok_s(name, "base"),
+            lossless=f"{same}/{len(first)}",
+            stable=stable,
         )
 
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     ref = rows["none"]["spec_tps"]
-    print(f"\n{args.prompts} prompts x max {args.max_tokens} tokens, greedy, k={k}, {args.rounds} rounds (tok/s: median)")
-    print(f"{'condition':<12}{'rows':>5}{'gen tok':>8}{'stopped':>8}{'MAL':>6}{'acc rate':>9}  {'per position':<16}"
-          f"{'drafted/step':>13}{'tok/step':>9}{'spec tok/s':>11}{'x none':>7}{'base tok/s':>11}{'spec/base':>10}{'lossless':>9}")
+    print(
+        f"\n{args.prompts} prompts x max {args.max_tokens} tokens, greedy, k={k}, {args.rounds} rounds (tok/s: median)"
+    )
+    print(
+        f"{'condition':<12}{'rows':>5}{'gen tok':>8}{'stopped':>8}{'MAL':>6}{'acc rate':>9}  {'per position':<16}"
+        f"{'drafted/step':>13}{'tok/step':>9}{'spec tok/s':>11}{'x none':>7}{'base tok/s':>11}{'spec/base':>10}{'lossless':>9}"
+    )
     for name, r in rows.items():
-        print(f"{name:<12}{r['rows']:>5}{r['generated']:>8}{r['stopped']:>8}{fmt(r['mal'], '.2f'):>6}{fmt(r['rate'], '.3f'):>9}  "
-              f"{' '.join(format(x, '.2f') for x in r['per_pos']):<16}{fmt(r['drafted_per_step'], '.2f'):>13}"
-              f"{r['tok_per_step']:>9.2f}{r['spec_tps']:>11,.0f}{r['spec_tps'] / ref:>7.2f}{r['base_tps']:>11,.0f}"
-              f"{r['spec_tps'] / r['base_tps']:>10.2f}{r['lossless']:>9}")
-    print("constraint satisfied by the outputs that stopped (round 1): " + ", ".join(
-        f"{n} {r['valid']}/{r['stopped']}" for n, r in rows.items() if n != "none"))
+        print(
+            f"{name:<12}{r['rows']:>5}{r['generated']:>8}{r['stopped']:>8}{fmt(r['mal'], '.2f'):>6}{fmt(r['rate'], '.3f'):>9}  "
+            f"{' '.join(format(x, '.2f') for x in r['per_pos']):<16}{fmt(r['drafted_per_step'], '.2f'):>13}"
+            f"{r['tok_per_step']:>9.2f}{r['spec_tps']:>11,.0f}{r['spec_tps'] / ref:>7.2f}{r['base_tps']:>11,.0f}"
+            f"{r['spec_tps'] / r['base_tps']:>10.2f}{r['lossless']:>9}"
+        )
+    print(
+        "constraint satisfied by the outputs that stopped (round 1): "
+        + ", ".join(f"{n} {r['valid']}/{r['stopped']}" for n, r in rows.items() if n != "none")
+    )
     ok = all(r["lossless"] == f"{r['rows']}/{r['rows']}" and r["stable"] for r in rows.values())
-    print("lossless: " + ("greedy output with the drafter equals the output without it under every condition, "
-                          "and every round repeated round 1" if ok else "MISMATCH: " + ", ".join(
-                              f"{n} {r['lossless']} stable={r['stable']}" for n, r in rows.items())))
+    print(
+        "lossless: "
+        + (
+            "greedy output with the drafter equals the output without it under every condition, "
+            "and every round repeated round 1"
+            if ok
+            else "MISMATCH: " + ", ".join(f"{n} {r['lossless']} stable={r['stable']}" for n, r in rows.items())
+        )
+    )
 
 
 if __name__ == "__main__":

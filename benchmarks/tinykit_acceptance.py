@@ -13,6 +13,7 @@ Lossless: every output equals the output of the same target without a drafter.
 
     python benchmarks/tinykit_acceptance.py [--kit DIR] [--ks 1,2,3,4,5,6] [--write-manifest]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,11 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
-                 "vllm:spec_decode_num_accepted_tokens")
+SPEC_COUNTERS = (
+    "vllm:spec_decode_num_drafts",
+    "vllm:spec_decode_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens",
+)
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
@@ -45,16 +49,23 @@ def make_prompts(tokenizer, n_heldout: int, n_perturbed: int, prompt_len: int, s
     def window(exclude=None):
         i = rng.choice([j for j in range(len(docs)) if j != exclude])
         s = rng.randrange(0, len(docs[i]) - prompt_len)
-        return i, docs[i][s:s + prompt_len]
+        return i, docs[i][s : s + prompt_len]
 
     sets = {"held-out": [window()[1] for _ in range(n_heldout)]}
     chat, ws, prefix = [], [], []
     for _ in range(n_perturbed):
         _, w = window()
         text = tokenizer.decode(w)
-        chat.append(tokenizer.apply_chat_template(
-            [{"role": "system", "content": "You are a careful Python assistant. Continue the code."},
-             {"role": "user", "content": text}], add_generation_prompt=True, tokenize=False))
+        chat.append(
+            tokenizer.apply_chat_template(
+                [
+                    {"role": "system", "content": "You are a careful Python assistant. Continue the code."},
+                    {"role": "user", "content": text},
+                ],
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+        )
         lines = [ln.replace("    ", "\t") + "  " for ln in text.split("\n")]
         ws.append("\n".join(ln if ln.strip() else ln + "\n" for ln in lines))
         i, w2 = window()
@@ -82,8 +93,16 @@ def run_engine(target: str, drafter: str | None, k: int, sets: dict, max_tokens:
     from vllm import LLM, SamplingParams
 
     spec = None if drafter is None else {"method": "eagle3", "model": drafter, "num_speculative_tokens": k}
-    llm = LLM(model=target, speculative_config=spec, enforce_eager=True, dtype="float32",
-              max_model_len=1024, seed=0, disable_log_stats=False, enable_prefix_caching=False)
+    llm = LLM(
+        model=target,
+        speculative_config=spec,
+        enforce_eager=True,
+        dtype="float32",
+        max_model_len=1024,
+        seed=0,
+        disable_log_stats=False,
+        enable_prefix_caching=False,
+    )
     sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     res = {}
     for name, prompts in sets.items():
@@ -92,14 +111,22 @@ def run_engine(target: str, drafter: str | None, k: int, sets: dict, max_tokens:
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
         dt = time.time() - t0
         after = counters(llm)
-        r = {"outputs": [list(o.outputs[0].token_ids) for o in outs], "seconds": dt,
-             "tokens": sum(len(o.outputs[0].token_ids) for o in outs)}
+        r = {
+            "outputs": [list(o.outputs[0].token_ids) for o in outs],
+            "seconds": dt,
+            "tokens": sum(len(o.outputs[0].token_ids) for o in outs),
+        }
         if drafter is not None:
             drafts = after[SPEC_COUNTERS[0]] - before.get(SPEC_COUNTERS[0], 0)
             acc = after[SPEC_COUNTERS[2]] - before.get(SPEC_COUNTERS[2], 0)
             pp = [a - b for a, b in zip(after[PER_POS], before.get(PER_POS, [0] * k))]
-            r.update(num_drafts=drafts, accepted=acc, per_pos=pp,
-                     mal=1 + acc / max(drafts, 1), per_pos_rate=[p / max(drafts, 1) for p in pp])
+            r.update(
+                num_drafts=drafts,
+                accepted=acc,
+                per_pos=pp,
+                mal=1 + acc / max(drafts, 1),
+                per_pos_rate=[p / max(drafts, 1) for p in pp],
+            )
         res[name] = r
     del llm
     gc.collect()
@@ -125,6 +152,7 @@ def main(argv=None) -> int:
     paths = kit_paths(args.kit)
 
     from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(paths["target"])
     sets = make_prompts(tok, args.heldout, args.perturbed, args.prompt_len, args.seed)
     t_all = time.time()
@@ -137,30 +165,58 @@ def main(argv=None) -> int:
         res = run_engine(paths["target"], paths[f"drafter_{variant}"], k, sets, args.max_tokens)
         for name, r in res.items():
             same = sum(a == b for a, b in zip(r["outputs"], base[name]["outputs"]))
-            runs.append({"drafter": variant, "k": k, "set": name, "mal": r["mal"],
-                         "per_pos_rate": r["per_pos_rate"], "num_drafts": r["num_drafts"],
-                         "lossless": f"{same}/{len(r['outputs'])}",
-                         "tok_per_s": r["tokens"] / r["seconds"]})
+            runs.append(
+                {
+                    "drafter": variant,
+                    "k": k,
+                    "set": name,
+                    "mal": r["mal"],
+                    "per_pos_rate": r["per_pos_rate"],
+                    "num_drafts": r["num_drafts"],
+                    "lossless": f"{same}/{len(r['outputs'])}",
+                    "tok_per_s": r["tokens"] / r["seconds"],
+                }
+            )
         # perturbed, pooled
         pert = [n for n in res if n.startswith("perturbed")]
         drafts = sum(res[n]["num_drafts"] for n in pert)
         pp = [sum(res[n]["per_pos"][i] for n in pert) for i in range(k)]
-        runs.append({"drafter": variant, "k": k, "set": "perturbed:all", "mal": 1 + sum(pp) / max(drafts, 1),
-                     "per_pos_rate": [p / max(drafts, 1) for p in pp], "num_drafts": drafts,
-                     "lossless": "", "tok_per_s": None})
-        print_row(runs[-len(res) - 1:], header=(len(runs) == len(res) + 1))
+        runs.append(
+            {
+                "drafter": variant,
+                "k": k,
+                "set": "perturbed:all",
+                "mal": 1 + sum(pp) / max(drafts, 1),
+                "per_pos_rate": [p / max(drafts, 1) for p in pp],
+                "num_drafts": drafts,
+                "lossless": "",
+                "tok_per_s": None,
+            }
+        )
+        print_row(runs[-len(res) - 1 :], header=(len(runs) == len(res) + 1))
 
     base_tps = {n: base[n]["tokens"] / base[n]["seconds"] for n in base}
-    print("\nno-drafter throughput (tok/s, warm, this CPU): "
-          + ", ".join(f"{n} {v:.0f}" for n, v in base_tps.items()))
+    print("\nno-drafter throughput (tok/s, warm, this CPU): " + ", ".join(f"{n} {v:.0f}" for n, v in base_tps.items()))
     print(f"benchmark wall time {time.time() - t_all:.0f}s")
     print("\n=== full table ===")
     print_row(runs, header=True)
-    summary = {"max_tokens": args.max_tokens, "prompt_len": args.prompt_len, "heldout_prompts": args.heldout,
-               "perturbed_prompts_per_kind": args.perturbed, "vllm": __import__("vllm").__version__,
-               "rows": [{**r, "mal": round(r["mal"], 3), "per_pos_rate": [round(x, 3) for x in r["per_pos_rate"]],
-                         "tok_per_s": None if r["tok_per_s"] is None else round(r["tok_per_s"], 1)} for r in runs],
-               "no_drafter_tok_per_s": {n: round(v, 1) for n, v in base_tps.items()}}
+    summary = {
+        "max_tokens": args.max_tokens,
+        "prompt_len": args.prompt_len,
+        "heldout_prompts": args.heldout,
+        "perturbed_prompts_per_kind": args.perturbed,
+        "vllm": __import__("vllm").__version__,
+        "rows": [
+            {
+                **r,
+                "mal": round(r["mal"], 3),
+                "per_pos_rate": [round(x, 3) for x in r["per_pos_rate"]],
+                "tok_per_s": None if r["tok_per_s"] is None else round(r["tok_per_s"], 1),
+            }
+            for r in runs
+        ],
+        "no_drafter_tok_per_s": {n: round(v, 1) for n, v in base_tps.items()},
+    }
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
     if args.write_manifest:
@@ -175,12 +231,17 @@ def main(argv=None) -> int:
 
 def print_row(rows, header=False):
     if header:
-        print(f"{'drafter':<11}{'k':>2}  {'prompts':<25}{'mean acc len':>12}  "
-              + " ".join(f"{'pos' + str(i + 1):>6}" for i in range(6)) + f"  {'drafts':>6}  {'lossless':>8}")
+        print(
+            f"{'drafter':<11}{'k':>2}  {'prompts':<25}{'mean acc len':>12}  "
+            + " ".join(f"{'pos' + str(i + 1):>6}" for i in range(6))
+            + f"  {'drafts':>6}  {'lossless':>8}"
+        )
     for r in rows:
         pos = " ".join(f"{x:6.3f}" for x in r["per_pos_rate"]) + " " * 7 * (6 - len(r["per_pos_rate"]))
-        print(f"{r['drafter']:<11}{r['k']:>2}  {r['set']:<25}{r['mal']:>12.3f}  {pos}  {r['num_drafts']:>6}  {r['lossless']:>8}",
-              flush=True)
+        print(
+            f"{r['drafter']:<11}{r['k']:>2}  {r['set']:<25}{r['mal']:>12.3f}  {pos}  {r['num_drafts']:>6}  {r['lossless']:>8}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -20,8 +20,18 @@ if __name__ == "__main__":
     parser.add_argument("--output-uri")
     parser.add_argument("--job-id")
     parser.add_argument("--restart", action="store_true", help="wipe the output location and start over")
-    parser.add_argument("--take-over", action="store_true", help="take the location over at once from a run known to be dead")
+    parser.add_argument(
+        "--take-over", action="store_true", help="take the location over at once from a run known to be dead"
+    )
     parser.add_argument("--retry-errors", action="store_true", help="run again every unit with error rows")
     args = parser.parse_args()
-    sys.exit(run_from_config(args.config, args.output_uri, job_id=args.job_id, restart=args.restart, take_over=args.take_over,
-                             retry_errors=args.retry_errors))
+    sys.exit(
+        run_from_config(
+            args.config,
+            args.output_uri,
+            job_id=args.job_id,
+            restart=args.restart,
+            take_over=args.take_over,
+            retry_errors=args.retry_errors,
+        )
+    )

@@ -44,7 +44,9 @@ class JobResult:
     error: Optional[str] = None
 
 
-def job_config(config: Union[JobConfig, dict[str, Any], str, os.PathLike], output_uri: Optional[str] = None) -> JobConfig:
+def job_config(
+    config: Union[JobConfig, dict[str, Any], str, os.PathLike], output_uri: Optional[str] = None
+) -> JobConfig:
     """A JobConfig from a dict (validated as a YAML file is), a file's path or URI, or itself;
     `output_uri` replaces the config's."""
     if isinstance(config, JobConfig):
@@ -54,8 +56,13 @@ def job_config(config: Union[JobConfig, dict[str, Any], str, os.PathLike], outpu
     return load_config(os.fspath(config), {"output_uri": output_uri} if output_uri else None)
 
 
-def run(config: Union[JobConfig, dict[str, Any], str, os.PathLike], output_uri: Optional[str] = None, clock=None,
-        command: Optional[str] = None, **options) -> JobResult:
+def run(
+    config: Union[JobConfig, dict[str, Any], str, os.PathLike],
+    output_uri: Optional[str] = None,
+    clock=None,
+    command: Optional[str] = None,
+    **options,
+) -> JobResult:
     """Runs (or resumes) the job. `options`: the run's flags as `specbatch run` has them
     (pipeline/job/plan.RunOptions: restart, take_over, retry_errors, address, progress, ...).
     A job that ends with its rows generated gets its data set card (OUTPUT_URI/README.md,
@@ -71,15 +78,23 @@ def run(config: Union[JobConfig, dict[str, Any], str, os.PathLike], output_uri: 
         if manifest.status in ("succeeded", "completed_with_errors"):
             _card(config, command or f"pipeline.api.run(<config of job {config.job_name}>)")
     except KeyboardInterrupt:  # the attempt recorded how far it got, when it had begun
-        manifest = JobManifest.model_validate(location.read_manifest()) if location and location.has_manifest() else None
-        return JobResult("interrupted", EXIT_CODES["interrupted"], manifest if manifest and manifest.status == "interrupted" else None,
-                         "interrupted (Ctrl-C, SIGINT); run it again to resume")
+        manifest = (
+            JobManifest.model_validate(location.read_manifest()) if location and location.has_manifest() else None
+        )
+        return JobResult(
+            "interrupted",
+            EXIT_CODES["interrupted"],
+            manifest if manifest and manifest.status == "interrupted" else None,
+            "interrupted (Ctrl-C, SIGINT); run it again to resume",
+        )
     except Exception as exc:
         status = ending_status(exc)
         if status is None:
             raise
         cause = getattr(exc, "cause", None)  # an actor's error, as Ray carries it
-        return JobResult(status, EXIT_CODES[status], error=plain_text(str(cause if isinstance(cause, BaseException) else exc)))
+        return JobResult(
+            status, EXIT_CODES[status], error=plain_text(str(cause if isinstance(cause, BaseException) else exc))
+        )
     return JobResult(manifest.status, EXIT_CODES.get(manifest.status, EXIT_CODES["failed"]), manifest, manifest.error)
 
 
@@ -90,7 +105,9 @@ def _card(config: JobConfig, command: str) -> None:
     try:
         write_data_card(config, command)
     except Exception as exc:  # the rows are committed and _job.json says so: the card is a summary of them
-        log.warning("the data set card (README.md) was not written to %s: %s: %s", config.output_uri, type(exc).__name__, exc)
+        log.warning(
+            "the data set card (README.md) was not written to %s: %s: %s", config.output_uri, type(exc).__name__, exc
+        )
 
 
 def ending_status(exc: BaseException) -> Optional[str]:
@@ -107,12 +124,17 @@ def ending_status(exc: BaseException) -> Optional[str]:
     endings = [
         (REFUSALS, "refused"),
         ((LeaseLost,), "fenced"),
-        ((StorageUnavailable, TooManyErrors, AcceptanceTooLow, SchedulingStalled, JobStalled, EnginesKeepFailing), "failed"),
+        (
+            (StorageUnavailable, TooManyErrors, AcceptanceTooLow, SchedulingStalled, JobStalled, EnginesKeepFailing),
+            "failed",
+        ),
     ]
     return next((status for types, status in endings if isinstance(exc, types)), None)
 
 
-def read_outputs(output_uri: str, table: str = "outputs", storage: Optional[Union[StorageConfig, dict]] = None) -> pa.Table:
+def read_outputs(
+    output_uri: str, table: str = "outputs", storage: Optional[Union[StorageConfig, dict]] = None
+) -> pa.Table:
     """A job's committed rows of `table` (outputs, errors or stats) as one pyarrow table: files
     of units no commit marker names (a run that died mid-write) are not read."""
     return _location(output_uri, storage).read_table(_table(table))
@@ -129,7 +151,9 @@ def read_dataset(output_uri: str, table: str = "outputs", storage: Optional[Unio
     if not files:  # stats, or nothing committed yet
         return ray.data.from_arrow(location.read_table(table))
     fs, _ = location.storage.fs(files[0])
-    return ray.data.read_parquet([location.storage.fs(uri)[1] for uri in files], filesystem=pafs.PyFileSystem(pafs.FSSpecHandler(fs)))
+    return ray.data.read_parquet(
+        [location.storage.fs(uri)[1] for uri in files], filesystem=pafs.PyFileSystem(pafs.FSSpecHandler(fs))
+    )
 
 
 def _table(table: str) -> str:
@@ -146,5 +170,7 @@ def _location(output_uri: str, storage, must_exist: bool = True):
         storage = StorageConfig.model_validate(storage)
     location = OutputLocation(Storage.from_config(storage or StorageConfig()), output_uri)
     if must_exist and not location.has_manifest():
-        raise FileNotFoundError(f"{output_uri}: no _job.json; not a specbatch output location (or the job never started)")
+        raise FileNotFoundError(
+            f"{output_uri}: no _job.json; not a specbatch output location (or the job never started)"
+        )
     return location

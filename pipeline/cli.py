@@ -15,11 +15,17 @@ from schemas import EXIT_CODES
 DELEGATED = {
     "report": ("pipeline.tools.report", "cost per million tokens from jobs' _job.json and stats/"),
     "calibrate": ("pipeline.tools.calibrate", "measure speculation depths on the job's own prompts"),
-    "pilot": ("pipeline.tools.pilot", "before a large job: calibrate, specbatch beside vLLM alone, one page of what to run"),
+    "pilot": (
+        "pipeline.tools.pilot",
+        "before a large job: calibrate, specbatch beside vLLM alone, one page of what to run",
+    ),
     "check-drafter": ("pipeline.tools.check_drafter", "refuse a drafter that does not belong to its target"),
     "export": ("pipeline.tools.export", "write a job's outputs as OpenAI batch output files (--format openai_batch)"),
     "status": ("pipeline.tools.status", "where a job stands: state, lease, rows and units done, errors by kind, ETA"),
-    "check-cluster": ("pipeline.tools.check_cluster", "does a Ray head take jobs: submit one that does nothing, say why not"),
+    "check-cluster": (
+        "pipeline.tools.check_cluster",
+        "does a Ray head take jobs: submit one that does nothing, say why not",
+    ),
 }
 
 
@@ -38,7 +44,9 @@ EXAMPLES = {
         "specbatch run job.yaml --take-over    # a run you know is dead still holds the output's lease",
         "specbatch run job.yaml --restart      # settings changed: wipe the output location and start over",
     ),
-    "tiny-models": ("specbatch tiny-models build /tmp/tinykit --threads 2    # trains the kit anew: minutes on 2 cores",),
+    "tiny-models": (
+        "specbatch tiny-models build /tmp/tinykit --threads 2    # trains the kit anew: minutes on 2 cores",
+    ),
 }
 
 
@@ -63,8 +71,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.json and not args.dry_run:
             parser.error("--json goes with --dry-run")
         return run_from_config(
-            args.config, args.output_uri, dry_run=args.dry_run, as_json=args.json, job_id=args.job_id, restart=args.restart,
-            take_over=args.take_over, retry_errors=args.retry_errors, verbose=args.verbose, address=args.address,
+            args.config,
+            args.output_uri,
+            dry_run=args.dry_run,
+            as_json=args.json,
+            job_id=args.job_id,
+            restart=args.restart,
+            take_over=args.take_over,
+            retry_errors=args.retry_errors,
+            verbose=args.verbose,
+            address=args.address,
         )
     if args.command == "tiny-models":
         from tinykit.build import main as build_main
@@ -81,33 +97,41 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser(
-        "demo", help="run the job on the embedded default (local Ray, tiny models, CPU vLLM)",
+        "demo",
+        help="run the job on the embedded default (local Ray, tiny models, CPU vLLM)",
         description=textwrap.fill(
             "Run a whole job on the embedded default: sample prompts, the tiny model kit, local Ray and vLLM's CPU "
             "build, through the code path a GPU cluster runs."
         ),
-        epilog=example(EXAMPLES["demo"]), formatter_class=raw,
+        epilog=example(EXAMPLES["demo"]),
+        formatter_class=raw,
     )
     demo.add_argument("--workdir", default="runs/demo", help="where prompts, config and outputs go")
     demo.add_argument("--rows", type=int, default=256)
 
-    add_run_arguments(sub.add_parser(
-        "run", help="run a job from a YAML config (local path or URI)",
-        description=textwrap.fill(
-            "Run, or resume, the job a YAML config describes (jobs/configs/ has examples). Exit 0 succeeded, 3 completed "
-            "with errors, 1 failed, 2 refused before it started (a refusal says what to change), 130 interrupted "
-            "(Ctrl-C; rerun to resume)."
-        ),
-        epilog=example(EXAMPLES["run"]), formatter_class=raw,
-    ))
+    add_run_arguments(
+        sub.add_parser(
+            "run",
+            help="run a job from a YAML config (local path or URI)",
+            description=textwrap.fill(
+                "Run, or resume, the job a YAML config describes (jobs/configs/ has examples). Exit 0 succeeded, 3 completed "
+                "with errors, 1 failed, 2 refused before it started (a refusal says what to change), 130 interrupted "
+                "(Ctrl-C; rerun to resume)."
+            ),
+            epilog=example(EXAMPLES["run"]),
+            formatter_class=raw,
+        )
+    )
 
     tiny = sub.add_parser(
-        "tiny-models", help="the project's tiny model kit",
+        "tiny-models",
+        help="the project's tiny model kit",
         description=textwrap.fill(
             "Build the project's tiny model kit (a target and its EAGLE-3 drafters, trained on this CPU); "
             "`specbatch tiny-models build --help` lists the build's options."
         ),
-        epilog=example(EXAMPLES["tiny-models"]), formatter_class=raw,
+        epilog=example(EXAMPLES["tiny-models"]),
+        formatter_class=raw,
     )
     tiny.add_argument("action", choices=["build"])
     tiny.add_argument("rest", nargs=argparse.REMAINDER, help="OUT [--seed N] [--threads N] [--smoke]")
@@ -117,25 +141,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-
 def add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("config")
     run.add_argument("--output-uri", help="override output_uri (e.g. a dated prefix)")
     run.add_argument("--job-id")
     run.add_argument("--restart", action="store_true", help="wipe the output location and start over")
-    run.add_argument("--take-over", action="store_true", help="take the output location over at once from a run you know is dead (a dead run's lease is taken over without it once the lease tells)")
-    run.add_argument("--retry-errors", action="store_true", help="run again every unit with error rows, final ones included")
+    run.add_argument(
+        "--take-over",
+        action="store_true",
+        help="take the output location over at once from a run you know is dead (a dead run's lease is taken over without it once the lease tells)",
+    )
+    run.add_argument(
+        "--retry-errors", action="store_true", help="run again every unit with error rows, final ones included"
+    )
     run.add_argument("--verbose", action="store_true", help="show Ray's and vLLM's logs live")
     run.add_argument("--address", help="the Ray cluster to join (default: RAY_ADDRESS, else a Ray of the job's own)")
-    run.add_argument("--dry-run", action="store_true", help="check and plan, start nothing, write nothing: exit 0 accepted, 2 refused")
-    run.add_argument("--json", action="store_true", help="with --dry-run: the plan as one JSON object (schemas/plan.py)")
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check and plan, start nothing, write nothing: exit 0 accepted, 2 refused",
+    )
+    run.add_argument(
+        "--json", action="store_true", help="with --dry-run: the plan as one JSON object (schemas/plan.py)"
+    )
 
 
 EXIT = EXIT_CODES  # exit codes by job status (schemas.EXIT_CODES)
 
 
-def run_from_config(config_uri: str, output_uri: str | None = None, dry_run: bool = False, as_json: bool = False,
-                    **options) -> int:
+def run_from_config(
+    config_uri: str, output_uri: str | None = None, dry_run: bool = False, as_json: bool = False, **options
+) -> int:
     """Exit 0 succeeded, 3 completed_with_errors (over retries.max_error_fraction), 1 failed
     (the job stopped; `_job.json` says why), 2 refused before it started, 4 fenced (another run
     took the output location over while this one ran), 130 interrupted. `options`: the run's
@@ -159,14 +195,22 @@ def run_from_config(config_uri: str, output_uri: str | None = None, dry_run: boo
                     raise
                 print(f"specbatch: {SAID[ending_status(exc)]}: {plain_text(str(exc))}", file=sys.stderr)
                 return EXIT[ending_status(exc)]
-        result = run(config_uri, output_uri, clock=StartClock(from_process_start=True),
-                     command=_command(config_uri, output_uri, flags), **dataclasses.asdict(flags))
+        result = run(
+            config_uri,
+            output_uri,
+            clock=StartClock(from_process_start=True),
+            command=_command(config_uri, output_uri, flags),
+            **dataclasses.asdict(flags),
+        )
     except KeyboardInterrupt:
         result = None
     finally:
         signal.signal(signal.SIGINT, previous_handler)
     if result is None or result.status == "interrupted":
-        print(f"specbatch: {_interrupted(result.manifest if result else None)}; rerun the same command to resume", file=sys.stderr)
+        print(
+            f"specbatch: {_interrupted(result.manifest if result else None)}; rerun the same command to resume",
+            file=sys.stderr,
+        )
         return EXIT["interrupted"]
     if result.manifest is None:  # ended by an error specbatch names: one line, no traceback
         print(f"specbatch: {SAID.get(result.status, 'job failed')}: {result.error}", file=sys.stderr)
@@ -178,7 +222,9 @@ def run_from_config(config_uri: str, output_uri: str | None = None, dry_run: boo
 def _command(config_uri: str, output_uri: str | None, flags) -> str:
     """The `specbatch run` command line a run had (its data set card names it)."""
     words = ["specbatch", "run", config_uri] + (["--output-uri", output_uri] if output_uri else [])
-    words += [f"--{name.replace('_', '-')}" for name in ("restart", "take_over", "retry_errors") if getattr(flags, name)]
+    words += [
+        f"--{name.replace('_', '-')}" for name in ("restart", "take_over", "retry_errors") if getattr(flags, name)
+    ]
     return " ".join(words + (["--address", flags.address] if flags.address else []))
 
 
@@ -211,7 +257,9 @@ def _drop_rays_error_channel() -> None:
     if worker is None:
         return
     show = worker.print_to_stdstream
-    worker.print_to_stdstream = lambda data, ignore_prefix: None if data.get("pid") == "raylet" else show(data, ignore_prefix)
+    worker.print_to_stdstream = lambda data, ignore_prefix: (
+        None if data.get("pid") == "raylet" else show(data, ignore_prefix)
+    )
 
 
 def _interrupted(manifest) -> str:

@@ -14,6 +14,7 @@ target's name for that). Pass the model directory for the canonical value; a bar
 gives the config-only value unless ``tokenizer_vocab_sha256`` is passed.
 Format: ``"sha256:<64 hex>"``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -64,8 +65,9 @@ def tokenizer_vocab_sha256(tokenizer_json: str | os.PathLike) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
-def fingerprint_fields(config_dict_or_path: Mapping[str, Any] | str | os.PathLike,
-                       tokenizer_vocab: str | None = None) -> dict:
+def fingerprint_fields(
+    config_dict_or_path: Mapping[str, Any] | str | os.PathLike, tokenizer_vocab: str | None = None
+) -> dict:
     """The canonical dict that is hashed (useful in error messages)."""
     if isinstance(config_dict_or_path, Mapping):
         cfg = dict(config_dict_or_path)
@@ -92,8 +94,9 @@ def fingerprint_fields(config_dict_or_path: Mapping[str, Any] | str | os.PathLik
     return fields
 
 
-def target_config_fingerprint(config_dict_or_path: Mapping[str, Any] | str | os.PathLike,
-                              tokenizer_vocab_sha256: str | None = None) -> str:
+def target_config_fingerprint(
+    config_dict_or_path: Mapping[str, Any] | str | os.PathLike, tokenizer_vocab_sha256: str | None = None
+) -> str:
     fields = fingerprint_fields(config_dict_or_path, tokenizer_vocab_sha256)
     blob = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(blob.encode("utf-8")).hexdigest()

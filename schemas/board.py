@@ -37,7 +37,9 @@ class TrialPlan(Contract):
     rows: int = Field(description="The job's rows left.")
     engines: int = Field(description="The job's replicas.")
     unit_rows: int = Field(description="Rows of the units the arms measure (the head units', when the job has them).")
-    max_units: Optional[int] = Field(None, description="Units an arm takes at most (half the head units); null: no cap.")
+    max_units: Optional[int] = Field(
+        None, description="Units an arm takes at most (half the head units); null: no cap."
+    )
 
 
 class BoardReading(Contract):

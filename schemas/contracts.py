@@ -51,12 +51,15 @@ class PromptRow(Contract):
     n: Optional[int] = Field(None, description="Samples of this prompt.")
     stop: Optional[list[str]] = None
     response_format: Optional[str] = Field(
-        None, description="Structured output, JSON text: {\"type\": \"json_schema\", \"json_schema\": {\"schema\": {...}}}, or regex, choice, grammar, json_object."
+        None,
+        description='Structured output, JSON text: {"type": "json_schema", "json_schema": {"schema": {...}}}, or regex, choice, grammar, json_object.',
     )
     sampling: Optional[str] = Field(
-        None, description="Any other sampling parameter, JSON text of an object: {\"top_k\": 20, \"logprobs\": 5}."
+        None, description='Any other sampling parameter, JSON text of an object: {"top_k": 20, "logprobs": 5}.'
     )
-    lora: Optional[str] = Field(None, description="A LoRA adapter by its name in the job's lora.adapters; null: the base model.")
+    lora: Optional[str] = Field(
+        None, description="A LoRA adapter by its name in the job's lora.adapters; null: the base model."
+    )
     metadata: Any = Field(default=None, description="Passed through to outputs untouched.")
 
 
@@ -90,15 +93,19 @@ class OutputRow(Contract):
     sample_index: int = Field(0, description="0..n-1; with a seed, sample i is drawn with seed + i.")
     text: str = Field(description="The output; with a reasoning parser, the answer without its reasoning.")
     finish_reason: str = Field(description="stop (EOS, a stop string or token), length (max_tokens) or abort.")
-    stop_reason: Optional[str] = Field(None, description="The stop string or stop token id that ended it; null for EOS or length.")
+    stop_reason: Optional[str] = Field(
+        None, description="The stop string or stop token id that ended it; null for EOS or length."
+    )
     parsed: Optional[bool] = Field(
-        None, description="With a response_format: the text parses and follows it (false, e.g., when cut off by max_tokens); null: none asked."
+        None,
+        description="With a response_format: the text parses and follows it (false, e.g., when cut off by max_tokens); null: none asked.",
     )
     parse_error: Optional[str] = Field(None, description="Why it does not parse.")
     reasoning: Optional[str] = Field(None, description="The reasoning, split off the text by chat.reasoning_parser.")
     logprobs: Optional[list[TokenLogprob]] = Field(None, description="Per generated token, with sampling.logprobs.")
     prompt_logprobs: Optional[list[TokenLogprob]] = Field(
-        None, description="Per prompt token, with sampling.prompt_logprobs; on sample 0 only (the samples share the prompt)."
+        None,
+        description="Per prompt token, with sampling.prompt_logprobs; on sample 0 only (the samples share the prompt).",
     )
     prompt_tokens: int
     generated_tokens: int
@@ -155,7 +162,8 @@ class UnitStats(Contract):
     first_error: Optional[str] = Field(None, description="'<error_kind>: <id>' of the unit's first error row.")
     prompt_tokens: int
     cached_prompt_tokens: int = Field(
-        0, description="Of prompt_tokens, those vLLM served from its prefix cache (counted once per request, as prompt_tokens)."
+        0,
+        description="Of prompt_tokens, those vLLM served from its prefix cache (counted once per request, as prompt_tokens).",
     )
     generated_tokens: int
     started_at: float = Field(description="Unix time the unit entered the engine.")
@@ -173,16 +181,22 @@ class UnitStats(Contract):
     acceptance_rate: Optional[float] = Field(description="accepted / draft tokens; null without drafts.")
     mean_acceptance_length: Optional[float] = Field(description="1 + accepted / drafts; null without drafts.")
     accepted_per_position: list[int] = Field(description="Drafts whose position i (0-based) was accepted.")
-    tokens_per_target_pass: Optional[float] = Field(None, description="Generated tokens per target decode pass (passes: generated - accepted - completions, at least the drafting steps): what speculation saved, grammar cuts included; 1.0 without drafts; null without a decode pass.")
+    tokens_per_target_pass: Optional[float] = Field(
+        None,
+        description="Generated tokens per target decode pass (passes: generated - accepted - completions, at least the drafting steps): what speculation saved, grammar cuts included; 1.0 without drafts; null without a decode pass.",
+    )
     speculation_disabled_by_guard: bool = Field(
-        False, description="The job config asked for speculation and the acceptance guard turned it off before this unit."
+        False,
+        description="The job config asked for speculation and the acceptance guard turned it off before this unit.",
     )
     trial_arm: Optional[str] = Field(
-        None, description="'on' or 'off': the unit measured that setting in the speculation trial (JobManifest.trial); null: not in it."
+        None,
+        description="'on' or 'off': the unit measured that setting in the speculation trial (JobManifest.trial); null: not in it.",
     )
     commit_token: str = Field("", description="Names the commit's files; the unit's marker names the visible one.")
     lease_owner: str = Field(
-        "", description="The run (`_lease.json`'s owner) that held the lease when the unit was committed; empty: no lease check."
+        "",
+        description="The run (`_lease.json`'s owner) that held the lease when the unit was committed; empty: no lease check.",
     )
 
 
@@ -209,7 +223,9 @@ class Versions(Contract):
 
 
 class ModelFingerprint(Contract):
-    path: str = Field(description="The model as configured: a local folder, or a folder URI in object storage (s3://...).")
+    path: str = Field(
+        description="The model as configured: a local folder, or a folder URI in object storage (s3://...)."
+    )
     config_sha256: str
     architectures: list[str]
     files: dict[str, str] = Field(
@@ -255,7 +271,9 @@ class IdCheck(Contract):
     """The job's ids checked unique across all its input files, before any engine started."""
 
     rows: int = Field(description="Rows whose ids were read.")
-    duplicates: list[DuplicateId] = Field(default_factory=list, description="Each repeated id's later rows, in input order.")
+    duplicates: list[DuplicateId] = Field(
+        default_factory=list, description="Each repeated id's later rows, in input order."
+    )
 
 
 class PrefixSharing(Contract):
@@ -265,10 +283,14 @@ class PrefixSharing(Contract):
 
     rows: int
     prompt_chars: int
-    shared_chars_in_input_order: int = Field(description="Characters each row shares with the row before it, as the input comes.")
+    shared_chars_in_input_order: int = Field(
+        description="Characters each row shares with the row before it, as the input comes."
+    )
     shared_chars_grouped: int = Field(description="The same, with the rows sorted so that shared prefixes meet.")
     job_common_chars: int = Field(0, description="A prefix every row shares (a system prompt): cached in any order.")
-    prefix_groups: int = Field(description="Runs of grouped rows sharing at least 256 characters beyond the job's common prefix.")
+    prefix_groups: int = Field(
+        description="Runs of grouped rows sharing at least 256 characters beyond the job's common prefix."
+    )
     rows_in_groups: int
 
 
@@ -289,9 +311,12 @@ class PrefixGrouping(Contract):
     grouped: bool
     reason: str
     sharing: Optional[PrefixSharing] = None
-    files: list[InputFile] = Field(default_factory=list, description="The grouped copy's files, in order; units are their row ranges.")
+    files: list[InputFile] = Field(
+        default_factory=list, description="The grouped copy's files, in order; units are their row ranges."
+    )
     sources: Optional[list[str]] = Field(
-        None, description="The input files the copy holds (null: a copy written before they were recorded, of every input file)."
+        None,
+        description="The input files the copy holds (null: a copy written before they were recorded, of every input file).",
     )
 
     def unit_files(self, input_files: list[InputFile]) -> list[InputFile]:
@@ -314,7 +339,8 @@ class Lease(Contract):
     heartbeat_at: float = Field(description="Unix time of the last renewal.")
     stale_after_seconds: float
     generation: int = Field(
-        0, description="Grows by one at every acquisition (a take-over included); an engine commits only under its run's."
+        0,
+        description="Grows by one at every acquisition (a take-over included); an engine commits only under its run's.",
     )
     host: Optional[str] = Field(None, description="Host name of the run's driver.")
     pid: Optional[int] = Field(None, description="Process id of the run's driver on `host`.")
@@ -341,7 +367,8 @@ class JobTotals(Contract):
     prompt_tokens: int = 0
     cached_prompt_tokens: int = Field(0, description="Of prompt_tokens, those served from vLLM's prefix cache.")
     prefix_cache_hit_rate: Optional[float] = Field(
-        None, description="cached_prompt_tokens / prompt_tokens; null without prompt tokens. Prefill computed: the rest."
+        None,
+        description="cached_prompt_tokens / prompt_tokens; null without prompt tokens. Prefill computed: the rest.",
     )
     generated_tokens: int = 0
     num_drafts: int = 0
@@ -349,8 +376,13 @@ class JobTotals(Contract):
     accepted_tokens: int = 0
     acceptance_rate: Optional[float] = None
     mean_acceptance_length: Optional[float] = None
-    tokens_per_target_pass: Optional[float] = Field(None, description="Over the units that speculated (not the trial's off arm, nor units after the trial or the guard turned speculation off): generated tokens per target decode pass (passes: generated - accepted - completions, at least the drafting steps): what speculation saved, grammar cuts included; null without a decode pass.")
-    wall_seconds: float = Field(0.0, description="The attempts' wall time, summed: what is billed, engine start included.")
+    tokens_per_target_pass: Optional[float] = Field(
+        None,
+        description="Over the units that speculated (not the trial's off arm, nor units after the trial or the guard turned speculation off): generated tokens per target decode pass (passes: generated - accepted - completions, at least the drafting steps): what speculation saved, grammar cuts included; null without a decode pass.",
+    )
+    wall_seconds: float = Field(
+        0.0, description="The attempts' wall time, summed: what is billed, engine start included."
+    )
     tokens_per_second: float = Field(0.0, description="Generated tokens / wall_seconds: wall-time speed.")
     engine_busy_seconds: float = Field(
         0.0, description="Time the engines generated, summed over engines (each the union of its units' engine time)."
@@ -359,7 +391,8 @@ class JobTotals(Contract):
         0.0, description="Generated tokens / engine_busy_seconds: an engine's speed while it generates."
     )
     engine_busy_share: Optional[float] = Field(
-        None, description="engine_busy_seconds / (replicas x wall_seconds): the share of billed engine time spent generating."
+        None,
+        description="engine_busy_seconds / (replicas x wall_seconds): the share of billed engine time spent generating.",
     )
 
 
@@ -373,10 +406,16 @@ class EngineDeath(Contract):
     node_id: str
     error: str
     units: list[str] = Field(description="Units in flight, retried.")
-    kind: Literal["died", "hung"] = Field("died", description="died: EngineCore gone; hung: alive and yielding no token.")
+    kind: Literal["died", "hung"] = Field(
+        "died", description="died: EngineCore gone; hung: alive and yielding no token."
+    )
     seconds_without_progress: Optional[float] = Field(None, description="hung: seconds since the engine's last output.")
-    stall_limit_seconds: Optional[float] = Field(None, description="hung: the limit it passed (engine_stall_seconds, or more).")
-    rows_in_flight: dict[str, list[int]] = Field(default_factory=dict, description="Unit -> its rows in the engine, unfinished.")
+    stall_limit_seconds: Optional[float] = Field(
+        None, description="hung: the limit it passed (engine_stall_seconds, or more)."
+    )
+    rows_in_flight: dict[str, list[int]] = Field(
+        default_factory=dict, description="Unit -> its rows in the engine, unfinished."
+    )
     stacks: Optional[str] = Field(None, description="hung: the Python stacks of the engine's processes (py-spy dump).")
 
 
@@ -431,7 +470,9 @@ class EngineStart(Contract):
     process_started_at: float = Field(description="Its worker process started (Ray may start one ahead of the actor).")
     init_started_at: float = Field(description="The actor's constructor began: its own modules imported.")
     vllm_imported_at: float
-    engine_core_started_at: Optional[float] = Field(None, description="vLLM's EngineCore process started; null: not seen.")
+    engine_core_started_at: Optional[float] = Field(
+        None, description="vLLM's EngineCore process started; null: not seen."
+    )
     engine_ready_at: float = Field(description="The engine answered: workers up, model loaded, KV cache allocated.")
 
 
@@ -449,7 +490,8 @@ class StartCost(Contract):
         None, description="From the driver's process start to the first unit committed; null: none committed."
     )
     generation_started_s: Optional[float] = Field(
-        None, description="From the driver's process start to the start of generation, where the attempt's wall_seconds begin."
+        None,
+        description="From the driver's process start to the start of generation, where the attempt's wall_seconds begin.",
     )
     phases: list[StartPhase] = Field(default_factory=list, description="In the order they began.")
     engine_starts: list[EngineStart] = Field(default_factory=list, description="Every engine this attempt started.")
@@ -486,10 +528,15 @@ class Attempt(Contract):
     engine_deaths: list[EngineDeath] = Field(default_factory=list, description="Engines that died and were restarted.")
     node_losses: list[NodeLoss] = Field(default_factory=list, description="Ray nodes lost while the attempt ran.")
     ray_cluster: Optional[str] = Field(
-        None, description="The Ray cluster the attempt ran on: joined ADDRESS, or its own local Ray; null: no engine ran."
+        None,
+        description="The Ray cluster the attempt ran on: joined ADDRESS, or its own local Ray; null: no engine ran.",
     )
-    start: Optional[StartCost] = Field(None, description="Where the time to the first committed unit went; null: no engine ran.")
-    added: Optional[AttemptAdded] = Field(None, description="What this attempt generated: a rerun over new input files adds only theirs.")
+    start: Optional[StartCost] = Field(
+        None, description="Where the time to the first committed unit went; null: no engine ran."
+    )
+    added: Optional[AttemptAdded] = Field(
+        None, description="What this attempt generated: a rerun over new input files adds only theirs."
+    )
 
 
 GuardAction = Literal["warn", "fail", "disable-speculation"]
@@ -518,7 +565,8 @@ class SpeculationVerdict(Contract):
         None, description="The tokens per target pass floor (speculative.guard, else speculative.probe)."
     )
     tokens_per_target_pass: Optional[float] = Field(
-        None, description="Over the committed units that speculated (JobTotals.tokens_per_target_pass): what speculation saved."
+        None,
+        description="Over the committed units that speculated (JobTotals.tokens_per_target_pass): what speculation saved.",
     )
     below_floor: bool
     cost_more_than_saved: Optional[bool] = Field(
@@ -539,9 +587,12 @@ class SpeculationVerdict(Contract):
         ),
     )
     source_detail: Optional[str] = Field(
-        None, description="The trial's reason, the calibration's date and place, or why there is none and the command that gives one."
+        None,
+        description="The trial's reason, the calibration's date and place, or why there is none and the command that gives one.",
     )
-    calibration_uri: Optional[str] = Field(None, description="The calibration the verdict rests on (source calibration).")
+    calibration_uri: Optional[str] = Field(
+        None, description="The calibration the verdict rests on (source calibration)."
+    )
 
 
 class TrialArm(Contract):
@@ -553,7 +604,9 @@ class TrialArm(Contract):
     generated_tokens: int
     seconds: float = Field(description="Engine time: the union of the arm's units' intervals in the engine.")
     tokens_per_second: float = Field(description="generated_tokens / seconds.")
-    unit_tokens_per_second: list[float] = Field(description="Each unit's own rate (it overlapped the others): the spread.")
+    unit_tokens_per_second: list[float] = Field(
+        description="Each unit's own rate (it overlapped the others): the spread."
+    )
 
 
 class TrialVerdict(Contract):
@@ -565,12 +618,18 @@ class TrialVerdict(Contract):
     )
     reason: str = Field(description="One sentence, as the console printed it.")
     setting: str = Field(description="The speculation the job is configured with ('k=3' or a schedule).")
-    concurrency: int = Field(0, description="Sequences at once the trial ran at: min(units in flight x rows per unit, max_num_seqs).")
+    concurrency: int = Field(
+        0, description="Sequences at once the trial ran at: min(units in flight x rows per unit, max_num_seqs)."
+    )
     speculation: Optional[TrialArm] = None
     off: Optional[TrialArm] = None
-    speedup_vs_off: Optional[float] = Field(None, description="speculation tok/s / off tok/s; below 1 it cost more than it saved.")
+    speedup_vs_off: Optional[float] = Field(
+        None, description="speculation tok/s / off tok/s; below 1 it cost more than it saved."
+    )
     margin: float = Field(0.0, description="speculative.trial.margin when it was decided.")
-    engine_start_seconds: Optional[float] = Field(None, description="The trial engine's own start, which a switch costs again.")
+    engine_start_seconds: Optional[float] = Field(
+        None, description="The trial engine's own start, which a switch costs again."
+    )
     engine_restarts: int = Field(0, description="Engine starts the trial cost its engine beyond the first.")
     actor_id: str = ""
     decided_at: Optional[str] = None
@@ -597,16 +656,26 @@ class JobManifest(Contract):
     drafter: Optional[ModelFingerprint] = None
     accelerator: str = Field(description="What the replicas ran on, e.g. 'cpu' or 'nvidia-a100'.")
     input_files: list[InputFile]
-    grouping: Optional[PrefixGrouping] = Field(None, description="Rows grouped by shared prefix (null: decided before grouping existed, or not run).")
-    head_units: Optional[HeadUnits] = Field(None, description="The job's first rows in smaller units for its trial (null: none).")
-    ids: Optional[IdCheck] = Field(None, description="The ids checked unique across the input (null: a job begun before the check).")
+    grouping: Optional[PrefixGrouping] = Field(
+        None, description="Rows grouped by shared prefix (null: decided before grouping existed, or not run)."
+    )
+    head_units: Optional[HeadUnits] = Field(
+        None, description="The job's first rows in smaller units for its trial (null: none)."
+    )
+    ids: Optional[IdCheck] = Field(
+        None, description="The ids checked unique across the input (null: a job begun before the check)."
+    )
     input_job: Optional[InputJob] = Field(None, description="A chained job: the job whose output rows are its input.")
     totals: JobTotals = Field(description="Over everything committed at the output location, all attempts.")
     attempts: list[Attempt] = Field(default_factory=list)
     guard_events: list[GuardEvent] = Field(default_factory=list, description="What the acceptance guard saw and did.")
     probe: Optional[ProbeResult] = Field(None, description="The drafter probe before the first run (null: not run).")
-    speculation: Optional[SpeculationVerdict] = Field(None, description="Did speculation pay? Null without speculation.")
-    trial: Optional[TrialVerdict] = Field(None, description="Speculation against off on the job's first units (null: no trial).")
+    speculation: Optional[SpeculationVerdict] = Field(
+        None, description="Did speculation pay? Null without speculation."
+    )
+    trial: Optional[TrialVerdict] = Field(
+        None, description="Speculation against off on the job's first units (null: no trial)."
+    )
 
     @property
     def unit_files(self) -> list[InputFile]:

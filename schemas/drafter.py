@@ -77,7 +77,9 @@ class DrafterInfo(Contract):
     num_speculative_tokens: Optional[int] = Field(
         default=None, description="speculators_config.proposal_methods[0].speculative_tokens."
     )
-    tokenizer_vocab_sha256: Optional[str] = Field(default=None, description="Of a tokenizer.json shipped with the drafter.")
+    tokenizer_vocab_sha256: Optional[str] = Field(
+        default=None, description="Of a tokenizer.json shipped with the drafter."
+    )
 
 
 class TargetInfo(Contract):

@@ -33,7 +33,9 @@ class PlanInputs(Contract):
     rows: int
     prompt_rows: int = Field(description="Rows of files with a `prompt` column.")
     chat_rows: int = Field(description="Rows of files with a `messages` column (rendered with the chat template).")
-    duplicate_ids: int = Field(0, description="Rows whose id an earlier row of the input has: each would be its row's duplicate_id error.")
+    duplicate_ids: int = Field(
+        0, description="Rows whose id an earlier row of the input has: each would be its row's duplicate_id error."
+    )
     converted_files: Optional[int] = Field(
         None, description="openai_batch: JSONL files already converted under OUTPUT_URI/_inputs (not read again)."
     )
@@ -55,18 +57,24 @@ class PlanUnits(Contract):
     left: int = Field(description="Units the run would generate: not committed, or again.")
     rows_left: int
     rerun_of: Optional[str] = Field(None, description="The job id of the output location's _job.json, on a rerun.")
-    head: Optional[HeadUnits] = Field(None, description="The job's first rows in smaller units, for its speculation trial.")
+    head: Optional[HeadUnits] = Field(
+        None, description="The job's first rows in smaller units, for its speculation trial."
+    )
 
 
 class TokenEstimate(Contract):
     sample_rows: int = Field(description="Rows prepared exactly as the preprocess stage does (seeded random sample).")
     sample_row_groups: int = Field(description="Row groups read for the sample.")
     sample_seed: int
-    sample_error_rows: int = Field(description="Sampled rows the preprocess stage would send to errors/ (0 prompt tokens).")
+    sample_error_rows: int = Field(
+        description="Sampled rows the preprocess stage would send to errors/ (0 prompt tokens)."
+    )
     sample_error_kinds: dict[str, int] = Field(default_factory=dict)
     exact: bool = Field(description="The sample was every input row: the prompt tokens are counted, not estimated.")
     prompt_tokens: int = Field(description="Estimated over all input rows: each kind's sample mean x its rows.")
-    prompt_tokens_by_kind: dict[str, int] = Field(description="'prompt' and 'messages' rows, each estimated from its own sample.")
+    prompt_tokens_by_kind: dict[str, int] = Field(
+        description="'prompt' and 'messages' rows, each estimated from its own sample."
+    )
     prompt_tokens_left: int = Field(description="The same estimate for the rows left to run.")
     output_tokens_upper_bound: int = Field(
         description=(
@@ -91,25 +99,38 @@ class CostEstimate(Contract):
 
     calibration_uri: str
     measured_at: str
-    depth: int = Field(description="The depth whose measurement is used: the job's at `concurrency` (0: speculation off).")
+    depth: int = Field(
+        description="The depth whose measurement is used: the job's at `concurrency` (0: speculation off)."
+    )
     schedule: Optional[str] = Field(None, description="The job's depth schedule, when its measurement is used.")
-    concurrency: int = Field(description="Sequences at once of the measurement: the highest measured (the job's steady state).")
-    tokens_per_second_per_gpu: float = Field(description="Generated tokens per second per billed GPU (per node for CPU replicas).")
+    concurrency: int = Field(
+        description="Sequences at once of the measurement: the highest measured (the job's steady state)."
+    )
+    tokens_per_second_per_gpu: float = Field(
+        description="Generated tokens per second per billed GPU (per node for CPU replicas)."
+    )
     output_tokens: int = Field(description="The rows left x sampling.max_tokens x sampling.n: an upper bound.")
     gpu_hours: float = Field(description="output_tokens / tokens_per_second_per_gpu / 3600: an upper bound with it.")
     wall_hours: float = Field(description="gpu_hours over the pool's minimum replicas x GPUs per replica.")
     currency: str
-    price_per_gpu_hour: Optional[float] = Field(description="Null when the price file has no price for the accelerator.")
-    price_source: Optional[str] = Field(description="'prices' (pipeline/tools/prices.yaml) or 'calibration' (its recorded price).")
+    price_per_gpu_hour: Optional[float] = Field(
+        description="Null when the price file has no price for the accelerator."
+    )
+    price_source: Optional[str] = Field(
+        description="'prices' (pipeline/tools/prices.yaml) or 'calibration' (its recorded price)."
+    )
     cost: Optional[float] = Field(description="gpu_hours x price_per_gpu_hour.")
 
 
 class PlanGrouping(Contract):
     decision: PrefixGrouping
     units: int = Field(description="Units over the grouped copy (the input's units when not grouped).")
-    copy_written: bool = Field(description="The grouped copy exists already (a resume); false: the run writes it first.")
+    copy_written: bool = Field(
+        description="The grouped copy exists already (a resume); false: the run writes it first."
+    )
     prefill_tokens_saved: Optional[int] = Field(
-        None, description="Prompt tokens grouping shares beyond the input's order: the prefill saved when the KV cache holds a fraction of the job."
+        None,
+        description="Prompt tokens grouping shares beyond the input's order: the prefill saved when the KV cache holds a fraction of the job.",
     )
 
 
@@ -121,7 +142,9 @@ class DryRunPlan(Contract):
     inputs: Optional[PlanInputs] = Field(None, description="Null when the run is refused before the input check.")
     units: Optional[PlanUnits] = None
     tokens: Optional[TokenEstimate] = None
-    grouping: Optional[PlanGrouping] = Field(None, description="Rows grouped by shared prompt prefix, and what it found.")
+    grouping: Optional[PlanGrouping] = Field(
+        None, description="Rows grouped by shared prompt prefix, and what it found."
+    )
     checks: list[PlanCheck] = Field(default_factory=list)
     cost: Optional[CostEstimate] = None
     cost_note: Optional[str] = Field(None, description="Why there is no cost estimate, or what it does not count.")

@@ -32,7 +32,9 @@ class JobFigures(Contract):
     inputs_sha256: str = Field(
         "", description="sha256 of the input files' names, sizes and rows: jobs on the same prompts share it."
     )
-    sampling_sha256: str = Field("", description="sha256 of the job's sampling section: jobs that sampled alike share it.")
+    sampling_sha256: str = Field(
+        "", description="sha256 of the job's sampling section: jobs that sampled alike share it."
+    )
     drafter: Optional[str] = None
     accelerator: str
     replicas: int
@@ -49,25 +51,39 @@ class JobFigures(Contract):
     failed_rows: int
     prompt_tokens: int
     cached_prompt_tokens: int = Field(0, description="Of prompt_tokens, those vLLM served from its prefix cache.")
-    computed_prompt_tokens: int = Field(0, description="prompt_tokens - cached_prompt_tokens: the prefill the engines computed.")
-    prefix_cache_hit_rate: Optional[float] = Field(None, description="cached_prompt_tokens / prompt_tokens; null without prompt tokens.")
+    computed_prompt_tokens: int = Field(
+        0, description="prompt_tokens - cached_prompt_tokens: the prefill the engines computed."
+    )
+    prefix_cache_hit_rate: Optional[float] = Field(
+        None, description="cached_prompt_tokens / prompt_tokens; null without prompt tokens."
+    )
     generated_tokens: int
     wall_seconds: float = Field(description="The job's wall time (_job.json totals.wall_seconds).")
-    busy_seconds: float = Field(description="Engine-busy time summed over actors (union of each actor's unit intervals).")
+    busy_seconds: float = Field(
+        description="Engine-busy time summed over actors (union of each actor's unit intervals)."
+    )
     gpu_hours: float = Field(description="replicas x gpus_per_replica x wall time, in hours: what is billed.")
     busy_gpu_hours: float = Field(description="gpus_per_replica x busy time, in hours.")
     utilization: Optional[float] = Field(description="busy_gpu_hours / gpu_hours.")
-    price_per_gpu_hour: Optional[float] = Field(description="Null when the price file has no price for the accelerator.")
-    price_source: Optional[str] = Field(None, description="Where the price came from: a --prices file or specbatch's defaults.")
+    price_per_gpu_hour: Optional[float] = Field(
+        description="Null when the price file has no price for the accelerator."
+    )
+    price_source: Optional[str] = Field(
+        None, description="Where the price came from: a --prices file or specbatch's defaults."
+    )
     cost: Optional[float] = Field(description="gpu_hours x price_per_gpu_hour.")
     cost_per_million_generated_tokens: Optional[float]
     cost_per_million_total_tokens: Optional[float] = Field(description="Prompt plus generated tokens.")
     tokens_per_second_per_gpu: Optional[float] = Field(description="Generated tokens / (gpu_hours in seconds).")
-    busy_tokens_per_second_per_gpu: Optional[float] = Field(description="Generated tokens / (busy_gpu_hours in seconds).")
+    busy_tokens_per_second_per_gpu: Optional[float] = Field(
+        description="Generated tokens / (busy_gpu_hours in seconds)."
+    )
     engine_tokens_per_second: Optional[float] = Field(
         None, description="Generated tokens / busy_seconds: an engine's speed while it generates."
     )
-    wall_tokens_per_second: Optional[float] = Field(None, description="Generated tokens / wall_seconds, engine start included.")
+    wall_tokens_per_second: Optional[float] = Field(
+        None, description="Generated tokens / wall_seconds, engine start included."
+    )
     to_first_commit_seconds: Optional[float] = Field(
         None, description="The last attempt: from its start to its first committed unit (_job.json attempts[-1].start)."
     )
@@ -80,7 +96,8 @@ class JobFigures(Contract):
     mean_acceptance_length: Optional[float] = Field(description="1 + accepted / drafts; null without drafts.")
     accepted_per_position: list[float] = Field(description="Share of drafts whose position i (0-based) was accepted.")
     tokens_per_target_pass: Optional[float] = Field(
-        None, description="Generated tokens per target decode pass of the units that speculated: what speculation saved, grammar cuts included."
+        None,
+        description="Generated tokens per target decode pass of the units that speculated: what speculation saved, grammar cuts included.",
     )
     speculation_flags: list[str] = Field(
         default_factory=list,
@@ -89,13 +106,20 @@ class JobFigures(Contract):
     speculation_verdict: Optional[str] = Field(
         None, description="Whether speculation paid and what says so, as the console and `specbatch status` say it."
     )
-    trial: Optional[str] = Field(None, description="The job's speculation trial, as its console line said (_job.json trial).")
+    trial: Optional[str] = Field(
+        None, description="The job's speculation trial, as its console line said (_job.json trial)."
+    )
     trial_outcome: Optional[str] = Field(None, description="kept, turned-off or skipped; null: no trial.")
     trial_concurrency: Optional[int] = Field(None, description="Sequences at once in the trial's arms.")
-    trial_tokens_per_second_on: Optional[float] = Field(None, description="The trial engine's tok/s with the configured speculation.")
-    trial_tokens_per_second_off: Optional[float] = Field(None, description="The trial engine's tok/s without the drafter.")
+    trial_tokens_per_second_on: Optional[float] = Field(
+        None, description="The trial engine's tok/s with the configured speculation."
+    )
+    trial_tokens_per_second_off: Optional[float] = Field(
+        None, description="The trial engine's tok/s without the drafter."
+    )
     trial_cost_per_million_on: Optional[float] = Field(
-        None, description="Price per replica-hour / (trial tok/s on x 3600) x 1M: a generated million's cost with speculation."
+        None,
+        description="Price per replica-hour / (trial tok/s on x 3600) x 1M: a generated million's cost with speculation.",
     )
     trial_cost_per_million_off: Optional[float] = Field(None, description="The same without the drafter.")
 
@@ -118,8 +142,12 @@ class ReportTotals(Contract):
     num_drafts: int = Field(0, description="Summed over the jobs, as are draft_tokens and accepted_tokens.")
     draft_tokens: int = 0
     accepted_tokens: int = 0
-    acceptance_rate: Optional[float] = Field(None, description="accepted / draft tokens of all jobs; null without drafts.")
-    mean_acceptance_length: Optional[float] = Field(None, description="1 + accepted / drafts of all jobs; null without drafts.")
+    acceptance_rate: Optional[float] = Field(
+        None, description="accepted / draft tokens of all jobs; null without drafts."
+    )
+    mean_acceptance_length: Optional[float] = Field(
+        None, description="1 + accepted / drafts of all jobs; null without drafts."
+    )
 
 
 class SpeculationComparison(Contract):
@@ -189,7 +217,9 @@ class JobCheckRow(Contract):
     schedule: Optional[str] = None
     rows: int
     generated_tokens: int
-    seconds: float = Field(description="From the first unit entering an engine to the last commit (engine start excluded).")
+    seconds: float = Field(
+        description="From the first unit entering an engine to the last commit (engine start excluded)."
+    )
     tokens_per_second: float
     mean_acceptance_length: Optional[float]
     chosen: bool
@@ -237,7 +267,9 @@ class CalibrationKey(Contract):
     """What a calibration is valid for (pipeline/speculation/calibrations.py): a job whose key is
     equal uses it; one that differs in a field is told which."""
 
-    target: str = Field(description="sha256 of the target's config and its weight and tokenizer files' sizes and versions.")
+    target: str = Field(
+        description="sha256 of the target's config and its weight and tokenizer files' sizes and versions."
+    )
     drafter: str = Field(description="The same for the drafter.")
     accelerator: str = Field(description="resources.accelerator.")
     dtype: str = Field(description="engine.dtype.")

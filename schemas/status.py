@@ -73,9 +73,12 @@ class StatusReport(Contract):
     stats_as_of: Optional[str] = Field(
         None, description="UTC, ISO 8601: the last commit the stats files hold (counts_from commits); null: none yet."
     )
-    markers_read: int = Field(0, description="Markers of units committed since the stats files were written, read for their stats.")
+    markers_read: int = Field(
+        0, description="Markers of units committed since the stats files were written, read for their stats."
+    )
     units_unread: int = Field(
-        0, description=(
+        0,
+        description=(
             "Committed units whose stats status did not read (more than 1,000 committed since the stats files were "
             "written): in units_committed and rows_done, not in the split into output and error rows, tokens or acceptance."
         ),
@@ -87,17 +90,23 @@ class StatusReport(Contract):
     retryable_error_rows: int = Field(description="Error rows a rerun generates again.")
     units_planned: int = Field(description="Work units of the input (the last attempt's plan).")
     units_committed: int
-    attempt_units_committed: Optional[int] = Field(None, description="Running: of them, units the running attempt committed.")
-    last_commit_at: Optional[str] = Field(
-        None, description="Running: UTC, ISO 8601: the newest commit marker's write time (the store's clock); null: none."
+    attempt_units_committed: Optional[int] = Field(
+        None, description="Running: of them, units the running attempt committed."
     )
-    last_commit_age_seconds: Optional[float] = Field(None, description="Running: seconds since last_commit_at, when status looked.")
+    last_commit_at: Optional[str] = Field(
+        None,
+        description="Running: UTC, ISO 8601: the newest commit marker's write time (the store's clock); null: none.",
+    )
+    last_commit_age_seconds: Optional[float] = Field(
+        None, description="Running: seconds since last_commit_at, when status looked."
+    )
     errors_by_kind: dict[str, int] = Field(description="error_kind -> error rows, over the error files read.")
     error_units: int = Field(description="Committed units with error rows.")
     error_units_read: int = Field(description="Of those, units whose error file was read for errors_by_kind.")
     errors_by_kind_complete: bool = Field(description="Every error unit was read: errors_by_kind sums to error_rows.")
     speculation_trial: Optional[str] = Field(
-        None, description="The speculation trial's verdict as the console printed it (_job.json trial.reason); null: none yet."
+        None,
+        description="The speculation trial's verdict as the console printed it (_job.json trial.reason); null: none yet.",
     )
     speculation_verdict: Optional[str] = Field(
         None,
@@ -105,43 +114,58 @@ class StatusReport(Contract):
         "null while the job runs, or when it did not speculate.",
     )
     generated_tokens: int
-    prompt_tokens: int = Field(0, description="Prompt tokens of the committed units (once per request, whatever its samples).")
-    cached_prompt_tokens: int = Field(0, description="Of prompt_tokens, those vLLM served from its prefix cache; the rest were computed.")
-    prefix_cache_hit_rate: Optional[float] = Field(None, description="cached_prompt_tokens / prompt_tokens; null without prompt tokens.")
+    prompt_tokens: int = Field(
+        0, description="Prompt tokens of the committed units (once per request, whatever its samples)."
+    )
+    cached_prompt_tokens: int = Field(
+        0, description="Of prompt_tokens, those vLLM served from its prefix cache; the rest were computed."
+    )
+    prefix_cache_hit_rate: Optional[float] = Field(
+        None, description="cached_prompt_tokens / prompt_tokens; null without prompt tokens."
+    )
     tokens_per_second: float = Field(description="Generated tokens / the attempts' wall time so far: wall-time speed.")
     engine_tokens_per_second: float = Field(
         0.0, description="Generated tokens / the engines' busy time: an engine's speed while it generates."
     )
     engine_busy_share: Optional[float] = Field(
-        None, description="The engines' busy time / (replicas x wall time): the share of billed engine time spent generating."
+        None,
+        description="The engines' busy time / (replicas x wall time): the share of billed engine time spent generating.",
     )
     acceptance_rate: Optional[float] = Field(description="accepted / draft tokens; null without drafts.")
     mean_acceptance_length: Optional[float] = Field(description="1 + accepted / drafts; null without drafts.")
     rows_per_second: Optional[float] = Field(
-        None, description=(
+        None,
+        description=(
             "Running: rows the running attempt committed per second over its last pace_units committed units (the "
             "markers' write times): the steady pace. Commits come in bursts (each engine's first units end together), "
             "so there is none before pace_units units have committed after the attempt's first."
-        )
+        ),
     )
     pace_units: Optional[int] = Field(
-        None, description="Running: the units the pace is measured over: replicas x units_in_flight, one per engine slot."
+        None,
+        description="Running: the units the pace is measured over: replicas x units_in_flight, one per engine slot.",
     )
-    units_before_pace: Optional[int] = Field(None, description="Running: units still to commit before there is a pace; 0: there is one.")
+    units_before_pace: Optional[int] = Field(
+        None, description="Running: units still to commit before there is a pace; 0: there is one."
+    )
     eta_seconds: Optional[float] = Field(
-        None, description="Running: rows left / rows_per_second, from the last commit; null when not running or no pace yet."
+        None,
+        description="Running: rows left / rows_per_second, from the last commit; null when not running or no pace yet.",
     )
     eta_at: Optional[str] = Field(
         None, description="UTC, ISO 8601: last_commit_at + eta_seconds, while the driver is alive; null otherwise."
     )
     progress_written_at: Optional[str] = Field(
-        None, description="Running: UTC, ISO 8601: when the running attempt's driver last wrote _progress.json; null: none."
+        None,
+        description="Running: UTC, ISO 8601: when the running attempt's driver last wrote _progress.json; null: none.",
     )
     engines_without_progress: list[EngineWithoutProgress] = Field(
-        default_factory=list, description="Running: replicas holding requests that have yielded nothing for 60 s or more."
+        default_factory=list,
+        description="Running: replicas holding requests that have yielded nothing for 60 s or more.",
     )
     warnings: list[str] = Field(
-        default_factory=list, description=(
+        default_factory=list,
+        description=(
             "What looks wrong while the job runs, one sentence each: an engine holding requests without output, no "
             "commit for much longer than the pace says, a driver that stopped writing _progress.json."
         ),

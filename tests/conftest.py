@@ -53,12 +53,24 @@ def ray_head_command(gcs_port: int, dashboard_port: int, *extra: str, agent_port
     from tests.ray_cluster import LOOPBACK_START
 
     return [
-        sys.executable, "-c", LOOPBACK_START, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs_port}",
-        "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", "--include-dashboard=true",
-        "--num-cpus=4", "--disable-usage-stats",
-        f"--dashboard-agent-listen-port={agent_port or free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-        f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
-        f"--ray-client-server-port={free_port()}", *extra,
+        sys.executable,
+        "-c",
+        LOOPBACK_START,
+        "start",
+        "--head",
+        "--node-ip-address=127.0.0.1",
+        f"--port={gcs_port}",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dashboard_port}",
+        "--include-dashboard=true",
+        "--num-cpus=4",
+        "--disable-usage-stats",
+        f"--dashboard-agent-listen-port={agent_port or free_port()}",
+        f"--dashboard-agent-grpc-port={free_port()}",
+        f"--metrics-export-port={free_port()}",
+        f"--runtime-env-agent-port={free_port()}",
+        f"--ray-client-server-port={free_port()}",
+        *extra,
     ]
 
 
@@ -102,7 +114,10 @@ def ray_head():
     try:
         subprocess.run(
             ray_head_command(gcs_port, dashboard_port, f"--temp-dir={temp_dir}"),
-            check=True, env=env, capture_output=True, timeout=180,
+            check=True,
+            env=env,
+            capture_output=True,
+            timeout=180,
         )
         client = JobSubmissionClient(address, headers={"Authorization": f"Bearer {token}"})
         deadline, first = time.time() + 180, None
@@ -119,7 +134,9 @@ def ray_head():
             time.sleep(2)
         HEADS_TO_STOP.append(temp_dir)
         yield SimpleNamespace(
-            address=address, token=token, client=client,
+            address=address,
+            token=token,
+            client=client,
             env={"RAY_ADDRESS": address, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token},
         )
     finally:
@@ -183,7 +200,10 @@ def ray_local():
 
     RAY_METRICS_PORT = free_port()
     ray.init(
-        num_cpus=4, include_dashboard=False, logging_level="WARNING", _node_ip_address="127.0.0.1",
+        num_cpus=4,
+        include_dashboard=False,
+        logging_level="WARNING",
+        _node_ip_address="127.0.0.1",
         _metrics_export_port=RAY_METRICS_PORT,
     )
     yield ray
@@ -247,11 +267,22 @@ def job_config(input_uri: str, output_uri: str, kit: dict, **overrides) -> dict:
         "input_uri": input_uri,
         "output_uri": output_uri,
         "model": {"path": kit["target"]},
-        "speculative": {"enabled": True, "drafter": kit["drafter"], "num_speculative_tokens": 3, "probe": {"rows": 0},
-                        "guard": None},
+        "speculative": {
+            "enabled": True,
+            "drafter": kit["drafter"],
+            "num_speculative_tokens": 3,
+            "probe": {"rows": 0},
+            "guard": None,
+        },
         # a quarter GiB of KV cache holds 64 sequences of 256 tokens and is filled in well under
         # a second at each engine start, where 1 GiB took about 4 s
-        "engine": {"dtype": "float32", "max_model_len": 256, "max_num_seqs": 32, "enforce_eager": True, "cpu_kv_cache_gib": 0.25},
+        "engine": {
+            "dtype": "float32",
+            "max_model_len": 256,
+            "max_num_seqs": 32,
+            "enforce_eager": True,
+            "cpu_kv_cache_gib": 0.25,
+        },
         "sampling": {"max_tokens": 16, "temperature": 0.0},
         "resources": {"replicas": 1, "rows_per_unit": 16, "units_in_flight": 2},
     }
@@ -275,7 +306,9 @@ RANDOM_JOB_ERRORS = {"empty_prompt": 2, "invalid_sampling": 1, "invalid_id": 1}
 RANDOM_JOB_GUARD = {"min_acceptance_rate": 0.5, "window_units": 2, "action": "warn"}
 # The good prompts share this header (about 110 tokens): the units after the first two find it in
 # vLLM's prefix cache, in 32-token blocks (the CPU build's default of 128 is more than a prompt holds)
-RANDOM_JOB_HEADER = "# Helpers for lists, strings and numbers: each function takes one argument and returns a value.\n" * 4
+RANDOM_JOB_HEADER = (
+    "# Helpers for lists, strings and numbers: each function takes one argument and returns a value.\n" * 4
+)
 RANDOM_JOB_BLOCK_SIZE = 32
 
 
@@ -293,15 +326,25 @@ def random_kit_job(tmp_path_factory, ray_local, random_kit):
 
     root = tmp_path_factory.mktemp("random-kit-job")
     bad = RANDOM_JOB_BAD
-    write_prompts(root / "in" / "p.parquet", {
-        "id": [None if i == RANDOM_JOB_NULL_ID else f"r{i}" for i in range(RANDOM_JOB_ROWS)],
-        "prompt": [bad[i][0] if i in bad else f"{RANDOM_JOB_HEADER}def function_{i}(x):\n    return" for i in range(RANDOM_JOB_ROWS)],
-        "max_tokens": pa.array([bad[i][1] if i in bad else None for i in range(RANDOM_JOB_ROWS)], pa.int64()),
-    })
+    write_prompts(
+        root / "in" / "p.parquet",
+        {
+            "id": [None if i == RANDOM_JOB_NULL_ID else f"r{i}" for i in range(RANDOM_JOB_ROWS)],
+            "prompt": [
+                bad[i][0] if i in bad else f"{RANDOM_JOB_HEADER}def function_{i}(x):\n    return"
+                for i in range(RANDOM_JOB_ROWS)
+            ],
+            "max_tokens": pa.array([bad[i][1] if i in bad else None for i in range(RANDOM_JOB_ROWS)], pa.int64()),
+        },
+    )
     data = job_config(
-        str(root / "in"), str(root / "out"), random_kit, sampling={"max_tokens": 8},
+        str(root / "in"),
+        str(root / "out"),
+        random_kit,
+        sampling={"max_tokens": 8},
         resources={"rows_per_unit": 8},  # auto leaves it ungrouped: the header is found in any order
-        retries={"max_error_fraction": 0.5}, speculative={"guard": RANDOM_JOB_GUARD},
+        retries={"max_error_fraction": 0.5},
+        speculative={"guard": RANDOM_JOB_GUARD},
         engine={"extra_args": {"block_size": RANDOM_JOB_BLOCK_SIZE}},
     )
     (root / "job.yaml").write_text(yaml.safe_dump(data))
@@ -314,7 +357,7 @@ def job_metric(text: str, name: str, job_id: str) -> dict[str, float]:
     """Values of the Prometheus metric `name` for this job, by replica."""
     import re
 
-    pattern = re.compile(rf'^{name}{{(?P<labels>[^}}]*)}} (?P<value>\S+)$', re.M)
+    pattern = re.compile(rf"^{name}{{(?P<labels>[^}}]*)}} (?P<value>\S+)$", re.M)
     values = {}
     for match in pattern.finditer(text):
         labels = dict(re.findall(r'(\w+)="([^"]*)"', match["labels"]))
@@ -421,12 +464,29 @@ def pytest_configure(config):
 # modules that kill engines, drivers and nodes run one after another in one process, so that the
 # other process never runs two of them at once; modules that share a session fixture that starts
 # engines or a Ray run in one process too, or each process would start its own. The longest go first.
-GROUPS = {"test_resilience.py": "faults", "test_multinode.py": "faults",
-          "test_status.py": "random-kit-job", "test_guard.py": "random-kit-job",
-          "test_readme.py": "ray-head", "test_ray_job_submit.py": "ray-head"}
-LONGEST_FIRST = ("test_resilience.py", "test_multinode.py", "test_hangs.py", "test_storage_outage.py", "test_calibrate.py",
-                 "test_speculation.py", "test_trial.py", "test_readme.py", "test_job.py", "test_sampling.py", "test_guard.py",
-                 "test_prefix_groups.py", "test_ray_job_submit.py")
+GROUPS = {
+    "test_resilience.py": "faults",
+    "test_multinode.py": "faults",
+    "test_status.py": "random-kit-job",
+    "test_guard.py": "random-kit-job",
+    "test_readme.py": "ray-head",
+    "test_ray_job_submit.py": "ray-head",
+}
+LONGEST_FIRST = (
+    "test_resilience.py",
+    "test_multinode.py",
+    "test_hangs.py",
+    "test_storage_outage.py",
+    "test_calibrate.py",
+    "test_speculation.py",
+    "test_trial.py",
+    "test_readme.py",
+    "test_job.py",
+    "test_sampling.py",
+    "test_guard.py",
+    "test_prefix_groups.py",
+    "test_ray_job_submit.py",
+)
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
@@ -485,8 +545,10 @@ def pytest_runtest_teardown(item, nextitem):
     started = SPOTTER.started_since(item.stash[ENGINE_CHECK_SINCE])
     if not started:
         return
-    message = (f"{item.nodeid} started {started} vLLM engine(s) but is not marked engine: mark it "
-               "@pytest.mark.engine (or its module with pytestmark), so that -m 'not engine' stays quick")
+    message = (
+        f"{item.nodeid} started {started} vLLM engine(s) but is not marked engine: mark it "
+        "@pytest.mark.engine (or its module with pytestmark), so that -m 'not engine' stays quick"
+    )
     if "not engine" in (item.config.getoption("markexpr") or ""):
         pytest.fail(message)
     warnings.warn(pytest.PytestWarning(message))

@@ -83,9 +83,18 @@ class LocalCluster:
             "RAY_ADDRESS": self.address,
         }
         self.nodes: dict[str, Node] = {}
-        self._start("head", ["--head", "--node-ip-address=127.0.0.1", f"--port={self.port}",
-                             "--include-dashboard=false", f"--ray-client-server-port={free_port()}"],
-                    {"head": 1}, head_cpus)
+        self._start(
+            "head",
+            [
+                "--head",
+                "--node-ip-address=127.0.0.1",
+                f"--port={self.port}",
+                "--include-dashboard=false",
+                f"--ray-client-server-port={free_port()}",
+            ],
+            {"head": 1},
+            head_cpus,
+        )
 
     def add_node(self, name: str, resources: dict, cpus: int = 2) -> Node:
         return self._start(name, [f"--address={self.address}"], resources, cpus)
@@ -93,11 +102,21 @@ class LocalCluster:
     def _start(self, name: str, args: list[str], resources: dict, cpus: int) -> Node:
         node = Node(name, free_port(), {**resources, f"node_{name}": 1})
         command = [
-            sys.executable, "-c", LOOPBACK_START, "start", *args, f"--num-cpus={cpus}", "--num-gpus=0",
-            f"--resources={json.dumps(node.resources)}", f"--node-manager-port={node.manager_port}",
-            f"--object-store-memory={self.object_store_bytes}", "--disable-usage-stats",
-            f"--metrics-export-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-            f"--dashboard-agent-grpc-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
+            sys.executable,
+            "-c",
+            LOOPBACK_START,
+            "start",
+            *args,
+            f"--num-cpus={cpus}",
+            "--num-gpus=0",
+            f"--resources={json.dumps(node.resources)}",
+            f"--node-manager-port={node.manager_port}",
+            f"--object-store-memory={self.object_store_bytes}",
+            "--disable-usage-stats",
+            f"--metrics-export-port={free_port()}",
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--dashboard-agent-grpc-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}",
         ]
         done = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=180)
         if done.returncode:
@@ -118,7 +137,7 @@ class LocalCluster:
         lines = [line for line in done.stdout.splitlines() if line.startswith(marker)]
         if not lines:
             raise RuntimeError(f"ray.nodes() printed no node list:\n{done.stdout[-3000:]}")
-        return json.loads(lines[-1][len(marker):])
+        return json.loads(lines[-1][len(marker) :])
 
     def _wait_registered(self, node: Node) -> str:
         deadline = time.time() + 60

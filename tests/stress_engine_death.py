@@ -49,7 +49,10 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="specbatch-stress-"))
     kit = build_random_kit(str(root / "kit"))
     config_path, ids, _ = make_job(
-        root, kit, rows=8 * 4 * args.kills, retries={"max_actor_restarts": 4 * args.kills, "isolate_after_attempts": 99},
+        root,
+        kit,
+        rows=8 * 4 * args.kills,
+        retries={"max_actor_restarts": 4 * args.kills, "isolate_after_attempts": 99},
     )
     location = OutputLocation(Storage(), str(root / "out"))
     before = vllm_processes()
@@ -70,15 +73,20 @@ def main() -> None:
         wait_for_new_engine_core(kill_engine_cores(proc), proc)
         left = alive(dying)
         outlived += left
-        print(f"kill {kill + 1}/{args.kills} ({when}): {killed} EngineCore killed, {len(dying)} processes of the "
-              f"dead engine, alive when the replacement started: {left or 'none'}", flush=True)
+        print(
+            f"kill {kill + 1}/{args.kills} ({when}): {killed} EngineCore killed, {len(dying)} processes of the "
+            f"dead engine, alive when the replacement started: {left or 'none'}",
+            flush=True,
+        )
     proc.wait(timeout=1800)
     assert proc.returncode == 0, f"the job failed: {log}"
     time.sleep(10)
     after = alive(p for pid, p in vllm_processes().items() if pid not in before)
     assert_exactly_once(location, ids)
-    print(f"{args.kills} kills: processes that outlived their engine into the next start: {len(outlived)}; "
-          f"engine processes alive 10 s after the job: {after or 'none'}; every id exactly once")
+    print(
+        f"{args.kills} kills: processes that outlived their engine into the next start: {len(outlived)}; "
+        f"engine processes alive 10 s after the job: {after or 'none'}; every id exactly once"
+    )
 
 
 if __name__ == "__main__":

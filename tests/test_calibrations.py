@@ -10,7 +10,13 @@ import pytest
 from pipeline.config import parse_config
 from pipeline.job.plan import model_fingerprint
 from pipeline.speculation.calibrations import (
-    JobCalibration, calibrated_setting, calibration_key, find_calibration, job_calibration, save_calibration, store_uri,
+    JobCalibration,
+    calibrated_setting,
+    calibration_key,
+    find_calibration,
+    job_calibration,
+    save_calibration,
+    store_uri,
 )
 from schemas.report import CalibrationReport
 from tests.conftest import job_config, record_s3_requests
@@ -22,9 +28,20 @@ TINY_KIT = {"target": KIT["target"], "drafter": KIT["drafter_eagle31"]}
 
 def report(recommended_depth: int = 2, schedule=None) -> CalibrationReport:
     return CalibrationReport(
-        config_uri="job.yaml", measured_at="2026-12-07T00:00:00+00:00", accelerator="cpu", gpus_per_replica=1.0,
-        currency="USD", price_per_gpu_hour=0.2, max_num_seqs=32, sample_requested=64, sample_measured=64,
-        concurrencies=[32], rows=[], recommended_depth=recommended_depth, recommended_schedule=schedule, config_snippet="",
+        config_uri="job.yaml",
+        measured_at="2026-12-07T00:00:00+00:00",
+        accelerator="cpu",
+        gpus_per_replica=1.0,
+        currency="USD",
+        price_per_gpu_hour=0.2,
+        max_num_seqs=32,
+        sample_requested=64,
+        sample_measured=64,
+        concurrencies=[32],
+        rows=[],
+        recommended_depth=recommended_depth,
+        recommended_schedule=schedule,
+        config_snippet="",
     )
 
 
@@ -42,7 +59,9 @@ def test_the_store_finds_its_key_and_names_what_differs_in_another(location, mon
     uri = save_calibration(storage, store, key, report(), "jobs/daily.yaml")
     requests = record_s3_requests(monkeypatch) if store.startswith("s3://") else None
     found = find_calibration(storage, store, key)
-    assert found.found.report.recommended_depth == 2 and found.uri == uri and found.found.config_uri == "jobs/daily.yaml"
+    assert (
+        found.found.report.recommended_depth == 2 and found.uri == uri and found.found.config_uri == "jobs/daily.yaml"
+    )
     assert "2026-12-07T00:00:00+00:00" in found.describe() and uri in found.describe()
     if requests is not None:
         assert [op for op, _ in requests] == ["get_object"], requests  # one GET when it is there
@@ -63,7 +82,14 @@ def test_a_job_finds_the_stores_calibration_before_its_own_locations(tmp_path, m
     monkeypatch.setenv("SPECBATCH_CALIBRATIONS", str(tmp_path / "store"))
     config = config_of()
     assert store_uri(config) == str(tmp_path / "store")
-    assert store_uri(config.model_copy(update={"speculative": config.speculative.model_copy(update={"calibrations": "s3://b/c/"})})) == "s3://b/c"
+    assert (
+        store_uri(
+            config.model_copy(
+                update={"speculative": config.speculative.model_copy(update={"calibrations": "s3://b/c/"})}
+            )
+        )
+        == "s3://b/c"
+    )
     location = OutputLocation(Storage(), str(tmp_path / "out"))
     target, drafter = model_fingerprint(KIT["target"]), model_fingerprint(KIT["drafter_eagle31"])
     assert job_calibration(config, location, target, None).report is None
@@ -76,11 +102,14 @@ def test_a_job_finds_the_stores_calibration_before_its_own_locations(tmp_path, m
     assert stored.report.recommended_depth == 4 and str(tmp_path / "store") in stored.where
 
 
-@pytest.mark.parametrize("recommended, schedule, expected", [
-    (4, None, (True, 4, None)),
-    (0, None, (False, 3, None)),
-    (3, [(1, 8, 3), (9, 32, 1)], (True, 3, [(1, 8, 3), (9, 32, 1)])),
-])
+@pytest.mark.parametrize(
+    "recommended, schedule, expected",
+    [
+        (4, None, (True, 4, None)),
+        (0, None, (False, 3, None)),
+        (3, [(1, 8, 3), (9, 32, 1)], (True, 3, [(1, 8, 3), (9, 32, 1)])),
+    ],
+)
 def test_the_calibrated_setting_is_the_recommended_depth_schedule_or_off(recommended, schedule, expected):
     config = config_of()
     calibrated, said = calibrated_setting(config, JobCalibration(report(recommended, schedule), "the calibration X"))

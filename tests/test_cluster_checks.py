@@ -54,7 +54,10 @@ def test_tensor_parallel_needs_one_node_pipeline_parallel_may_spread():
 
 
 def test_parallel_engines_are_validated():
-    with pytest.raises(ConfigError, match=r"gpus_per_replica \(4\) must be engine.tensor_parallel_size x engine.pipeline_parallel_size \(2\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"gpus_per_replica \(4\) must be engine.tensor_parallel_size x engine.pipeline_parallel_size \(2\)",
+    ):
         config(engine={"pipeline_parallel_size": 2}, resources={"gpus_per_replica": 4})
     with pytest.raises(ConfigError, match=r"resources.replicas: min \(3\) is larger than max \(2\)"):
         config(resources={"replicas": {"min": 3, "max": 2}})
@@ -74,11 +77,14 @@ def test_parallel_engines_are_validated():
     assert "kv_cache_memory_bytes" not in kwargs
 
 
-@pytest.mark.parametrize("engine, strategy", [
-    ({"tensor_parallel_size": 2}, "STRICT_PACK"),
-    ({"pipeline_parallel_size": 2}, "PACK"),
-    ({"pipeline_parallel_size": 2, "pipeline_placement": "SPREAD"}, "SPREAD"),
-])
+@pytest.mark.parametrize(
+    "engine, strategy",
+    [
+        ({"tensor_parallel_size": 2}, "STRICT_PACK"),
+        ({"pipeline_parallel_size": 2}, "PACK"),
+        ({"pipeline_parallel_size": 2, "pipeline_placement": "SPREAD"}, "SPREAD"),
+    ],
+)
 def test_a_gpu_engine_of_several_devices_gets_a_placement_group_of_its_own(ray_local, engine, strategy):
     """Ray Data calls `ray_remote_args_fn` for each engine actor it creates; the group it makes
     is read back from the GCS's placement group table: one bundle per GPU, the strategy. There
@@ -93,7 +99,9 @@ def test_a_gpu_engine_of_several_devices_gets_a_placement_group_of_its_own(ray_l
     try:
         table = ray.util.placement_group_table(group)
         assert table["strategy"] == strategy and table["state"] == "PENDING"
-        assert list(table["bundles"].values()) == [{"CPU": 0.5, "GPU": 1.0, "pool": 0.5}] * 2  # the replica's share each
+        assert (
+            list(table["bundles"].values()) == [{"CPU": 0.5, "GPU": 1.0, "pool": 0.5}] * 2
+        )  # the replica's share each
     finally:
         ray.util.remove_placement_group(group)
     assert "ray_remote_args_fn" not in engine_task_options(config())
@@ -112,7 +120,9 @@ def test_relative_paths_resolve_against_the_config_folder(tmp_path, monkeypatch)
 
     with fsspec.open("memory://configs/job.yaml", "w") as f:
         f.write(yaml.safe_dump(data))
-    with pytest.raises(ConfigError, match=r"input_uri = './prompts' is a relative path, and the config is not a local file"):
+    with pytest.raises(
+        ConfigError, match=r"input_uri = './prompts' is a relative path, and the config is not a local file"
+    ):
         load_config("memory://configs/job.yaml")
 
 

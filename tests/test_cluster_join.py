@@ -27,11 +27,14 @@ ROWS = 8
 
 def run_cli(tmp_path: Path, name: str, kit: dict, env: dict) -> tuple[subprocess.CompletedProcess, dict]:
     ids = [f"{name}-{i}" for i in range(ROWS)]
-    write_prompts(tmp_path / name / "in" / "p.parquet", {"id": ids, "prompt": [f"def {name}{i}():" for i in range(ROWS)]})
+    write_prompts(
+        tmp_path / name / "in" / "p.parquet", {"id": ids, "prompt": [f"def {name}{i}():" for i in range(ROWS)]}
+    )
     config = tmp_path / name / "job.yaml"
     config.write_text(yaml.safe_dump(job_config(str(tmp_path / name / "in"), str(tmp_path / name / "out"), kit)))
-    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", str(config)], env=env, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "run", str(config)], env=env, capture_output=True, text=True, timeout=600
+    )
     manifest_path = tmp_path / name / "out" / "_job.json"
     return done, json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
 

@@ -29,9 +29,13 @@ def refusal(data: dict) -> str:
 def full_config() -> dict:
     """A valid config in which every section is present, to put a typo into."""
     return job_config(
-        "in", "out", KIT,
+        "in",
+        "out",
+        KIT,
         speculative={"guard": {"min_mean_acceptance_length": 1.3}, "probe": {"rows": 0}, "num_speculative_tokens": 1},
-        sampling={"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object"}}}},
+        sampling={
+            "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object"}}}
+        },
         resources={"replicas": {"min": 1, "max": 2}},
         lora={"adapters": {"a": "/adapters/a"}},
     )
@@ -50,9 +54,24 @@ def _put(data: dict, path: str, key: str, value) -> None:
 
 def test_the_full_config_is_valid_and_has_every_section():
     parse_config(full_config())
-    assert {"", "engine.", "speculative.", "speculative.guard.", "speculative.probe.", "sampling.", "sampling.response_format.",
-            "sampling.response_format.json_schema.", "resources.", "resources.replicas.", "lora.", "storage.", "retries.",
-            "lease.", "chat.", "model."} <= set(_sections())
+    assert {
+        "",
+        "engine.",
+        "speculative.",
+        "speculative.guard.",
+        "speculative.probe.",
+        "sampling.",
+        "sampling.response_format.",
+        "sampling.response_format.json_schema.",
+        "resources.",
+        "resources.replicas.",
+        "lora.",
+        "storage.",
+        "retries.",
+        "lease.",
+        "chat.",
+        "model.",
+    } <= set(_sections())
 
 
 @pytest.mark.parametrize("section", sorted(_sections()))
@@ -76,9 +95,12 @@ def test_the_messages_of_the_brief():
 
 
 def test_a_key_in_the_wrong_section_names_its_own():
-    assert "max_tokens: unknown key here; did you mean 'sampling.max_tokens'?" in refusal(job_config("in", "out", KIT, max_tokens=5))
+    assert "max_tokens: unknown key here; did you mean 'sampling.max_tokens'?" in refusal(
+        job_config("in", "out", KIT, max_tokens=5)
+    )
     assert "engine.temperature: unknown key here; did you mean 'sampling.temperature'?" in refusal(
-        job_config("in", "out", KIT, engine={"temperature": 0.5}))
+        job_config("in", "out", KIT, engine={"temperature": 0.5})
+    )
 
 
 def test_a_key_like_none_lists_what_the_section_takes():
@@ -109,7 +131,9 @@ def test_one_did_you_mean_for_config_keys_row_overrides_and_lora_names():
 def test_a_missing_field_says_what_it_is():
     data = job_config("in", "out", KIT)
     del data["model"]
-    assert "model: required, and not set: The target model: model.path, a local folder with config.json" in refusal(data)
+    assert "model: required, and not set: The target model: model.path, a local folder with config.json" in refusal(
+        data
+    )
 
 
 def test_a_refusal_names_its_field():
@@ -118,7 +142,9 @@ def test_a_refusal_names_its_field():
     with pytest.raises(ConfigError, match=r"drafter is required"):
         parse_config(job_config("in", "out", KIT, speculative={"drafter": None}))
     with pytest.raises(ConfigError, match=r"gpus_per_replica"):
-        parse_config(job_config("in", "out", KIT, engine={"tensor_parallel_size": 2}, resources={"gpus_per_replica": 1}))
+        parse_config(
+            job_config("in", "out", KIT, engine={"tensor_parallel_size": 2}, resources={"gpus_per_replica": 1})
+        )
 
 
 def test_credentials_in_the_config_are_refused():
@@ -157,22 +183,25 @@ def test_a_speculative_section_without_drafter_says_what_to_set():
 # ---------------------------------------------------------------- output_uri inside input_uri
 
 
-@pytest.mark.parametrize("input_uri, output_uri, refused", [
-    ("/data/prompts", "/data/prompts", True),
-    ("/data/prompts", "/data/prompts/out", True),
-    ("/data/prompts/", "/data/./prompts//run-1/", True),
-    ("file:///data/prompts", "/data/prompts/out", True),
-    ("s3://bucket/prompts", "s3://bucket/prompts/out/2026-11-29/", True),
-    ("s3://bucket/prompts/", "S3://bucket//prompts/out", True),
-    ("s3://bucket/prompts?versionId=1", "s3://bucket/prompts/out", True),
-    ("s3://bucket/prompts/**/*.parquet", "s3://bucket/prompts/out", True),  # a recursive glob reaches it
-    ("s3://bucket/prompts/*.parquet", "s3://bucket/prompts", True),  # _job.json would sit among the matches
-    ("s3://bucket/prompts/*.parquet", "s3://bucket/prompts/out", False),  # the glob does not reach subfolders
-    ("/data/prompts", "/data/prompts-out", False),
-    ("/data/prompts", "/data/out", False),
-    ("s3://bucket/prompts", "s3://bucket/prompts-out", False),
-    ("s3://bucket/prompts", "/bucket/prompts/out", False),
-])
+@pytest.mark.parametrize(
+    "input_uri, output_uri, refused",
+    [
+        ("/data/prompts", "/data/prompts", True),
+        ("/data/prompts", "/data/prompts/out", True),
+        ("/data/prompts/", "/data/./prompts//run-1/", True),
+        ("file:///data/prompts", "/data/prompts/out", True),
+        ("s3://bucket/prompts", "s3://bucket/prompts/out/2026-11-29/", True),
+        ("s3://bucket/prompts/", "S3://bucket//prompts/out", True),
+        ("s3://bucket/prompts?versionId=1", "s3://bucket/prompts/out", True),
+        ("s3://bucket/prompts/**/*.parquet", "s3://bucket/prompts/out", True),  # a recursive glob reaches it
+        ("s3://bucket/prompts/*.parquet", "s3://bucket/prompts", True),  # _job.json would sit among the matches
+        ("s3://bucket/prompts/*.parquet", "s3://bucket/prompts/out", False),  # the glob does not reach subfolders
+        ("/data/prompts", "/data/prompts-out", False),
+        ("/data/prompts", "/data/out", False),
+        ("s3://bucket/prompts", "s3://bucket/prompts-out", False),
+        ("s3://bucket/prompts", "/bucket/prompts/out", False),
+    ],
+)
 def test_output_inside_input(input_uri, output_uri, refused):
     assert bool(output_inside_input(input_uri, output_uri)) == refused
     if refused:
@@ -184,7 +213,9 @@ def test_output_inside_input(input_uri, output_uri, refused):
 def test_output_inside_input_is_refused_at_load_with_relative_paths(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job_config("./prompts", "./prompts/output", KIT)))
-    with pytest.raises(ConfigError, match=r"output_uri \(.*/prompts/output\) is inside the folder input_uri \(.*/prompts\) reads from"):
+    with pytest.raises(
+        ConfigError, match=r"output_uri \(.*/prompts/output\) is inside the folder input_uri \(.*/prompts\) reads from"
+    ):
         load_config(str(path))
     path.write_text(yaml.safe_dump(job_config("./prompts", "./output", KIT)))
     load_config(str(path))
@@ -194,12 +225,16 @@ def test_parameters_speculation_cannot_run_are_refused_in_the_config():
     kit = {"target": "t", "drafter": "d"}
     with pytest.raises(ConfigError, match=r"sampling\.min_p with speculative\.enabled: vLLM refuses min_p"):
         parse_config(job_config("in", "out", kit, sampling={"min_p": 0.1}))
-    with pytest.raises(ConfigError, match=r"sampling\.temperature with speculative\.enabled: vLLM's CPU build samples wrongly"):
+    with pytest.raises(
+        ConfigError, match=r"sampling\.temperature with speculative\.enabled: vLLM's CPU build samples wrongly"
+    ):
         parse_config(job_config("in", "out", kit, sampling={"temperature": 0.7}))
     # On GPUs (vLLM's CUDA build) sampling with the drafter is vLLM's own business; without a drafter, anything goes.
     gpu = parse_config(job_config("in", "out", kit, sampling={"temperature": 0.7}, resources={"gpus_per_replica": 1}))
     assert gpu.speculation == "gpu"
-    plain = parse_config(job_config("in", "out", kit, sampling={"temperature": 0.7, "min_p": 0.1}, speculative={"enabled": False}))
+    plain = parse_config(
+        job_config("in", "out", kit, sampling={"temperature": 0.7, "min_p": 0.1}, speculative={"enabled": False})
+    )
     assert plain.speculation is None
 
 
@@ -215,7 +250,9 @@ INVALID = {
     "relative mount": dict(storage={"shared_mounts": ["mnt"]}),
     "credentials in the endpoint": dict(storage={"endpoint_url": "http://k:s@127.0.0.1:9000"}),
     "hub model": dict(model={"path": "hf://org/model"}),
-    "guard without floor": dict(speculative={"guard": {"min_mean_acceptance_length": None, "min_tokens_per_target_pass": None}}),
+    "guard without floor": dict(
+        speculative={"guard": {"min_mean_acceptance_length": None, "min_tokens_per_target_pass": None}}
+    ),
     "unknown check": dict(speculative={"checks_as_warnings": ["hiden_size"]}),
     "no drafter": dict(speculative={"drafter": None}),
     "schedule gap": dict(speculative={"depth_schedule": [[1, 2, 3], [4, 32, 1]]}),
@@ -281,15 +318,26 @@ def test_a_missing_model_names_the_field(tmp_path, capsys):
     kit = kit_paths()
     missing = str(tmp_path / "x" / "y")
     good = {"target": kit["target"], "drafter": kit["drafter_eagle31"]}
-    err = run_refusal(tmp_path, capsys, job_config(str(tmp_path / "in"), str(tmp_path / "out"), {**good, "target": missing}))
+    err = run_refusal(
+        tmp_path, capsys, job_config(str(tmp_path / "in"), str(tmp_path / "out"), {**good, "target": missing})
+    )
     assert f"model.path: {missing}: no such directory (a local folder with config.json, or an s3:// URI)" in err
-    err = run_refusal(tmp_path, capsys, job_config(str(tmp_path / "in"), str(tmp_path / "out"), {**good, "drafter": missing}))
-    assert f"speculative.drafter: {missing}: no such directory (a local folder with config.json, or an s3:// URI)" in err
-    err = run_refusal(tmp_path, capsys, job_config(str(tmp_path / "in"), str(tmp_path / "out"), good,
-                                                   model={"tokenizer": missing}))
+    err = run_refusal(
+        tmp_path, capsys, job_config(str(tmp_path / "in"), str(tmp_path / "out"), {**good, "drafter": missing})
+    )
+    assert (
+        f"speculative.drafter: {missing}: no such directory (a local folder with config.json, or an s3:// URI)" in err
+    )
+    err = run_refusal(
+        tmp_path, capsys, job_config(str(tmp_path / "in"), str(tmp_path / "out"), good, model={"tokenizer": missing})
+    )
     assert f"model.tokenizer: {missing}: no such directory" in err and "leave model.tokenizer out" in err
     (tmp_path / "empty").mkdir()
-    err = run_refusal(tmp_path, capsys, job_config(str(tmp_path / "in"), str(tmp_path / "out"), {**good, "target": str(tmp_path / "empty")}))
+    err = run_refusal(
+        tmp_path,
+        capsys,
+        job_config(str(tmp_path / "in"), str(tmp_path / "out"), {**good, "target": str(tmp_path / "empty")}),
+    )
     assert f"model.path: {tmp_path / 'empty'}: no config.json in it" in err
 
 
@@ -311,7 +359,10 @@ def test_an_input_that_matches_nothing_says_what_input_uri_takes(tmp_path):
     from pipeline.storage import Storage
 
     for uri in (tmp_path / "nothing", tmp_path / "nothing" / "*.parquet"):  # a folder, a glob
-        with pytest.raises(InputError, match="matches no Parquet file.*set input_uri to a Parquet file, a folder holding .parquet files or a glob"):
+        with pytest.raises(
+            InputError,
+            match="matches no Parquet file.*set input_uri to a Parquet file, a folder holding .parquet files or a glob",
+        ):
             inspect_inputs(str(uri), Storage())
 
 
@@ -324,26 +375,45 @@ def test_chat_input_without_a_chat_template_is_refused_naming_model_and_file(tmp
     kit = kit_paths()
     target = shutil.copytree(kit["target"], tmp_path / "target-no-template")
     tokenizer_config = target / "tokenizer_config.json"
-    tokenizer_config.write_text(json.dumps({k: v for k, v in json.loads(tokenizer_config.read_text()).items() if k != "chat_template"}))
-    path = write_job(tmp_path, {"target": str(target), "drafter": kit["drafter_eagle31"]},
-                     {"id": ["c1"], "messages": [[{"role": "user", "content": "hi"}]]}, speculative={"enabled": False})
+    tokenizer_config.write_text(
+        json.dumps({k: v for k, v in json.loads(tokenizer_config.read_text()).items() if k != "chat_template"})
+    )
+    path = write_job(
+        tmp_path,
+        {"target": str(target), "drafter": kit["drafter_eagle31"]},
+        {"id": ["c1"], "messages": [[{"role": "user", "content": "hi"}]]},
+        speculative={"enabled": False},
+    )
     err = refused_run(capsys, path)
     assert "chat.parquet" in err and str(target) in err and "no chat template" in err
     assert not (tmp_path / "out" / "_job.json").exists()  # nothing started, nothing written
 
 
-@pytest.mark.parametrize("overrides, expected", [
-    ({"sampling": {"max_tokens": 256}}, r"sampling.max_tokens \(256\) leaves no room .* engine.max_model_len \(256\)"),
-    ({"engine": {"max_model_len": 2048}}, r"engine.max_model_len \(2048\) is above what .* allows \(max_position_embeddings 1024\)"),
-])
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (
+            {"sampling": {"max_tokens": 256}},
+            r"sampling.max_tokens \(256\) leaves no room .* engine.max_model_len \(256\)",
+        ),
+        (
+            {"engine": {"max_model_len": 2048}},
+            r"engine.max_model_len \(2048\) is above what .* allows \(max_position_embeddings 1024\)",
+        ),
+    ],
+)
 def test_lengths_the_model_cannot_hold_are_refused(tmp_path, capsys, overrides, expected):
     import re
 
     from tinykit import kit_paths
 
     kit = kit_paths()
-    path = write_job(tmp_path, {"target": kit["target"], "drafter": kit["drafter_eagle31"]}, {"id": ["p"], "prompt": ["x = 1"]},
-                     **overrides)
+    path = write_job(
+        tmp_path,
+        {"target": kit["target"], "drafter": kit["drafter_eagle31"]},
+        {"id": ["p"], "prompt": ["x = 1"]},
+        **overrides,
+    )
     assert re.search(expected, refused_run(capsys, path))
 
 
@@ -357,6 +427,8 @@ def test_malformed_yaml_and_a_file_as_output_are_refused_by_name(tmp_path, capsy
     assert re.search(rf"{re.escape(str(bad))}, line \d+, column \d+: not valid YAML", refused_run(capsys, bad))
 
     kit = kit_paths()
-    path = write_job(tmp_path, {"target": kit["target"], "drafter": kit["drafter_eagle31"]}, {"id": ["p"], "prompt": ["x = 1"]})
+    path = write_job(
+        tmp_path, {"target": kit["target"], "drafter": kit["drafter_eagle31"]}, {"id": ["p"], "prompt": ["x = 1"]}
+    )
     (tmp_path / "out").write_text("not a folder")
     assert "is a file" in refused_run(capsys, path)

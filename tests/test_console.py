@@ -116,7 +116,9 @@ def test_an_engine_restart_in_the_window_does_not_stretch_the_eta():
 def test_the_pace_hears_the_units_the_driver_heard_since_it_last_looked():
     """The driver's stats rows by unit, in the order heard; one looked at once, one unit at a time,
     and with a unit heard again (a retry) give the same pace."""
-    rows = {f"u{i}": {"started_at": 10.0 * i, "wall_seconds": 10.0, "engine_seconds": 10.0, "rows": 64} for i in range(8)}
+    rows = {
+        f"u{i}": {"started_at": 10.0 * i, "wall_seconds": 10.0, "engine_seconds": 10.0, "rows": 64} for i in range(8)
+    }
     at_once, one_by_one = Pace(3), Pace(3)
     at_once.take(rows)
     heard: dict[str, dict] = {}
@@ -131,14 +133,33 @@ def test_the_pace_hears_the_units_the_driver_heard_since_it_last_looked():
 
 def manifest_with(start: StartCost, wall_seconds: float, attempts: int = 1) -> JobManifest:
     model = ModelFingerprint(path="/m", config_sha256="0" * 64, architectures=[], files={})
-    tries = [Attempt(number=n, started_at="2026-12-01T00:00:00+00:00", status="succeeded", skipped_rows=0) for n in range(1, attempts + 1)]
+    tries = [
+        Attempt(number=n, started_at="2026-12-01T00:00:00+00:00", status="succeeded", skipped_rows=0)
+        for n in range(1, attempts + 1)
+    ]
     tries[-1].start = start
     return JobManifest(
-        job_id="j", status="succeeded", started_at="2026-12-01T00:00:00+00:00", config={}, model=model,
-        versions={"specbatch": "dev", "vllm": None, "ray": "x", "torch": None, "python": "3"}, accelerator="cpu", input_files=[],
-        totals=JobTotals(input_rows=256, output_rows=250, error_rows=6, units=4, prompt_tokens=4710, generated_tokens=1042,
-                         wall_seconds=wall_seconds, tokens_per_second=1042 / wall_seconds, engine_busy_seconds=4.0,
-                         engine_tokens_per_second=260.5, engine_busy_share=0.1),
+        job_id="j",
+        status="succeeded",
+        started_at="2026-12-01T00:00:00+00:00",
+        config={},
+        model=model,
+        versions={"specbatch": "dev", "vllm": None, "ray": "x", "torch": None, "python": "3"},
+        accelerator="cpu",
+        input_files=[],
+        totals=JobTotals(
+            input_rows=256,
+            output_rows=250,
+            error_rows=6,
+            units=4,
+            prompt_tokens=4710,
+            generated_tokens=1042,
+            wall_seconds=wall_seconds,
+            tokens_per_second=1042 / wall_seconds,
+            engine_busy_seconds=4.0,
+            engine_tokens_per_second=260.5,
+            engine_busy_share=0.1,
+        ),
         attempts=tries,
     )
 
@@ -151,15 +172,22 @@ def test_the_summary_puts_the_wall_time_and_the_first_commit_on_one_time_line():
     start = StartCost(to_first_commit_seconds=74.5, generation_started_s=20.0, phases=[phase])
     text = "\n".join(summary(manifest_with(start, wall_seconds=61.3)))
     assert text.startswith("job j succeeded") and "256 of 256 done: 250 generated, 6 failed" in text
-    assert "260 tok/s of engine time, 17 tok/s of wall time (61.3 s of generation); engines busy 10% of the billed time" in text
-    assert ("first unit committed 54.5 s into generation (74.5 s after the process started, generation at 20.0 s); "
-            "0 engine starts; longest phase: EngineCore start: model load, KV cache, warm-up 25.0 s") in text
+    assert (
+        "260 tok/s of engine time, 17 tok/s of wall time (61.3 s of generation); engines busy 10% of the billed time"
+        in text
+    )
+    assert (
+        "first unit committed 54.5 s into generation (74.5 s after the process started, generation at 20.0 s); "
+        "0 engine starts; longest phase: EngineCore start: model load, KV cache, warm-up 25.0 s"
+    ) in text
     assert "{" not in text  # a readable block, not a JSON dump
 
     two = "\n".join(summary(manifest_with(start, wall_seconds=90.0, attempts=2)))
     assert "(90.0 s of generation in 2 attempts)" in two
     older = "\n".join(summary(manifest_with(StartCost(to_first_commit_seconds=74.5), wall_seconds=61.3)))
-    assert "first unit committed 74.5 s after the process started; 0 engine starts" in older  # no generation start recorded
+    assert (
+        "first unit committed 74.5 s after the process started; 0 engine starts" in older
+    )  # no generation start recorded
 
 
 def test_the_summary_says_how_much_prefill_the_prefix_cache_served():
@@ -169,16 +197,23 @@ def test_the_summary_says_how_much_prefill_the_prefix_cache_served():
     from schemas import UnitStats, arrow_schema
     from tests.test_outputs import stats
 
-    units = [stats("u1", 8, 8).model_copy(update={"prompt_tokens": 300, "cached_prompt_tokens": 128}),
-             stats("u2", 8, 8).model_copy(update={"prompt_tokens": 212})]
+    units = [
+        stats("u1", 8, 8).model_copy(update={"prompt_tokens": 300, "cached_prompt_tokens": 128}),
+        stats("u2", 8, 8).model_copy(update={"prompt_tokens": 212}),
+    ]
     table = pa.Table.from_pylist([u.model_dump() for u in units], schema=arrow_schema(UnitStats))
     totals = totals_from_stats(table, input_rows=16, wall_seconds=10.0)
     assert (totals.prompt_tokens, totals.cached_prompt_tokens, totals.prefix_cache_hit_rate) == (512, 128, 0.25)
     manifest = manifest_with(StartCost(), wall_seconds=10.0)
     manifest.totals = totals
-    assert "16 generated from 512 prompt tokens (128 from the prefix cache, 25%; 384 computed), in 2 units" in summary(manifest)[2]
+    assert (
+        "16 generated from 512 prompt tokens (128 from the prefix cache, 25%; 384 computed), in 2 units"
+        in summary(manifest)[2]
+    )
 
-    older = table.set_column(table.schema.get_field_index("cached_prompt_tokens"), "cached_prompt_tokens", pa.nulls(2, pa.int64()))
+    older = table.set_column(
+        table.schema.get_field_index("cached_prompt_tokens"), "cached_prompt_tokens", pa.nulls(2, pa.int64())
+    )
     assert totals_from_stats(older, 16, 10.0).cached_prompt_tokens == 0  # a stats file written before the column
     none = totals_from_stats(table.slice(0, 0), 0, 10.0)
     assert none.prefix_cache_hit_rate is None

@@ -90,19 +90,39 @@ def test_rows_a_footer_cannot_check_become_row_errors():
     pre = Preprocessor(PreprocessSettings(kit_paths()["target"], 256, duplicates=(("f.parquet", 12, "f.parquet", 10),)))
     rows = {"id": ["a", "  ", "a", "b", None, ""], "prompt": ["x = 1"] * 6}
     n = len(rows["id"])
-    unit = pa.table({
-        **rows, "messages": pa.nulls(n), "max_tokens": pa.nulls(n, pa.int64()), "temperature": pa.nulls(n, pa.float64()),
-        "top_p": pa.nulls(n, pa.float64()), "seed": pa.nulls(n, pa.int64()), "metadata": pa.nulls(n),
-        "source": ["f.parquet"] * n, "row": [10, 11, 12, 13, 14, 15], "text_column": ["prompt"] * n, "unit_id": ["u"] * n,
-        "unit_rows": [n] * n,
-    })
+    unit = pa.table(
+        {
+            **rows,
+            "messages": pa.nulls(n),
+            "max_tokens": pa.nulls(n, pa.int64()),
+            "temperature": pa.nulls(n, pa.float64()),
+            "top_p": pa.nulls(n, pa.float64()),
+            "seed": pa.nulls(n, pa.int64()),
+            "metadata": pa.nulls(n),
+            "source": ["f.parquet"] * n,
+            "row": [10, 11, 12, 13, 14, 15],
+            "text_column": ["prompt"] * n,
+            "unit_id": ["u"] * n,
+            "unit_rows": [n] * n,
+        }
+    )
     out = pre(unit).to_pylist()
     assert [(r["id"], r["error_kind"], r["error_field"]) for r in out] == [
-        ("a", None, None), ("  ", "invalid_id", "id"), ("a", "duplicate_id", "id"), ("b", None, None),
-        ("", "invalid_id", "id"), ("", "invalid_id", "id"),
+        ("a", None, None),
+        ("  ", "invalid_id", "id"),
+        ("a", "duplicate_id", "id"),
+        ("b", None, None),
+        ("", "invalid_id", "id"),
+        ("", "invalid_id", "id"),
     ]
-    assert out[2]["error_message"].startswith("id 'a' appears twice in f.parquet (rows 10 and 12)") and out[0]["prompt_token_ids"]
-    assert [r["error_message"] for r in out[4:]] == ["id is null at row 14 of f.parquet", "id '' is blank at row 15 of f.parquet"]
+    assert (
+        out[2]["error_message"].startswith("id 'a' appears twice in f.parquet (rows 10 and 12)")
+        and out[0]["prompt_token_ids"]
+    )
+    assert [r["error_message"] for r in out[4:]] == [
+        "id is null at row 14 of f.parquet",
+        "id '' is blank at row 15 of f.parquet",
+    ]
     assert [(r["source"], r["row"]) for r in out] == [("f.parquet", 10 + i) for i in range(n)]
 
 
@@ -132,8 +152,12 @@ def test_a_plain_fast_tokenizer_loads_as_autotokenizer_does_without_torch(tmp_pa
     from pipeline.stages.preprocess import load_tokenizer
     from tinykit import kit_paths
 
-    out = subprocess.run([sys.executable, "-c", LOADS_WITHOUT_TORCH, str(tmp_path / "custom")], capture_output=True,
-                         text=True, check=True).stdout.splitlines()
+    out = subprocess.run(
+        [sys.executable, "-c", LOADS_WITHOUT_TORCH, str(tmp_path / "custom")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     assert [json.loads(line) for line in out] == [{"torch": False, "auto": False}, {"torch": True, "auto": True}]
     ours, theirs = load_tokenizer(kit_paths()["target"]), AutoTokenizer.from_pretrained(kit_paths()["target"])
     assert type(ours) is type(theirs) and ours.special_tokens_map == theirs.special_tokens_map
@@ -141,7 +165,8 @@ def test_a_plain_fast_tokenizer_loads_as_autotokenizer_does_without_torch(tmp_pa
     assert [ours.encode(t) for t in texts] == [theirs.encode(t) for t in texts]
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is a list?"}]
     assert ours.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == theirs.apply_chat_template(
-        chat, tokenize=False, add_generation_prompt=True)
+        chat, tokenize=False, add_generation_prompt=True
+    )
 
 
 def test_good_input_report(tmp_path):
@@ -182,12 +207,21 @@ def test_max_tokens_beyond_the_room_left_is_clipped_visibly_or_refused():
     strict = Preprocessor(PreprocessSettings(kit_paths()["target"], 64, {"max_tokens": 16, "clip_max_tokens": False}))
     with pytest.raises(RowError) as err:
         strict.prepare(row, "prompt")
-    assert (err.value.kind, err.value.field) == ("max_tokens_too_long", "max_tokens") and "does not fit" in err.value.message
+    assert (err.value.kind, err.value.field) == (
+        "max_tokens_too_long",
+        "max_tokens",
+    ) and "does not fit" in err.value.message
 
 
 def _unit(unit_id, rows=10, errors=0, retryable=0):
-    return {"unit_id": unit_id, "source": "s3://b/in.parquet", "rows": rows, "error_rows": errors,
-            "retryable_error_rows": retryable, "first_error": f"prompt_too_long: id-{unit_id}" if errors else None}
+    return {
+        "unit_id": unit_id,
+        "source": "s3://b/in.parquet",
+        "rows": rows,
+        "error_rows": errors,
+        "retryable_error_rows": retryable,
+        "first_error": f"prompt_too_long: id-{unit_id}" if errors else None,
+    }
 
 
 def test_circuit_breaker_trips_on_an_error_share_over_its_window_and_on_repeated_infrastructure_errors():
@@ -197,7 +231,9 @@ def test_circuit_breaker_trips_on_an_error_share_over_its_window_and_on_repeated
     breaker = ErrorBreaker(RetriesConfig(max_error_fraction=0.1, breaker_window_units=3, breaker_consecutive_units=2))
     for unit in (_unit("a"), _unit("b"), _unit("c"), _unit("d", errors=1), _unit("e", errors=1)):
         breaker.observe(unit)  # windows of 3 units: 0, 1 and 2 errors of 30 rows, within 10 %
-    with pytest.raises(TooManyErrors, match=r"4 of the 30 rows of the last 3 units failed .* e\.g\. prompt_too_long: id-f in unit f"):
+    with pytest.raises(
+        TooManyErrors, match=r"4 of the 30 rows of the last 3 units failed .* e\.g\. prompt_too_long: id-f in unit f"
+    ):
         breaker.observe(_unit("f", errors=2))
 
     streak = ErrorBreaker(RetriesConfig(breaker_consecutive_units=2, max_error_fraction=1.0))

@@ -58,9 +58,23 @@ def refused(target: str, drafter_dir, **kwargs) -> DrafterMismatch:
 def to_speculators(path: Path, verifier: str = "specbatch-tiny-stdlib-llama") -> None:
     """Rewrite a plain EAGLE-3 drafter config in the speculators format."""
     plain = json.loads((path / "config.json").read_text())
-    layer_keys = ("model_type", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-                  "head_dim", "num_hidden_layers", "vocab_size", "max_position_embeddings", "rms_norm_eps",
-                  "rope_parameters", "hidden_act", "torch_dtype", "bos_token_id", "eos_token_id")
+    layer_keys = (
+        "model_type",
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "num_hidden_layers",
+        "vocab_size",
+        "max_position_embeddings",
+        "rms_norm_eps",
+        "rope_parameters",
+        "hidden_act",
+        "torch_dtype",
+        "bos_token_id",
+        "eos_token_id",
+    )
     spec = {
         "architectures": ["Eagle3Speculator"],
         "speculators_model_type": "eagle3",
@@ -134,8 +148,9 @@ def test_hidden_size_falls_back_to_the_drafters_hidden_size(drafter):
     assert "hidden_size" in [c.name for c in exc.failures]
 
 
-@pytest.mark.parametrize("ids, why", [([1, 2, 5], "outside"), ([-1, 2, 4], "outside"), ([2, 2, 1], "repeats"),
-                                      ([1, 2], "fc")])
+@pytest.mark.parametrize(
+    "ids, why", [([1, 2, 5], "outside"), ([-1, 2, 4], "outside"), ([2, 2, 1], "repeats"), ([1, 2], "fc")]
+)
 def test_aux_layer_ids_refused(drafter, ids, why):
     edit_config(drafter, lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=ids))
     exc = refused(TARGET, drafter)
@@ -172,7 +187,9 @@ def test_draft_vocab_map_length_must_be_draft_vocab_size(drafter):
 
 
 def test_declared_target_name_is_compared_with_the_targets_name(drafter):
-    assert status(check_drafter(TARGET, str(drafter), target_name="specbatch-tiny-stdlib-llama"))["target_name"] == "pass"
+    assert (
+        status(check_drafter(TARGET, str(drafter), target_name="specbatch-tiny-stdlib-llama"))["target_name"] == "pass"
+    )
     exc = refused(TARGET, drafter, target_name="some-org/another-llama")
     (failure,) = exc.failures
     assert failure.name == "target_name" and failure.field == "specbatch_target.name"

@@ -39,14 +39,24 @@ def write_input(folder: Path) -> tuple[list[str], list[list[dict]]]:
     prompts = [_text(rng, 60) for _ in range(PROMPT_ROWS)]
     chats = [[{"role": "user", "content": _text(rng, 40)}] for _ in range(CHAT_ROWS)]
     folder.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"id": [f"p{i}" for i in range(PROMPT_ROWS)], "prompt": prompts}), folder / "a.parquet", row_group_size=100)
-    pq.write_table(pa.table({"id": [f"c{i}" for i in range(CHAT_ROWS)], "messages": chats}), folder / "b.parquet", row_group_size=50)
+    pq.write_table(
+        pa.table({"id": [f"p{i}" for i in range(PROMPT_ROWS)], "prompt": prompts}),
+        folder / "a.parquet",
+        row_group_size=100,
+    )
+    pq.write_table(
+        pa.table({"id": [f"c{i}" for i in range(CHAT_ROWS)], "messages": chats}),
+        folder / "b.parquet",
+        row_group_size=50,
+    )
     return prompts, chats
 
 
 def write_config(path: Path, input_uri: str, output_uri: str, kit: dict, **overrides) -> str:
-    defaults = {"sampling": {"max_tokens": MAX_TOKENS, "temperature": 0.0},
-                "resources": {"replicas": 1, "rows_per_unit": ROWS_PER_UNIT, "units_in_flight": 2}}
+    defaults = {
+        "sampling": {"max_tokens": MAX_TOKENS, "temperature": 0.0},
+        "resources": {"replicas": 1, "rows_per_unit": ROWS_PER_UNIT, "units_in_flight": 2},
+    }
     config = job_config(input_uri, output_uri, kit, **{**defaults, **overrides})
     path.write_text(yaml.safe_dump(config))
     return str(path)
@@ -56,7 +66,11 @@ def files_of(folder: Path) -> dict[str, tuple[int, int]]:
     """Every file under `folder`, with its size and mtime: what "untouched" compares."""
     if not folder.exists():
         return {}
-    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def dry_run_json(capsys, *args: str) -> tuple[int, DryRunPlan, str]:
@@ -93,7 +107,8 @@ def test_the_plan_counts_rows_units_the_chat_split_and_tokens(tmp_path, capsys, 
     assert code == 0 and plan.accepted and plan.refused is None, err
     assert (plan.inputs.rows, plan.inputs.prompt_rows, plan.inputs.chat_rows) == (800, PROMPT_ROWS, CHAT_ROWS)
     assert [(Path(f.uri).name, f.rows, f.text_column, f.units) for f in plan.inputs.file_list] == [
-        ("a.parquet", PROMPT_ROWS, "prompt", 38), ("b.parquet", CHAT_ROWS, "messages", 13)
+        ("a.parquet", PROMPT_ROWS, "prompt", 38),
+        ("b.parquet", CHAT_ROWS, "messages", 13),
     ]
     assert (plan.units.units, plan.units.committed, plan.units.left, plan.units.rows_left) == (51, 0, 51, 800)
     assert plan.units.rows_per_unit == ROWS_PER_UNIT and plan.units.rerun_of is None
@@ -108,7 +123,13 @@ def test_the_plan_counts_rows_units_the_chat_split_and_tokens(tmp_path, capsys, 
     assert tokens.output_tokens_upper_bound == tokens.output_tokens_upper_bound_left == 800 * MAX_TOKENS
 
     checks = {c.name: c.status for c in plan.checks}
-    assert checks == {"preflight": "pass", "drafter": "pass", "drafter_probe": "skipped", "lease": "pass", "cluster": "pass"}
+    assert checks == {
+        "preflight": "pass",
+        "drafter": "pass",
+        "drafter_probe": "skipped",
+        "lease": "pass",
+        "cluster": "pass",
+    }
     assert plan.cost is None and plan.cost_note == NO_CALIBRATION
     assert not (tmp_path / "out").exists()
 
@@ -116,8 +137,13 @@ def test_the_plan_counts_rows_units_the_chat_split_and_tokens(tmp_path, capsys, 
 def test_the_probe_of_a_small_input_is_said_with_the_rows_it_has(tmp_path, capsys, trained_kit):
     """probe.rows 64 over a 5-row input: the plan says 5 (it said "64 rows" on 5-row inputs)."""
     write_prompts(tmp_path / "in" / "p.parquet", {"id": [f"s{i}" for i in range(5)], "prompt": ["def f(x):"] * 5})
-    config = write_config(tmp_path / "job.yaml", str(tmp_path / "in"), str(tmp_path / "out"), trained_kit,
-                          speculative={"probe": {"rows": 64}})
+    config = write_config(
+        tmp_path / "job.yaml",
+        str(tmp_path / "in"),
+        str(tmp_path / "out"),
+        trained_kit,
+        speculative={"probe": {"rows": 64}},
+    )
     code, plan, err = dry_run_json(capsys, config)
     assert code == 0, err
     (probe,) = [c for c in plan.checks if c.name == "drafter_probe"]
@@ -139,10 +165,14 @@ def test_the_output_bound_counts_each_rows_own_max_tokens(tmp_path, capsys, trai
     """Every row counted (a small input): the bound is the sum of each row's max_tokens x n, its
     overrides included, and no warning (it was rows x the job's max_tokens, then a warning that
     it did not hold)."""
-    write_prompts(tmp_path / "in" / "p.parquet", {
-        "id": [f"m{i}" for i in range(5)], "prompt": ["def f(x):"] * 5,
-        "max_tokens": pa.array([None, 40, None, 3, None], pa.int64()),
-    })
+    write_prompts(
+        tmp_path / "in" / "p.parquet",
+        {
+            "id": [f"m{i}" for i in range(5)],
+            "prompt": ["def f(x):"] * 5,
+            "max_tokens": pa.array([None, 40, None, 3, None], pa.int64()),
+        },
+    )
     config = write_config(tmp_path / "job.yaml", str(tmp_path / "in"), str(tmp_path / "out"), trained_kit)
     code, plan, err = dry_run_json(capsys, config)
     assert code == 0, err
@@ -157,8 +187,11 @@ def test_a_dry_run_starts_no_engine_and_no_ray_and_writes_nothing(tmp_path, job_
     left, and the output location never created; the input and the models unchanged."""
     folder, _, _ = job_input
     config = write_config(tmp_path / "job.yaml", str(folder), str(tmp_path / "out"), trained_kit)
-    before = {"input": files_of(folder), "target": files_of(Path(trained_kit["target"])),
-              "drafter": files_of(Path(trained_kit["drafter"]))}
+    before = {
+        "input": files_of(folder),
+        "target": files_of(Path(trained_kit["target"])),
+        "drafter": files_of(Path(trained_kit["drafter"])),
+    }
     script = (
         "import json, sys, psutil\n"
         "from pipeline.cli import main\n"
@@ -174,8 +207,11 @@ def test_a_dry_run_starts_no_engine_and_no_ray_and_writes_nothing(tmp_path, job_
     assert "drafter_probe skipped not run" not in out.stdout  # the kit's jobs run no probe; said as "off"
     assert "off (speculative.probe.rows: 0)" in out.stdout
     assert not (tmp_path / "out").exists()
-    assert before == {"input": files_of(folder), "target": files_of(Path(trained_kit["target"])),
-                      "drafter": files_of(Path(trained_kit["drafter"]))}
+    assert before == {
+        "input": files_of(folder),
+        "target": files_of(Path(trained_kit["target"])),
+        "drafter": files_of(Path(trained_kit["drafter"])),
+    }
 
 
 def test_on_s3_the_dry_run_only_reads(tmp_path, capsys, monkeypatch, s3_endpoint, job_input, trained_kit):
@@ -184,8 +220,13 @@ def test_on_s3_the_dry_run_only_reads(tmp_path, capsys, monkeypatch, s3_endpoint
     fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_endpoint})
     for name in ("a.parquet", "b.parquet"):
         fs.put(str(folder / name), f"specbatch/dry-in/{name}")
-    config = write_config(tmp_path / "job.yaml", "s3://specbatch/dry-in/", "s3://specbatch/dry-out/", trained_kit,
-                          storage={"endpoint_url": s3_endpoint})
+    config = write_config(
+        tmp_path / "job.yaml",
+        "s3://specbatch/dry-in/",
+        "s3://specbatch/dry-out/",
+        trained_kit,
+        storage={"endpoint_url": s3_endpoint},
+    )
     calls = record_s3_requests(monkeypatch)
     code, plan, err = dry_run_json(capsys, config)
     assert code == 0 and plan.accepted, err
@@ -203,8 +244,12 @@ def test_a_refused_job_exits_2_with_the_real_runs_message(tmp_path, capsys, job_
 
     folder, _, _ = job_input
     kit = kit_paths()
-    config = write_config(tmp_path / "job.yaml", str(folder), str(tmp_path / "out"),
-                          {"target": kit["target"], "drafter": kit["drafter_mismatched"]})
+    config = write_config(
+        tmp_path / "job.yaml",
+        str(folder),
+        str(tmp_path / "out"),
+        {"target": kit["target"], "drafter": kit["drafter_mismatched"]},
+    )
     assert main(["run", config]) == 2
     real = capsys.readouterr().err
     assert real.startswith("specbatch: refused: drafter ") and "target_fingerprint" in real
@@ -216,7 +261,7 @@ def test_a_refused_job_exits_2_with_the_real_runs_message(tmp_path, capsys, job_
 
     code, plan, err = dry_run_json(capsys, config)
     assert code == 2 and err == real and not plan.accepted
-    assert plan.refused == real[len("specbatch: refused: "):].rstrip("\n")
+    assert plan.refused == real[len("specbatch: refused: ") :].rstrip("\n")
     assert [c.status for c in plan.checks if c.name == "drafter"] == ["fail"]
     assert plan.tokens is None and plan.cost is None  # no estimate for a job that would not start
     assert not (tmp_path / "out").exists()
@@ -230,8 +275,14 @@ def test_a_live_lease_refuses_the_dry_run_and_stays(tmp_path, capsys, job_input,
     folder, _, _ = job_input
     out = tmp_path / "out"
     out.mkdir()
-    lease = Lease(owner="elsewhere:1:abc", job_id="other", attempt=1, acquired_at="2026-01-01T00:00:00+00:00",
-                  heartbeat_at=time.time(), stale_after_seconds=180.0)
+    lease = Lease(
+        owner="elsewhere:1:abc",
+        job_id="other",
+        attempt=1,
+        acquired_at="2026-01-01T00:00:00+00:00",
+        heartbeat_at=time.time(),
+        stale_after_seconds=180.0,
+    )
     (out / "_lease.json").write_text(lease.model_dump_json())
     before = files_of(out)
     config = write_config(tmp_path / "job.yaml", str(folder), str(out), trained_kit)
@@ -245,17 +296,41 @@ def calibration(rates: dict[tuple[int, int], float]) -> CalibrationReport:
     """A calibration of (depth, concurrency) -> generated tokens/s per GPU (one GPU per replica)."""
     rows = [
         CalibrationRow(
-            depth=depth, concurrency=concurrency, prompts=64, prompt_tokens=1000, generated_tokens=int(rate * 10),
-            seconds=10.0, tokens_per_second=rate, tokens_per_second_per_gpu=rate, speedup_vs_off=None, num_drafts=0,
-            draft_tokens=0, accepted_tokens=0, acceptance_rate=None, mean_acceptance_length=None, accepted_per_position=[],
-            cost_per_million_generated_tokens=None, cost_per_million_total_tokens=None, recommended=False,
+            depth=depth,
+            concurrency=concurrency,
+            prompts=64,
+            prompt_tokens=1000,
+            generated_tokens=int(rate * 10),
+            seconds=10.0,
+            tokens_per_second=rate,
+            tokens_per_second_per_gpu=rate,
+            speedup_vs_off=None,
+            num_drafts=0,
+            draft_tokens=0,
+            accepted_tokens=0,
+            acceptance_rate=None,
+            mean_acceptance_length=None,
+            accepted_per_position=[],
+            cost_per_million_generated_tokens=None,
+            cost_per_million_total_tokens=None,
+            recommended=False,
         )
         for (depth, concurrency), rate in rates.items()
     ]
     return CalibrationReport(
-        config_uri="job.yaml", measured_at="2026-12-01T00:00:00+00:00", accelerator="cpu", gpus_per_replica=1.0,
-        currency="USD", price_per_gpu_hour=0.2, max_num_seqs=32, sample_requested=64, sample_measured=64,
-        concurrencies=sorted({c for _, c in rates}), rows=rows, recommended_depth=0, config_snippet="",
+        config_uri="job.yaml",
+        measured_at="2026-12-01T00:00:00+00:00",
+        accelerator="cpu",
+        gpus_per_replica=1.0,
+        currency="USD",
+        price_per_gpu_hour=0.2,
+        max_num_seqs=32,
+        sample_requested=64,
+        sample_measured=64,
+        concurrencies=sorted({c for _, c in rates}),
+        rows=rows,
+        recommended_depth=0,
+        config_snippet="",
     )
 
 
@@ -301,13 +376,29 @@ def test_without_a_calibration_the_plan_says_how_to_get_one(tmp_path, capsys, jo
 def test_unsupported_batch_lines_are_counted_as_their_rows_errors(tmp_path, capsys, trained_kit):
     """unsupported_requests: errors: the dry run counts each line specbatch cannot run as its
     row's unsupported_request, as the job's preprocess stage does."""
-    ok = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions", "body": {"prompt": f"x = {i}"}} for i in range(3)]
-    bad = [{"custom_id": "bias", "method": "POST", "url": "/v1/completions", "body": {"prompt": "y", "logit_bias": {"1": 2}}},
-           {"custom_id": "emb", "method": "POST", "url": "/v1/embeddings", "body": {"input": "z"}}]
+    ok = [
+        {"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions", "body": {"prompt": f"x = {i}"}}
+        for i in range(3)
+    ]
+    bad = [
+        {
+            "custom_id": "bias",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"prompt": "y", "logit_bias": {"1": 2}},
+        },
+        {"custom_id": "emb", "method": "POST", "url": "/v1/embeddings", "body": {"input": "z"}},
+    ]
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "batch.jsonl").write_text("\n".join(json.dumps(line) for line in ok + bad) + "\n")
-    config = write_config(tmp_path / "job.yaml", str(tmp_path / "in"), str(tmp_path / "out"), trained_kit,
-                          input_format="openai_batch", unsupported_requests="errors")
+    config = write_config(
+        tmp_path / "job.yaml",
+        str(tmp_path / "in"),
+        str(tmp_path / "out"),
+        trained_kit,
+        input_format="openai_batch",
+        unsupported_requests="errors",
+    )
     code, plan, err = dry_run_json(capsys, config)
     assert code == 0, err
     assert plan.inputs.rows == 5 and plan.tokens.exact
@@ -317,15 +408,25 @@ def test_unsupported_batch_lines_are_counted_as_their_rows_errors(tmp_path, caps
 def test_openai_batch_input_is_checked_without_writing_its_conversion(tmp_path, capsys, trained_kit):
     """Every line checked as the run checks it (a bad line refuses the job with its message),
     the rows and units exact, and nothing under OUTPUT_URI/_inputs."""
-    lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"model": "m", "messages": [{"role": "user", "content": f"import os{i}"}], "max_tokens": 8}}
-             for i in range(20)]
-    lines += [{"custom_id": f"q{i}", "method": "POST", "url": "/v1/completions", "body": {"model": "m", "prompt": f"x = {i}"}}
-              for i in range(5)]
+    lines = [
+        {
+            "custom_id": f"r{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "m", "messages": [{"role": "user", "content": f"import os{i}"}], "max_tokens": 8},
+        }
+        for i in range(20)
+    ]
+    lines += [
+        {"custom_id": f"q{i}", "method": "POST", "url": "/v1/completions", "body": {"model": "m", "prompt": f"x = {i}"}}
+        for i in range(5)
+    ]
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "batch.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
     out = tmp_path / "out"
-    config = write_config(tmp_path / "job.yaml", str(tmp_path / "in"), str(out), trained_kit, input_format="openai_batch")
+    config = write_config(
+        tmp_path / "job.yaml", str(tmp_path / "in"), str(out), trained_kit, input_format="openai_batch"
+    )
     code, plan, err = dry_run_json(capsys, config)
     assert code == 0, err
     assert (plan.inputs.rows, plan.inputs.chat_rows, plan.inputs.prompt_rows) == (25, 20, 5)

@@ -18,7 +18,15 @@ from pipeline.job.runner import run_job
 from pipeline.speculation.guard import AcceptanceGuard, AcceptanceTooLow
 from pipeline.stages.stats import Acceptance
 from pipeline.storage import Storage
-from tests.conftest import RANDOM_JOB_BAD, RANDOM_JOB_GUARD, RANDOM_JOB_NULL_ID, RANDOM_JOB_ROWS, job_config, job_metric, write_prompts
+from tests.conftest import (
+    RANDOM_JOB_BAD,
+    RANDOM_JOB_GUARD,
+    RANDOM_JOB_NULL_ID,
+    RANDOM_JOB_ROWS,
+    job_config,
+    job_metric,
+    write_prompts,
+)
 
 N_ROWS, ROWS_PER_UNIT, WINDOW = 96, 8, 2
 
@@ -27,8 +35,13 @@ N_ROWS, ROWS_PER_UNIT, WINDOW = 96, 8, 2
 
 
 def stats_row(unit_id: str, drafts: int = 10, accepted: int = 0, k: int = 3) -> dict:
-    return {"unit_id": unit_id, "num_drafts": drafts, "draft_tokens": drafts * k, "accepted_tokens": accepted,
-            "accepted_per_position": [0] * k}
+    return {
+        "unit_id": unit_id,
+        "num_drafts": drafts,
+        "draft_tokens": drafts * k,
+        "accepted_tokens": accepted,
+        "accepted_per_position": [0] * k,
+    }
 
 
 def feed(guard: AcceptanceGuard, rows: list[dict]) -> list:
@@ -75,7 +88,9 @@ def test_a_grammar_that_cuts_the_drafts_is_judged_by_tokens_per_target_pass():
     # Every draft accepted (k=3) over 16 tokens: 4 drafting passes, the last one's drafts counted
     # past max_tokens (16 - 12 - 1 = 3 passes by the count): the drafting steps are the floor.
     assert Acceptance(4, 12, 12).tokens_per_target_pass(16, 1) == pytest.approx(15 / 4)
-    legacy = AcceptanceGuard(GuardConfig(min_mean_acceptance_length=1.3, min_tokens_per_target_pass=None, window_units=1))
+    legacy = AcceptanceGuard(
+        GuardConfig(min_mean_acceptance_length=1.3, min_tokens_per_target_pass=None, window_units=1)
+    )
     assert feed(legacy, [choice]) == []
     (event,) = feed(AcceptanceGuard(GuardConfig(window_units=1)), [choice])  # the defaults
     assert event.metric == "tokens_per_target_pass" and event.value == pytest.approx(1.004)
@@ -90,10 +105,25 @@ def test_guard_is_on_by_default_and_needs_a_floor():
     base = job_config("in", "out", {"target": "t", "drafter": "d"})
     spec = {k: v for k, v in base["speculative"].items() if k != "guard"}
     guard = parse_config({**base, "speculative": spec}).speculative.guard
-    assert (guard.action, guard.min_mean_acceptance_length, guard.min_acceptance_rate) == ("disable-speculation", ACCEPTANCE_FLOOR, None)
+    assert (guard.action, guard.min_mean_acceptance_length, guard.min_acceptance_rate) == (
+        "disable-speculation",
+        ACCEPTANCE_FLOOR,
+        None,
+    )
     assert parse_config({**base, "speculative": {**spec, "guard": None}}).speculative.guard is None  # turned off
-    with pytest.raises(ConfigError, match=r"speculative\.guard needs a floor: set speculative\.guard\.min_mean_acceptance_length .* or speculative\.guard\.min_acceptance_rate"):
-        parse_config({**base, "speculative": {**spec, "guard": {"min_mean_acceptance_length": None, "min_tokens_per_target_pass": None, "action": "fail"}}})
+    with pytest.raises(
+        ConfigError,
+        match=r"speculative\.guard needs a floor: set speculative\.guard\.min_mean_acceptance_length .* or speculative\.guard\.min_acceptance_rate",
+    ):
+        parse_config(
+            {
+                **base,
+                "speculative": {
+                    **spec,
+                    "guard": {"min_mean_acceptance_length": None, "min_tokens_per_target_pass": None, "action": "fail"},
+                },
+            }
+        )
     with pytest.raises(ConfigError, match="speculative.guard.action"):
         parse_config({**base, "speculative": {**spec, "guard": {"min_acceptance_rate": 0.1, "action": "stop"}}})
 
@@ -105,8 +135,15 @@ def test_the_verdict_flags_acceptance_below_the_floor_and_a_measured_loss():
     from schemas import JobTotals
     from schemas.report import CalibrationReport
 
-    config = parse_config(job_config("in", "out", {"target": "t", "drafter": "d"}, engine={"max_num_seqs": 32},
-                                     speculative={"depth_schedule": [[1, 4, 3], [5, 32, 1]]}))
+    config = parse_config(
+        job_config(
+            "in",
+            "out",
+            {"target": "t", "drafter": "d"},
+            engine={"max_num_seqs": 32},
+            speculative={"depth_schedule": [[1, 4, 3], [5, 32, 1]]},
+        )
+    )
     from pipeline.stages.stats import Acceptance
 
     def totals(accepted: int) -> JobTotals:
@@ -119,25 +156,65 @@ def test_the_verdict_flags_acceptance_below_the_floor_and_a_measured_loss():
     assert not unmeasured.below_floor and unmeasured.cost_more_than_saved is None and unmeasured.flags == []
 
     def calibration(rate_at_k1: float) -> CalibrationReport:
-        rows = calibration_rows([
-            {"depth": k, "concurrency": 32, "prompts": 64, "prompt_tokens": 640, "generated_tokens": int(rate * 10),
-             "seconds": 10.0, "num_drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "accepted_per_position": []}
-            for k, rate in ((0, 1000.0), (1, rate_at_k1), (3, 700.0))], 1, None)
-        return CalibrationReport(config_uri="c", measured_at="t", accelerator="cpu", gpus_per_replica=1, currency="USD",
-                                 price_per_gpu_hour=None, max_num_seqs=32, sample_requested=64, sample_measured=64,
-                                 concurrencies=[32], rows=rows, recommended_depth=0, config_snippet="")
+        rows = calibration_rows(
+            [
+                {
+                    "depth": k,
+                    "concurrency": 32,
+                    "prompts": 64,
+                    "prompt_tokens": 640,
+                    "generated_tokens": int(rate * 10),
+                    "seconds": 10.0,
+                    "num_drafts": 0,
+                    "draft_tokens": 0,
+                    "accepted_tokens": 0,
+                    "accepted_per_position": [],
+                }
+                for k, rate in ((0, 1000.0), (1, rate_at_k1), (3, 700.0))
+            ],
+            1,
+            None,
+        )
+        return CalibrationReport(
+            config_uri="c",
+            measured_at="t",
+            accelerator="cpu",
+            gpus_per_replica=1,
+            currency="USD",
+            price_per_gpu_hour=None,
+            max_num_seqs=32,
+            sample_requested=64,
+            sample_measured=64,
+            concurrencies=[32],
+            rows=rows,
+            recommended_depth=0,
+            config_snippet="",
+        )
 
     where = "the calibration of t in STORE/abc.json"
-    slower = speculation_verdict(config, good, [], JobCalibration(calibration(900.0), where))  # the schedule's k at 32 is 1
+    slower = speculation_verdict(
+        config, good, [], JobCalibration(calibration(900.0), where)
+    )  # the schedule's k at 32 is 1
     assert slower.cost_more_than_saved is True and "depth 1 at 32 sequences at once at 0.90x" in slower.flags[0]
     assert slower.source == "calibration" and slower.source_detail.startswith(where)
     faster = speculation_verdict(config, good, [], JobCalibration(calibration(1100.0), where))
     assert faster.cost_more_than_saved is False and faster.source == "calibration" and "1.10x" in faster.source_detail
     assert unmeasured.source == "none" and "specbatch calibrate" in unmeasured.source_detail
-    none_here = speculation_verdict(config, good, [], JobCalibration(None, "no calibration of this target and drafter in STORE"))
-    assert none_here.source == "none" and "no calibration of this target and drafter in STORE" in none_here.cost_unknown_because
-    assert speculation_verdict(config.model_copy(update={"speculative": config.speculative.model_copy(update={"enabled": False})}),
-                               good, []) is None
+    none_here = speculation_verdict(
+        config, good, [], JobCalibration(None, "no calibration of this target and drafter in STORE")
+    )
+    assert (
+        none_here.source == "none"
+        and "no calibration of this target and drafter in STORE" in none_here.cost_unknown_because
+    )
+    assert (
+        speculation_verdict(
+            config.model_copy(update={"speculative": config.speculative.model_copy(update={"enabled": False})}),
+            good,
+            [],
+        )
+        is None
+    )
 
 
 # ---------------------------------------------------------------- real jobs on a random drafter
@@ -145,12 +222,18 @@ def test_the_verdict_flags_acceptance_below_the_floor_and_a_measured_loss():
 
 def guarded_job(root, kit, action: str):
     ids = [f"g-{i:03d}" for i in range(N_ROWS)]
-    write_prompts(root / "in" / "p.parquet", {"id": ids, "prompt": [f"def f{i}(x):\n    return" for i in range(N_ROWS)]})
-    config = parse_config(job_config(
-        str(root / "in"), str(root / "out"), kit,
-        speculative={"guard": {"min_acceptance_rate": 0.5, "window_units": WINDOW, "action": action}},
-        resources={"rows_per_unit": ROWS_PER_UNIT, "units_in_flight": 2},
-    ))
+    write_prompts(
+        root / "in" / "p.parquet", {"id": ids, "prompt": [f"def f{i}(x):\n    return" for i in range(N_ROWS)]}
+    )
+    config = parse_config(
+        job_config(
+            str(root / "in"),
+            str(root / "out"),
+            kit,
+            speculative={"guard": {"min_acceptance_rate": 0.5, "window_units": WINDOW, "action": action}},
+            resources={"rows_per_unit": ROWS_PER_UNIT, "units_in_flight": 2},
+        )
+    )
     return ids, config, OutputLocation(Storage(), config.output_uri)
 
 
@@ -180,11 +263,19 @@ def test_warn_records_one_event_and_the_job_goes_on(random_kit_job):
     root, manifest, _ = random_kit_job
     location = OutputLocation(Storage(), str(root / "out"))
     assert manifest.status == location.read_manifest()["status"] == "succeeded"
-    (event,) = location.read_manifest()["guard_events"]  # acceptance stays at 0 over 4 units: one event, not one per unit
-    assert event["action"] == "warn" and event["value"] == 0.0 and len(event["unit_ids"]) == RANDOM_JOB_GUARD["window_units"]
+    (event,) = location.read_manifest()[
+        "guard_events"
+    ]  # acceptance stays at 0 over 4 units: one event, not one per unit
+    assert (
+        event["action"] == "warn"
+        and event["value"] == 0.0
+        and len(event["unit_ids"]) == RANDOM_JOB_GUARD["window_units"]
+    )
     stats = location.read_table("stats").to_pylist()
     assert len(stats) == 4 and all(r["speculative"] and not r["speculation_disabled_by_guard"] for r in stats)
-    ids = ["" if i == RANDOM_JOB_NULL_ID else f"r{i}" for i in range(RANDOM_JOB_ROWS)]  # a null id lands in errors/ as ""
+    ids = [
+        "" if i == RANDOM_JOB_NULL_ID else f"r{i}" for i in range(RANDOM_JOB_ROWS)
+    ]  # a null id lands in errors/ as ""
     assert_exactly_once(location, ids)
 
 
@@ -210,11 +301,17 @@ def test_metrics_are_exported_per_job_and_replica(random_kit_job):
     job_id, totals = manifest.job_id, manifest.totals
     replicas = {r["actor_id"] for r in OutputLocation(Storage(), str(root / "out")).read_table("stats").to_pylist()}
     rows = job_metric(text, "ray_specbatch_rows_done_total", job_id)
-    assert sum(rows.values()) == totals.output_rows == RANDOM_JOB_ROWS - len(RANDOM_JOB_BAD), f"rows done exported: {rows}"
+    assert sum(rows.values()) == totals.output_rows == RANDOM_JOB_ROWS - len(RANDOM_JOB_BAD), (
+        f"rows done exported: {rows}"
+    )
     assert set(rows) == replicas
     assert sum(job_metric(text, "ray_specbatch_generated_tokens_total", job_id).values()) == totals.generated_tokens > 0
     assert sum(job_metric(text, "ray_specbatch_prompt_tokens_total", job_id).values()) == totals.prompt_tokens > 0
-    assert sum(job_metric(text, "ray_specbatch_cached_prompt_tokens_total", job_id).values()) == totals.cached_prompt_tokens > 0
+    assert (
+        sum(job_metric(text, "ray_specbatch_cached_prompt_tokens_total", job_id).values())
+        == totals.cached_prompt_tokens
+        > 0
+    )
     assert sum(job_metric(text, "ray_specbatch_draft_tokens_total", job_id).values()) == totals.draft_tokens > 0
     assert set(job_metric(text, "ray_specbatch_acceptance_rate", job_id).values()) == {0.0}
     assert set(job_metric(text, "ray_specbatch_mean_acceptance_length", job_id).values()) == {1.0}

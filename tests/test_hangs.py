@@ -28,7 +28,9 @@ from tests.test_resilience import (
 )
 
 
-def engine_events_after(location: OutputLocation, since: float, proc: subprocess.Popen, timeout: float = 300) -> dict[str, float]:
+def engine_events_after(
+    location: OutputLocation, since: float, proc: subprocess.Popen, timeout: float = 300
+) -> dict[str, float]:
     """The engine death and hang files recorded after `since`, once there is one (uri -> when)."""
     deadline = time.time() + timeout
     while not (found := location.engine_death_files(since=since)):
@@ -47,7 +49,9 @@ def assert_hung_event(event: dict, stall_floor: float) -> None:
 
 
 @pytest.mark.engine
-def test_a_frozen_engine_is_found_killed_and_replaced_and_one_that_always_freezes_trips_the_breaker(tmp_path, random_kit):
+def test_a_frozen_engine_is_found_killed_and_replaced_and_one_that_always_freezes_trips_the_breaker(
+    tmp_path, random_kit
+):
     """First, every engine freezes at its first request (tests/vllm_faults stops EngineCore and
     its children with SIGSTOP, as a GPU or NCCL hang leaves them): each hang is found after the
     stall limit, recorded with the stacks of the engine's processes, its processes killed, and
@@ -59,12 +63,16 @@ def test_a_frozen_engine_is_found_killed_and_replaced_and_one_that_always_freeze
     retries = {"engine_stall_seconds": stall_floor, "max_engine_failures": 2}
     config_path, ids, _ = make_job(tmp_path, random_kit, rows=64, retries=retries)
     location = OutputLocation(Storage(), str(tmp_path / "out"))
-    freezes = {"PYTHONPATH": os.pathsep.join(filter(None, [FAULTS_PLUGIN, os.environ.get("PYTHONPATH")])),
-               "SPECBATCH_TEST_FREEZE_EVERY": "1"}
+    freezes = {
+        "PYTHONPATH": os.pathsep.join(filter(None, [FAULTS_PLUGIN, os.environ.get("PYTHONPATH")])),
+        "SPECBATCH_TEST_FREEZE_EVERY": "1",
+    }
     always_frozen = start_job(config_path, freezes)
     out, _ = always_frozen.communicate(timeout=600)
     assert always_frozen.returncode == 1, out[-4000:]
-    assert "specbatch: job failed: the engines failed 2 times in a row with no unit committed between (2 hung" in out, out[-4000:]
+    assert "specbatch: job failed: the engines failed 2 times in a row with no unit committed between (2 hung" in out, (
+        out[-4000:]
+    )
     assert_none_left(always_frozen)  # the frozen engines' processes were killed, none outlives the job
     manifest = location.read_manifest()
     assert manifest["status"] == "failed" and "retries.max_engine_failures = 2" in manifest["error"]
@@ -79,18 +87,23 @@ def test_a_frozen_engine_is_found_killed_and_replaced_and_one_that_always_freeze
     for proc in frozen:
         proc.send_signal(signal.SIGSTOP)
     frozen_at = time.time()
-    (event_file, found_at), = engine_events_after(location, frozen_at, job).items()
+    ((event_file, found_at),) = engine_events_after(location, frozen_at, job).items()
     finish(job)
     ended_at = time.time()
     assert not alive(frozen)
     assert_engine_hang_recovered(location, ids, stall_floor)
     starts = location.read_manifest()["attempts"][-1]["start"]["engine_starts"]
     replaced_at = min(s["engine_ready_at"] for s in starts if s["engine_ready_at"] > frozen_at)
-    first_commit = min(m.stats.started_at + m.stats.engine_seconds for m in location.markers().values()
-                       if m.stats.started_at > frozen_at)
-    print(f"frozen engine: found {found_at - frozen_at:.1f} s after the freeze, replacement ready after "
-          f"{replaced_at - frozen_at:.1f} s, its first unit generated after {first_commit - frozen_at:.1f} s, "
-          f"job ended after {ended_at - frozen_at:.1f} s")
+    first_commit = min(
+        m.stats.started_at + m.stats.engine_seconds
+        for m in location.markers().values()
+        if m.stats.started_at > frozen_at
+    )
+    print(
+        f"frozen engine: found {found_at - frozen_at:.1f} s after the freeze, replacement ready after "
+        f"{replaced_at - frozen_at:.1f} s, its first unit generated after {first_commit - frozen_at:.1f} s, "
+        f"job ended after {ended_at - frozen_at:.1f} s"
+    )
 
 
 def assert_engine_hang_recovered(location: OutputLocation, ids: list[str], stall_floor: float) -> None:

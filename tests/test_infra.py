@@ -172,7 +172,9 @@ def test_every_reference_resolves(tfdirs):
             assert mod in tf.modules, f"{d}: module.{mod} is not called"
             target = TfDir((d / tf.modules[mod]["source"]).resolve())
             assert out in target.outputs, f"{d}: module.{mod}.{out} is not an output of {target.path.name}"
-        for rtype, name in set(re.findall(r"(?<![\w.])(aws_[a-z0-9_]+|kubernetes_[a-z0-9_]+|helm_[a-z_]+)\.([a-z_][\w-]*)\b", tf.text)):
+        for rtype, name in set(
+            re.findall(r"(?<![\w.])(aws_[a-z0-9_]+|kubernetes_[a-z0-9_]+|helm_[a-z_]+)\.([a-z_][\w-]*)\b", tf.text)
+        ):
             if name in ("arn", "id", "name", "json"):
                 continue
             resources = {k for k in tf.nested("resource")}
@@ -192,41 +194,129 @@ def test_variables_and_outputs_are_documented(tfdirs):
 
 REQUIRED = {
     "modules/storage": (
-        {"bucket_name", "access_log_bucket", "prompts_prefix", "outputs_prefix", "temporary_prefixes",
-         "temporary_expiration_days", "abort_incomplete_upload_days"},
+        {
+            "bucket_name",
+            "access_log_bucket",
+            "prompts_prefix",
+            "outputs_prefix",
+            "temporary_prefixes",
+            "temporary_expiration_days",
+            "abort_incomplete_upload_days",
+        },
         {"bucket_name", "bucket_arn", "kms_key_arn", "prompts_uri", "outputs_uri"},
     ),
     "modules/identity": (
-        {"name", "oidc_provider_arn", "oidc_issuer", "namespace", "service_account", "bucket_arn",
-         "kms_key_arn", "prompts_prefix", "outputs_prefix"},
+        {
+            "name",
+            "oidc_provider_arn",
+            "oidc_issuer",
+            "namespace",
+            "service_account",
+            "bucket_arn",
+            "kms_key_arn",
+            "prompts_prefix",
+            "outputs_prefix",
+        },
         {"role_arn", "scheduler_role_arn"},
     ),
     "modules/cluster": (
-        {"create_cluster", "cluster_name", "subnet_ids", "gpu_instance_types", "gpu_capacity_type",
-         "gpu_min_nodes", "gpu_max_nodes"},
-        {"cluster_name", "cluster_endpoint", "cluster_ca_certificate", "oidc_provider_arn", "oidc_issuer",
-         "gpu_node_selector"},
+        {
+            "create_cluster",
+            "cluster_name",
+            "subnet_ids",
+            "gpu_instance_types",
+            "gpu_capacity_type",
+            "gpu_min_nodes",
+            "gpu_max_nodes",
+        },
+        {
+            "cluster_name",
+            "cluster_endpoint",
+            "cluster_ca_certificate",
+            "oidc_provider_arn",
+            "oidc_issuer",
+            "gpu_node_selector",
+        },
     ),
-    "modules/kuberay": ({"kuberay_version", "install_nvidia_device_plugin", "helm_timeout_seconds"}, {"operator_namespace"}),
+    "modules/kuberay": (
+        {"kuberay_version", "install_nvidia_device_plugin", "helm_timeout_seconds"},
+        {"operator_namespace"},
+    ),
     "modules/workflows": (
-        {"namespace", "image", "ray_version", "service_account", "ray_role_arn", "bucket_name",
-         "outputs_prefix", "workflows", "gpu_node_selector", "gpu_instance_types", "head_instance_types",
-         "ttl_seconds_after_finished", "keep_runs", "scheduler_role_arn"},
+        {
+            "namespace",
+            "image",
+            "ray_version",
+            "service_account",
+            "ray_role_arn",
+            "bucket_name",
+            "outputs_prefix",
+            "workflows",
+            "gpu_node_selector",
+            "gpu_instance_types",
+            "head_instance_types",
+            "ttl_seconds_after_finished",
+            "keep_runs",
+            "scheduler_role_arn",
+        },
         {"namespace", "cron_jobs", "output_uri_templates", "rayjob_manifests", "worker_sizing"},
     ),
     "modules/rayjob": (
-        {"workflow", "schedule", "replicas", "max_replicas", "job_config_yaml", "autoscaler_idle_timeout_seconds",
-         "gpus_per_replica", "gpus_per_worker", "worker_cpu", "worker_memory", "shm_size", "gpu_instance_types",
-         "head_instance_types", "timeout_hours", "pre_running_deadline_seconds", "ttl_seconds_after_finished", "env"},
+        {
+            "workflow",
+            "schedule",
+            "replicas",
+            "max_replicas",
+            "job_config_yaml",
+            "autoscaler_idle_timeout_seconds",
+            "gpus_per_replica",
+            "gpus_per_worker",
+            "worker_cpu",
+            "worker_memory",
+            "shm_size",
+            "gpu_instance_types",
+            "head_instance_types",
+            "timeout_hours",
+            "pre_running_deadline_seconds",
+            "ttl_seconds_after_finished",
+            "env",
+        },
         {"sizing", "scheduler_seconds", "worker_pods", "job_config_replicas", "generate", "report"},
     ),
     "envs/example": (
-        {"region", "bucket_name", "access_log_bucket", "create_cluster", "cluster_name", "subnet_ids",
-         "gpu_instance_types", "gpu_capacity_type", "gpu_min_nodes", "gpu_max_nodes", "image", "dataset",
-         "schedule", "replicas", "max_replicas", "tensor_parallel_size", "worker_cpu", "worker_memory", "shm_size",
-         "timeout_hours"},
-        {"bucket_name", "cluster_name", "kubeconfig_command", "ray_role_arn", "namespace", "cron_jobs",
-         "output_uri_templates", "rayjob_manifests", "worker_sizing"},
+        {
+            "region",
+            "bucket_name",
+            "access_log_bucket",
+            "create_cluster",
+            "cluster_name",
+            "subnet_ids",
+            "gpu_instance_types",
+            "gpu_capacity_type",
+            "gpu_min_nodes",
+            "gpu_max_nodes",
+            "image",
+            "dataset",
+            "schedule",
+            "replicas",
+            "max_replicas",
+            "tensor_parallel_size",
+            "worker_cpu",
+            "worker_memory",
+            "shm_size",
+            "timeout_hours",
+        },
+        {
+            "bucket_name",
+            "cluster_name",
+            "kubeconfig_command",
+            "ray_role_arn",
+            "namespace",
+            "cron_jobs",
+            "output_uri_templates",
+            "rayjob_manifests",
+            "worker_sizing",
+        },
     ),
 }
 
@@ -320,14 +410,22 @@ def _policy(name: str) -> list[dict]:
     statements = []
     for s in doc["statement"]:
         assert set(s) <= {"sid", "effect", "actions", "resources", "condition", "principals"}, s
-        statements.append({
-            "effect": s["effect"],
-            "actions": _subst(s["actions"]),
-            "resources": _subst(s.get("resources", [])),
-            "conditions": [(c["test"], c["variable"] if "${" not in c["variable"] else _subst(c["variable"]),
-                            _subst(c["values"])) for c in s.get("condition", [])],
-            "principals": s.get("principals", []),
-        })
+        statements.append(
+            {
+                "effect": s["effect"],
+                "actions": _subst(s["actions"]),
+                "resources": _subst(s.get("resources", [])),
+                "conditions": [
+                    (
+                        c["test"],
+                        c["variable"] if "${" not in c["variable"] else _subst(c["variable"]),
+                        _subst(c["values"]),
+                    )
+                    for c in s.get("condition", [])
+                ],
+                "principals": s.get("principals", []),
+            }
+        )
     return statements
 
 
@@ -358,8 +456,14 @@ def _allowed(statements, action: str, resource: str, context: dict | None = None
 def test_ray_role_policy_has_no_wildcard_action_or_resource():
     statements = _policy("data_access")
     allowed_actions = {
-        "s3:ListBucket", "s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
-        "s3:ListMultipartUploadParts", "kms:Decrypt", "kms:GenerateDataKey",
+        "s3:ListBucket",
+        "s3:GetObject",
+        "s3:PutObject",
+        "s3:DeleteObject",
+        "s3:AbortMultipartUpload",
+        "s3:ListMultipartUploadParts",
+        "kms:Decrypt",
+        "kms:GenerateDataKey",
     }
     bucket = SAMPLE["bucket_arn"]
     for s in statements:
@@ -425,8 +529,9 @@ def test_ray_role_is_assumable_only_by_the_ray_service_account():
 # --- Kubernetes manifests ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", sorted(INFRA.rglob("*.yaml")) + sorted(INFRA.rglob("*.yml")),
-                         ids=lambda p: str(p.relative_to(INFRA)))
+@pytest.mark.parametrize(
+    "path", sorted(INFRA.rglob("*.yaml")) + sorted(INFRA.rglob("*.yml")), ids=lambda p: str(p.relative_to(INFRA))
+)
 def test_every_yaml_parses(path):
     docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
     assert docs
@@ -483,12 +588,18 @@ def test_scheduler_role_reads_job_manifests_only():
 
 def test_example_job_config_is_a_valid_job_config():
     import pipeline.config as config
+
     text = (EXAMPLE / "job-config.yaml").read_text()
     values = {
-        "job_name": "support-chats-daily", "input_uri": "s3://acme-data/prompts/support-chats/",
-        "output_uri": "s3://acme-data/outputs/support-chats/unscheduled/", "target_model_path": "/models/target",
-        "drafter_model_path": "/models/drafter", "tensor_parallel_size": 2, "replicas": 2,
-        "accelerator": "nvidia-l40s", "region": "us-east-1",
+        "job_name": "support-chats-daily",
+        "input_uri": "s3://acme-data/prompts/support-chats/",
+        "output_uri": "s3://acme-data/outputs/support-chats/unscheduled/",
+        "target_model_path": "/models/target",
+        "drafter_model_path": "/models/drafter",
+        "tensor_parallel_size": 2,
+        "replicas": 2,
+        "accelerator": "nvidia-l40s",
+        "region": "us-east-1",
     }
     names = set(re.findall(r"\$\{(\w+)\}", text))
     assert names == set(values)
@@ -526,7 +637,10 @@ def test_example_authenticates_with_fresh_tokens_and_orders_the_operator_after_t
     condition = tfdirs[MODULES / "kuberay"].variables["kuberay_version"]["validation"][0]["condition"]
     pattern = re.search(r'regex\("(.+?)", var', condition).group(1).replace("\\\\", "\\")
     assert [v for v in ("1.1.0", "1.2.2", "1.5.1", "1.6.0", "1.7.1", "1.10.0") if re.fullmatch(pattern, v)] == [
-        "1.6.0", "1.7.1", "1.10.0"]
+        "1.6.0",
+        "1.7.1",
+        "1.10.0",
+    ]
 
 
 # --- Dockerfile ---------------------------------------------------------------------------------------
@@ -550,7 +664,9 @@ def test_dockerfile():
     assert rayjob["spec"]["entrypoint"].startswith("python /opt/specbatch/jobs/entrypoint.py ")
     cluster = rayjob["spec"]["rayClusterSpec"]
     assert cluster["rayVersion"] in froms[-1]
-    for pod in [cluster["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in cluster["workerGroupSpecs"]]:
+    for pod in [cluster["headGroupSpec"]["template"]["spec"]] + [
+        g["template"]["spec"] for g in cluster["workerGroupSpecs"]
+    ]:
         context = pod["securityContext"]
         assert f"{context['runAsUser']}:{context['runAsGroup']}" == users[-1]
 
@@ -559,8 +675,11 @@ def test_dockerfile():
 
 
 def _checkov() -> str | None:
-    for candidate in (os.environ.get("CHECKOV"), str(ROOT / ".venv" / "checkov" / "bin" / "checkov"),
-                      shutil.which("checkov")):
+    for candidate in (
+        os.environ.get("CHECKOV"),
+        str(ROOT / ".venv" / "checkov" / "bin" / "checkov"),
+        shutil.which("checkov"),
+    ):
         if candidate and Path(candidate).is_file():
             return candidate
     return None
@@ -577,9 +696,22 @@ def checkov_reports() -> list[dict]:
     # Offline: no platform download, no update check.
     env = dict(os.environ, BC_SKIP_MAPPING="TRUE", CKV_SKIP_PACKAGE_UPDATE_CHECK="true", LOG_LEVEL="WARNING")
     proc = subprocess.run(
-        [exe, "--directory", str(INFRA), "--output", "json", "--skip-download",
-         "--download-external-modules", "false", "--compact"],
-        capture_output=True, text=True, env=env, timeout=600, cwd=ROOT,
+        [
+            exe,
+            "--directory",
+            str(INFRA),
+            "--output",
+            "json",
+            "--skip-download",
+            "--download-external-modules",
+            "false",
+            "--compact",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=ROOT,
     )
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     data = json.loads(proc.stdout)

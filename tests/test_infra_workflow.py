@@ -58,8 +58,13 @@ def _terraform() -> str | None:
 
 
 def _tf_env(tmp: Path) -> dict:
-    return dict(os.environ, TF_DATA_DIR=str(tmp / ".terraform"), TF_CLI_CONFIG_FILE=os.devnull,
-                CHECKPOINT_DISABLE="1", TF_IN_AUTOMATION="1")
+    return dict(
+        os.environ,
+        TF_DATA_DIR=str(tmp / ".terraform"),
+        TF_CLI_CONFIG_FILE=os.devnull,
+        CHECKPOINT_DISABLE="1",
+        TF_IN_AUTOMATION="1",
+    )
 
 
 def _apply(tmp: Path, values: dict) -> tuple[bool, dict | str]:
@@ -71,13 +76,27 @@ def _apply(tmp: Path, values: dict) -> tuple[bool, dict | str]:
     var_file, state = tmp / "values.tfvars.json", tmp / "terraform.tfstate"
     var_file.write_text(json.dumps(values))
     env = _tf_env(tmp)
-    proc = subprocess.run([exe, f"-chdir={RAYJOB}", "apply", "-auto-approve", "-input=false", "-no-color",
-                           f"-state={state}", f"-var-file={var_file}"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [
+            exe,
+            f"-chdir={RAYJOB}",
+            "apply",
+            "-auto-approve",
+            "-input=false",
+            "-no-color",
+            f"-state={state}",
+            f"-var-file={var_file}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     if proc.returncode != 0:
         return False, re.sub(r"\s+", " ", proc.stdout + proc.stderr)
-    out = subprocess.run([exe, "output", "-json", f"-state={state}"], capture_output=True, text=True, env=env,
-                         timeout=60, check=True)
+    out = subprocess.run(
+        [exe, "output", "-json", f"-state={state}"], capture_output=True, text=True, env=env, timeout=60, check=True
+    )
     return True, {k: v["value"] for k, v in json.loads(out.stdout).items()}
 
 
@@ -303,24 +322,47 @@ def _ceil(x):
 
 
 HCL_FUNCTIONS = {
-    "min": lambda *a: min(_num(x) for x in a), "max": lambda *a: max(_num(x) for x in a),
-    "floor": _floor, "ceil": _ceil, "coalesce": _coalesce, "length": len,
-    "join": lambda sep, items: sep.join(_hcl_str(i) for i in items), "contains": lambda items, v: v in items,
-    "keys": lambda m: sorted(m), "sort": lambda items: sorted(items), "jsonencode": _jsonencode,
-    "tonumber": _tonumber, "trimspace": lambda s: s.strip(), "regex": _regex, "templatefile": _templatefile,
-    "merge": lambda *maps: {k: v for m in maps if m is not None for k, v in m.items()}, "concat": lambda *lists: [x for l in lists for x in l],
-    "yamldecode": _yamldecode, "alltrue": lambda items: all(i is True for i in items),
-    "split": lambda sep, s: s.split(sep), "startswith": lambda s, p: s.startswith(p), "endswith": lambda s, p: s.endswith(p),
-    "strcontains": lambda s, sub: sub in s, "tostring": _hcl_str,
-    "file": lambda path: Path(path).read_text(), "yamlencode": _yamlencode,
+    "min": lambda *a: min(_num(x) for x in a),
+    "max": lambda *a: max(_num(x) for x in a),
+    "floor": _floor,
+    "ceil": _ceil,
+    "coalesce": _coalesce,
+    "length": len,
+    "join": lambda sep, items: sep.join(_hcl_str(i) for i in items),
+    "contains": lambda items, v: v in items,
+    "keys": lambda m: sorted(m),
+    "sort": lambda items: sorted(items),
+    "jsonencode": _jsonencode,
+    "tonumber": _tonumber,
+    "trimspace": lambda s: s.strip(),
+    "regex": _regex,
+    "templatefile": _templatefile,
+    "merge": lambda *maps: {k: v for m in maps if m is not None for k, v in m.items()},
+    "concat": lambda *lists: [x for l in lists for x in l],
+    "yamldecode": _yamldecode,
+    "alltrue": lambda items: all(i is True for i in items),
+    "split": lambda sep, s: s.split(sep),
+    "startswith": lambda s, p: s.startswith(p),
+    "endswith": lambda s, p: s.endswith(p),
+    "strcontains": lambda s, sub: sub in s,
+    "tostring": _hcl_str,
+    "file": lambda path: Path(path).read_text(),
+    "yamlencode": _yamlencode,
 }
 BINARY = {
-    "+": lambda a, b: _num(a) + _num(b), "-": lambda a, b: _num(a) - _num(b), "*": lambda a, b: _num(a) * _num(b),
-    "/": lambda a, b: Fraction(_num(a)) / _num(b), "%": lambda a, b: _num(a) % _num(b),
-    "<": lambda a, b: _num(a) < _num(b), ">": lambda a, b: _num(a) > _num(b),
-    "<=": lambda a, b: _num(a) <= _num(b), ">=": lambda a, b: _num(a) >= _num(b),
-    "==": lambda a, b: _equal(a, b), "!=": lambda a, b: not _equal(a, b),
-    "&&": lambda a, b: a is True and b is True, "||": lambda a, b: a is True or b is True,
+    "+": lambda a, b: _num(a) + _num(b),
+    "-": lambda a, b: _num(a) - _num(b),
+    "*": lambda a, b: _num(a) * _num(b),
+    "/": lambda a, b: Fraction(_num(a)) / _num(b),
+    "%": lambda a, b: _num(a) % _num(b),
+    "<": lambda a, b: _num(a) < _num(b),
+    ">": lambda a, b: _num(a) > _num(b),
+    "<=": lambda a, b: _num(a) <= _num(b),
+    ">=": lambda a, b: _num(a) >= _num(b),
+    "==": lambda a, b: _equal(a, b),
+    "!=": lambda a, b: not _equal(a, b),
+    "&&": lambda a, b: a is True and b is True,
+    "||": lambda a, b: a is True or b is True,
 }
 
 
@@ -556,11 +598,17 @@ def test_terraform_is_formatted_and_the_rayjob_module_valid(tmp_path):
     if exe is None:
         pytest.skip("terraform not found (install Terraform >= 1.6 or set TERRAFORM)")
     env = _tf_env(tmp_path)
-    fmt = subprocess.run([exe, "fmt", "-check", "-recursive", "-diff", str(MODULES.parent)], capture_output=True,
-                         text=True, env=env, timeout=60)
+    fmt = subprocess.run(
+        [exe, "fmt", "-check", "-recursive", "-diff", str(MODULES.parent)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert fmt.returncode == 0, "terraform fmt -recursive infra/terraform:\n" + fmt.stdout
-    valid = subprocess.run([exe, f"-chdir={RAYJOB}", "validate", "-no-color"], capture_output=True, text=True,
-                           env=env, timeout=60)
+    valid = subprocess.run(
+        [exe, f"-chdir={RAYJOB}", "validate", "-no-color"], capture_output=True, text=True, env=env, timeout=60
+    )
     assert valid.returncode == 0, valid.stdout + valid.stderr
 
 
@@ -570,13 +618,20 @@ def _example_job_config(**overrides) -> str:
     tfvars = _load(EXAMPLE / "terraform.tfvars.example")
     v = {**{k: b.get("default") for k, b in _declared(EXAMPLE).items()}, **tfvars, **overrides}
     example = HclModule(EXAMPLE, v)
-    return _templatefile(str(EXAMPLE / "job-config.yaml"), {
-        "job_name": f"{v['dataset']}-daily", "input_uri": f"s3://{v['bucket_name']}/{v['prompts_prefix']}{v['dataset']}/",
-        "output_uri": f"s3://{v['bucket_name']}/{v['outputs_prefix']}{v['dataset']}/unscheduled/",
-        "target_model_path": v["target_model_path"], "drafter_model_path": v["drafter_model_path"],
-        "tensor_parallel_size": v["tensor_parallel_size"], "replicas": example.local("job_config_replicas"),
-        "accelerator": v["gpu_accelerator"], "region": v["region"],
-    })
+    return _templatefile(
+        str(EXAMPLE / "job-config.yaml"),
+        {
+            "job_name": f"{v['dataset']}-daily",
+            "input_uri": f"s3://{v['bucket_name']}/{v['prompts_prefix']}{v['dataset']}/",
+            "output_uri": f"s3://{v['bucket_name']}/{v['outputs_prefix']}{v['dataset']}/unscheduled/",
+            "target_model_path": v["target_model_path"],
+            "drafter_model_path": v["drafter_model_path"],
+            "tensor_parallel_size": v["tensor_parallel_size"],
+            "replicas": example.local("job_config_replicas"),
+            "accelerator": v["gpu_accelerator"],
+            "region": v["region"],
+        },
+    )
 
 
 def _example_values(**overrides) -> dict:
@@ -593,26 +648,50 @@ def _example_values(**overrides) -> dict:
         volumes = [{"name": "models", "persistentVolumeClaim": {"claimName": v["models_claim_name"], "readOnly": True}}]
         mounts = [{"name": "models", "mountPath": "/models", "readOnly": True}]
     values = {
-        "workflow": "daily", "schedule": v["schedule"], "namespace": v["namespace"], "image": v["image"],
-        "ray_version": wf_defaults["ray_version"], "service_account": "specbatch-ray", "aws_region": v["region"],
-        "dataset": v["dataset"], "output_uri": f"s3://{v['bucket_name']}/{v['outputs_prefix']}{v['dataset']}/__RUN_DATE__/",
-        "job_config_map": "specbatch-daily-config", "replicas": v["replicas"], "max_replicas": v["max_replicas"],
-        "gpus_per_replica": v["tensor_parallel_size"], "gpus_per_worker": v["gpus_per_node"],
-        "worker_cpu": v["worker_cpu"], "worker_memory": v["worker_memory"], "shm_size": v["shm_size"],
-        "timeout_hours": v["timeout_hours"], "gpu_instance_types": v["gpu_instance_types"],
+        "workflow": "daily",
+        "schedule": v["schedule"],
+        "namespace": v["namespace"],
+        "image": v["image"],
+        "ray_version": wf_defaults["ray_version"],
+        "service_account": "specbatch-ray",
+        "aws_region": v["region"],
+        "dataset": v["dataset"],
+        "output_uri": f"s3://{v['bucket_name']}/{v['outputs_prefix']}{v['dataset']}/__RUN_DATE__/",
+        "job_config_map": "specbatch-daily-config",
+        "replicas": v["replicas"],
+        "max_replicas": v["max_replicas"],
+        "gpus_per_replica": v["tensor_parallel_size"],
+        "gpus_per_worker": v["gpus_per_node"],
+        "worker_cpu": v["worker_cpu"],
+        "worker_memory": v["worker_memory"],
+        "shm_size": v["shm_size"],
+        "timeout_hours": v["timeout_hours"],
+        "gpu_instance_types": v["gpu_instance_types"],
         "head_instance_types": cluster_defaults["system_instance_types"],
-        "head_node_selector": {"specbatch.io/pool": "system"}, "gpu_node_selector": cluster_defaults["gpu_node_labels"],
-        "extra_volumes": volumes, "extra_volume_mounts": mounts,
+        "head_node_selector": {"specbatch.io/pool": "system"},
+        "gpu_node_selector": cluster_defaults["gpu_node_labels"],
+        "extra_volumes": volumes,
+        "extra_volume_mounts": mounts,
     }
     values.update(overrides)
     if "job_config_yaml" not in overrides:
-        values["job_config_yaml"] = _example_job_config(replicas=values["replicas"], max_replicas=values["max_replicas"])
+        values["job_config_yaml"] = _example_job_config(
+            replicas=values["replicas"], max_replicas=values["max_replicas"]
+        )
     return values
 
 
 EDGE_ENV = {"NOTE": 'say "hi": then # stop', "ENDPOINT": "http://10.0.0.1:8080/v1?a=b:c", "EMPTY": ""}
-EDGE = dict(gpu_instance_types=["p4d.24xlarge"], replicas=4, gpus_per_replica=4, gpus_per_worker=None,
-            head_instance_types=["m6i.4xlarge"], env=EDGE_ENV, schedule="30 1 * * *", workflow="nightly-chats-p4d-tp4")
+EDGE = dict(
+    gpu_instance_types=["p4d.24xlarge"],
+    replicas=4,
+    gpus_per_replica=4,
+    gpus_per_worker=None,
+    head_instance_types=["m6i.4xlarge"],
+    env=EDGE_ENV,
+    schedule="30 1 * * *",
+    workflow="nightly-chats-p4d-tp4",
+)
 
 
 # An autoscaling pool: 1 replica to start, up to 4 (one g6e.xlarge worker pod each).
@@ -620,6 +699,8 @@ AUTOSCALING = dict(replicas=1, max_replicas=4)
 
 
 CASES = {"example": {}, "edge": EDGE, "autoscaling": AUTOSCALING}
+
+
 def _workflow(case: str) -> str:
     return CASES[case].get("workflow", "daily")
 
@@ -685,7 +766,9 @@ def test_rendered_rayjobs_release_gpus_soon_and_fail_fast(rendered, case):
         assert 0 < spec["preRunningDeadlineSeconds"] < spec["activeDeadlineSeconds"]
         assert job["metadata"]["labels"]["specbatch.io/run-date"] == "2026-11-29"
     assert generate["spec"]["activeDeadlineSeconds"] == 20 * 3600
-    assert out["scheduler_seconds"] >= generate["spec"]["activeDeadlineSeconds"] + report["spec"]["activeDeadlineSeconds"]
+    assert (
+        out["scheduler_seconds"] >= generate["spec"]["activeDeadlineSeconds"] + report["spec"]["activeDeadlineSeconds"]
+    )
     assert report["spec"]["entrypoint"].split() == ["specbatch", "report", generate["spec"]["entrypoint"].split()[-1]]
 
 
@@ -730,7 +813,9 @@ def test_example_sizes_one_l40s_worker_per_g6e_xlarge(rendered):
     generate, _ = _jobs(rendered["example"])
     (workers,) = generate["spec"]["rayClusterSpec"]["workerGroupSpecs"]
     # Ray's CPU count is whole CPUs the container really has.
-    assert int(workers["rayStartParams"]["num-cpus"]) * 1000 <= _cpu_m(_container(workers["template"])["resources"]["requests"]["cpu"])
+    assert int(workers["rayStartParams"]["num-cpus"]) * 1000 <= _cpu_m(
+        _container(workers["template"])["resources"]["requests"]["cpu"]
+    )
     assert workers["template"]["spec"]["nodeSelector"] == {"specbatch.io/pool": "gpu"}
     assert any(t["key"] == "nvidia.com/gpu" for t in workers["template"]["spec"]["tolerations"])
 
@@ -744,8 +829,17 @@ def _cpu_m(q) -> float:
 
 
 def _mi(q) -> float:
-    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1024 ** 2, "K": 1e3 / 2 ** 20, "M": 1e6 / 2 ** 20,
-             "G": 1e9 / 2 ** 20, "T": 1e12 / 2 ** 20, "": 1 / 2 ** 20}
+    units = {
+        "Ki": 1 / 1024,
+        "Mi": 1,
+        "Gi": 1024,
+        "Ti": 1024**2,
+        "K": 1e3 / 2**20,
+        "M": 1e6 / 2**20,
+        "G": 1e9 / 2**20,
+        "T": 1e12 / 2**20,
+        "": 1 / 2**20,
+    }
     number, unit = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(q)).groups()
     return float(number) * units[unit]
 
@@ -798,7 +892,11 @@ def test_rendered_pods_fit_their_node_types(rendered, case):
 def test_the_terraform_table_agrees_with_this_tests_formula(rendered):
     sizing = rendered["example"]["sizing"]
     node = _allocatable("g6e.xlarge")
-    assert (sizing["node_cpu_m"], sizing["node_memory_mi"], sizing["node_gpus"]) == (node["cpu_m"], node["memory_mi"], 1)
+    assert (sizing["node_cpu_m"], sizing["node_memory_mi"], sizing["node_gpus"]) == (
+        node["cpu_m"],
+        node["memory_mi"],
+        1,
+    )
     # The shipped worker size of the issue did not fit: 8 CPU, 48Gi on a 4 vCPU, 32 GiB node.
     assert _cpu_m("8") > node["cpu_m"] and _mi("48Gi") > node["memory_mi"]
 
@@ -811,7 +909,10 @@ def test_the_tables_allocatable_formula_is_this_tests_formula_for_every_type():
     for instance_type, hcl in table.items():
         node = _allocatable(instance_type)
         assert (hcl["cpu_m"] - _cpu_m(reserve["cpu"]), hcl["memory_mi"] - _mi(reserve["memory"]), hcl["gpus"]) == (
-            node["cpu_m"], node["memory_mi"], node["gpus"]), instance_type
+            node["cpu_m"],
+            node["memory_mi"],
+            node["gpus"],
+        ), instance_type
 
 
 @pytest.mark.parametrize("instance_type", sorted(TfDir(RAYJOB).locals["gpu_instance_types"]))
@@ -822,15 +923,21 @@ def test_default_workers_fit_every_supported_gpu_type(instance_type):
     node = _allocatable(instance_type)
     gpus = node["gpus"]
     for replicas, tp in {(1, 1), (gpus, 1), (1, gpus), (2 * gpus, 1)}:
-        ok, out = _apply_in_python(_example_values(gpu_instance_types=[instance_type], replicas=replicas,
-                                                   gpus_per_replica=tp, gpus_per_worker=None))
+        ok, out = _apply_in_python(
+            _example_values(
+                gpu_instance_types=[instance_type], replicas=replicas, gpus_per_replica=tp, gpus_per_worker=None
+            )
+        )
         assert ok, (instance_type, replicas, tp, out)
         sizing = out["sizing"]
         cpu, memory, shm = _cpu_m(sizing["worker_cpu"]), _mi(sizing["worker_memory"]), _mi(sizing["shm_size"])
         share = sizing["gpus_per_worker"] / gpus
         assert sizing["gpus_per_worker"] <= gpus and sizing["gpus_per_worker"] % tp == 0
         assert cpu <= node["cpu_m"] and memory <= node["memory_mi"], (instance_type, sizing, node)
-        assert cpu >= node["cpu_m"] * share - 100 and memory >= node["memory_mi"] * share - 1024, (instance_type, sizing)
+        assert cpu >= node["cpu_m"] * share - 100 and memory >= node["memory_mi"] * share - 1024, (
+            instance_type,
+            sizing,
+        )
         assert 0 < shm <= memory / 2
         assert 1 <= sizing["worker_num_cpus"] <= cpu / 1000
         assert out["worker_pods"] * sizing["gpus_per_worker"] >= replicas * tp
@@ -855,8 +962,9 @@ def test_scheduled_runs_get_a_short_ttl_and_a_pre_running_deadline(evaluated_exa
     assert call["ttl_seconds_after_finished"] == "${var.ttl_seconds_after_finished}"
     assert 0 < workflows.variables["ttl_seconds_after_finished"]["default"] <= 600
     assert call["pre_running_deadline_seconds"] == "${each.value.pre_running_deadline_minutes * 60}"
-    default_minutes = re.search(r"pre_running_deadline_minutes\s*=\s*optional\(number,\s*(\d+)\)",
-                                str(workflows.variables["workflows"]["type"]))
+    default_minutes = re.search(
+        r"pre_running_deadline_minutes\s*=\s*optional\(number,\s*(\d+)\)", str(workflows.variables["workflows"]["type"])
+    )
     assert default_minutes and 1 <= int(default_minutes.group(1)) <= 60
     assert "ttl_seconds_after_finished" not in TfDir(EXAMPLE).modules["workflows"]
     declared = _declared(RAYJOB)
@@ -880,30 +988,69 @@ def test_the_python_evaluation_matches_terraform(tmp_path):
         assert re.sub(r"\s+", " ", message) in tf_error and message in py_error
 
 
-@pytest.mark.parametrize("overrides, says", [
-    (dict(worker_cpu="8", worker_memory="48Gi"),
-     ["g6e.xlarge gives a pod at most", "Leave worker_cpu and worker_memory unset", "choose a larger instance type"]),
-    (dict(worker_memory="40Gi"), ["would stay Pending", "Leave worker_cpu and worker_memory unset"]),
-    (dict(gpu_instance_types=["g6e.xlarge", "g4dn.xlarge"]), ['"g4dn.xlarge"', "modules/rayjob/instance_types.tf"]),
-    (dict(gpus_per_replica=2), ["a replica needs 2 GPUs on one pod", "lower tensor_parallel_size"]),
-    (dict(shm_size="20Gi"), ["counts against the worker's memory", "Lower shm_size"]),
-    (dict(worker_cpu="lots"), ['cannot read worker CPU "lots"', '"3500m"']),
-    (dict(timeout_hours=24), ["runs daily", "Lower timeout_hours to at most 22"]),
-    (dict(head_cpu="16"), ["the Ray head asks for 16 CPU", "system_instance_types"]),
-    (dict(ttl_seconds_after_finished=86400), ["ttl_seconds_after_finished must be between 0 and 3600"]),
-    (dict(pre_running_deadline_seconds=0), ["pre_running_deadline_seconds must be at least 60"]),
-    (dict(replicas=4, max_replicas=2), ["workflow daily: max_replicas (2) must be a whole number no smaller than replicas (4)",
-                                        "leave it unset for a fixed pool"]),
-    (dict(replicas=0), ["workflow daily: replicas = 0 must be a whole number of at least 1"]),
-    (dict(max_replicas=4, job_config_yaml="resources:\n  replicas: 2\n"),
-     ["workflow daily: the job config's resources.replicas is 2", "would disagree", "Write `replicas: {min: 2, max: 4}`"]),
-    (dict(job_config_yaml="resources:\n  replicas: {min: 1, max: 2}\n"),
-     ['resources.replicas is {"max":2,"min":1}', "Write `replicas: 2`"]),
-    (dict(replicas=1, max_replicas=2, head_cpu="7.5"),
-     ["the Ray head asks for 7.5 CPU and 16Gi (and its autoscaler sidecar 500m and 512Mi)", "m6i.2xlarge"]),
-], ids=["issue-8cpu-48Gi", "memory", "unknown-type", "tp-over-node", "shm", "unparsable", "daily-24h", "head",
-        "day-long-ttl", "no-pre-running-deadline", "max-below-min", "no-replicas", "job-config-fixed-pool",
-        "job-config-range", "head-and-autoscaler"])
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (
+            dict(worker_cpu="8", worker_memory="48Gi"),
+            [
+                "g6e.xlarge gives a pod at most",
+                "Leave worker_cpu and worker_memory unset",
+                "choose a larger instance type",
+            ],
+        ),
+        (dict(worker_memory="40Gi"), ["would stay Pending", "Leave worker_cpu and worker_memory unset"]),
+        (dict(gpu_instance_types=["g6e.xlarge", "g4dn.xlarge"]), ['"g4dn.xlarge"', "modules/rayjob/instance_types.tf"]),
+        (dict(gpus_per_replica=2), ["a replica needs 2 GPUs on one pod", "lower tensor_parallel_size"]),
+        (dict(shm_size="20Gi"), ["counts against the worker's memory", "Lower shm_size"]),
+        (dict(worker_cpu="lots"), ['cannot read worker CPU "lots"', '"3500m"']),
+        (dict(timeout_hours=24), ["runs daily", "Lower timeout_hours to at most 22"]),
+        (dict(head_cpu="16"), ["the Ray head asks for 16 CPU", "system_instance_types"]),
+        (dict(ttl_seconds_after_finished=86400), ["ttl_seconds_after_finished must be between 0 and 3600"]),
+        (dict(pre_running_deadline_seconds=0), ["pre_running_deadline_seconds must be at least 60"]),
+        (
+            dict(replicas=4, max_replicas=2),
+            [
+                "workflow daily: max_replicas (2) must be a whole number no smaller than replicas (4)",
+                "leave it unset for a fixed pool",
+            ],
+        ),
+        (dict(replicas=0), ["workflow daily: replicas = 0 must be a whole number of at least 1"]),
+        (
+            dict(max_replicas=4, job_config_yaml="resources:\n  replicas: 2\n"),
+            [
+                "workflow daily: the job config's resources.replicas is 2",
+                "would disagree",
+                "Write `replicas: {min: 2, max: 4}`",
+            ],
+        ),
+        (
+            dict(job_config_yaml="resources:\n  replicas: {min: 1, max: 2}\n"),
+            ['resources.replicas is {"max":2,"min":1}', "Write `replicas: 2`"],
+        ),
+        (
+            dict(replicas=1, max_replicas=2, head_cpu="7.5"),
+            ["the Ray head asks for 7.5 CPU and 16Gi (and its autoscaler sidecar 500m and 512Mi)", "m6i.2xlarge"],
+        ),
+    ],
+    ids=[
+        "issue-8cpu-48Gi",
+        "memory",
+        "unknown-type",
+        "tp-over-node",
+        "shm",
+        "unparsable",
+        "daily-24h",
+        "head",
+        "day-long-ttl",
+        "no-pre-running-deadline",
+        "max-below-min",
+        "no-replicas",
+        "job-config-fixed-pool",
+        "job-config-range",
+        "head-and-autoscaler",
+    ],
+)
 @pytest.mark.parametrize("source", SOURCES)
 def test_pods_that_cannot_fit_fail_the_plan_naming_the_fix(tmp_path, source, overrides, says):
     ok, error = _render(tmp_path, _example_values(**overrides), source)
@@ -926,16 +1073,23 @@ def test_sizes_that_fit_pass(tmp_path, source):
 # --- Autoscaling engine pools: the worker group, the autoscaler and the job config agree ------------------
 
 
-@pytest.mark.parametrize("overrides, pods, job_replicas", [
-    (dict(replicas=2), (2, 2), 2),
-    (dict(replicas=2, max_replicas=2), (2, 2), 2),
-    (dict(replicas=1, max_replicas=4), (1, 4), {"min": 1, "max": 4}),
-    # One p4d pod holds all 8 replicas: the pool grows inside it, there is nothing to autoscale.
-    (dict(gpu_instance_types=["p4d.24xlarge"], replicas=1, max_replicas=8), (1, 1), {"min": 1, "max": 8}),
-    # Two tp=4 replicas per 8-GPU pod: 1 pod to start, up to 8.
-    (dict(gpu_instance_types=["p4d.24xlarge"], gpus_per_replica=4, replicas=2, max_replicas=16), (1, 8),
-     {"min": 2, "max": 16}),
-], ids=["fixed", "min-equals-max", "range", "range-in-one-pod", "range-tp4"])
+@pytest.mark.parametrize(
+    "overrides, pods, job_replicas",
+    [
+        (dict(replicas=2), (2, 2), 2),
+        (dict(replicas=2, max_replicas=2), (2, 2), 2),
+        (dict(replicas=1, max_replicas=4), (1, 4), {"min": 1, "max": 4}),
+        # One p4d pod holds all 8 replicas: the pool grows inside it, there is nothing to autoscale.
+        (dict(gpu_instance_types=["p4d.24xlarge"], replicas=1, max_replicas=8), (1, 1), {"min": 1, "max": 8}),
+        # Two tp=4 replicas per 8-GPU pod: 1 pod to start, up to 8.
+        (
+            dict(gpu_instance_types=["p4d.24xlarge"], gpus_per_replica=4, replicas=2, max_replicas=16),
+            (1, 8),
+            {"min": 2, "max": 16},
+        ),
+    ],
+    ids=["fixed", "min-equals-max", "range", "range-in-one-pod", "range-tp4"],
+)
 @pytest.mark.parametrize("source", SOURCES)
 def test_the_worker_group_follows_the_replica_range(tmp_path, source, overrides, pods, job_replicas):
     values = _example_values(**overrides)
@@ -1017,9 +1171,14 @@ def test_terraform_renders_the_kuberay_manifest_replacing_only_what_it_sizes(ren
     changed = _changed(base, generate)
     assert changed and not [p for p in changed if not any(re.search(r, p) for r in REPLACED)], sorted(changed)
     # The report RayJob is the same manifest's head alone.
-    assert report["spec"]["submissionMode"] == base["spec"]["submissionMode"] and report["spec"]["rayClusterSpec"]["workerGroupSpecs"] == []
-    assert report["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["securityContext"] == (
-        base["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["securityContext"])
+    assert (
+        report["spec"]["submissionMode"] == base["spec"]["submissionMode"]
+        and report["spec"]["rayClusterSpec"]["workerGroupSpecs"] == []
+    )
+    assert (
+        report["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["securityContext"]
+        == (base["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["securityContext"])
+    )
     cluster = generate["spec"]["rayClusterSpec"]
     worker = cluster["workerGroupSpecs"][0]
     # A fixed pool: no autoscaler, maxReplicas = the pods, as before max_replicas existed.
@@ -1048,12 +1207,31 @@ def test_the_example_job_config_carries_the_pool_to_the_pipeline():
 
 
 def _workflows_values(**workflow) -> dict:
-    entry = {"schedule": "0 2 * * *", "dataset": "support-chats", "job_config_yaml": "job_name: x\n",
-             "job_config_uri": "/etc/specbatch/job.yaml", "replicas": 1, "max_replicas": None, "gpus_per_replica": 1,
-             "gpus_per_worker": None, "worker_cpu": None, "worker_memory": None, "shm_size": None,
-             "timeout_hours": 20, "pre_running_deadline_minutes": 30, "suspend": False, "env": {}, "output": "dated"}
-    return {"image": "registry/specbatch:0.1.0", "ray_role_arn": "arn:aws:iam::1:role/ray", "aws_region": "us-east-1",
-            "bucket_name": "acme", "workflows": {"daily": {**entry, **workflow}}}
+    entry = {
+        "schedule": "0 2 * * *",
+        "dataset": "support-chats",
+        "job_config_yaml": "job_name: x\n",
+        "job_config_uri": "/etc/specbatch/job.yaml",
+        "replicas": 1,
+        "max_replicas": None,
+        "gpus_per_replica": 1,
+        "gpus_per_worker": None,
+        "worker_cpu": None,
+        "worker_memory": None,
+        "shm_size": None,
+        "timeout_hours": 20,
+        "pre_running_deadline_minutes": 30,
+        "suspend": False,
+        "env": {},
+        "output": "dated",
+    }
+    return {
+        "image": "registry/specbatch:0.1.0",
+        "ray_role_arn": "arn:aws:iam::1:role/ray",
+        "aws_region": "us-east-1",
+        "bucket_name": "acme",
+        "workflows": {"daily": {**entry, **workflow}},
+    }
 
 
 def test_the_workflows_variable_refuses_max_replicas_below_replicas():
@@ -1069,28 +1247,77 @@ def test_the_workflows_variable_refuses_max_replicas_below_replicas():
 # Written out by hand from KubeRay 1.6.0's RayJob and RayCluster API (ray.io/v1: the CRD's
 # OpenAPI schema and the operator's ValidateRayJobSpec / ValidateRayClusterSpec), for the
 # fields this project may use. Types are JSON types; "required" as in the CRD.
-INT32 = (-(2 ** 31), 2 ** 31 - 1)
+INT32 = (-(2**31), 2**31 - 1)
 RAYJOB_SPEC = {
-    "activeDeadlineSeconds": int, "backoffLimit": int, "rayClusterSpec": dict, "submitterPodTemplate": dict,
-    "metadata": dict, "clusterSelector": dict, "submitterConfig": dict, "managedBy": str,
-    "deletionStrategy": dict, "entrypoint": str, "runtimeEnvYAML": str, "jobId": str, "submissionMode": str,
-    "entrypointResources": str, "entrypointNumCpus": (int, float), "entrypointNumGpus": (int, float),
-    "ttlSecondsAfterFinished": int, "preRunningDeadlineSeconds": int, "shutdownAfterJobFinishes": bool,
+    "activeDeadlineSeconds": int,
+    "backoffLimit": int,
+    "rayClusterSpec": dict,
+    "submitterPodTemplate": dict,
+    "metadata": dict,
+    "clusterSelector": dict,
+    "submitterConfig": dict,
+    "managedBy": str,
+    "deletionStrategy": dict,
+    "entrypoint": str,
+    "runtimeEnvYAML": str,
+    "jobId": str,
+    "submissionMode": str,
+    "entrypointResources": str,
+    "entrypointNumCpus": (int, float),
+    "entrypointNumGpus": (int, float),
+    "ttlSecondsAfterFinished": int,
+    "preRunningDeadlineSeconds": int,
+    "shutdownAfterJobFinishes": bool,
     "suspend": bool,
 }
 RAYCLUSTER_SPEC = {
-    "upgradeStrategy": dict, "authOptions": dict, "suspend": bool, "managedBy": str, "autoscalerOptions": dict,
-    "headServiceAnnotations": dict, "enableInTreeAutoscaling": bool, "gcsFaultToleranceOptions": dict,
-    "headGroupSpec": dict, "rayVersion": str, "workerGroupSpecs": list,
+    "upgradeStrategy": dict,
+    "authOptions": dict,
+    "suspend": bool,
+    "managedBy": str,
+    "autoscalerOptions": dict,
+    "headServiceAnnotations": dict,
+    "enableInTreeAutoscaling": bool,
+    "gcsFaultToleranceOptions": dict,
+    "headGroupSpec": dict,
+    "rayVersion": str,
+    "workerGroupSpecs": list,
 }
-HEAD_GROUP = {"template": dict, "headService": dict, "enableIngress": bool, "resources": dict, "labels": dict,
-              "rayStartParams": dict, "serviceType": str}
-WORKER_GROUP = {"suspend": bool, "groupName": str, "replicas": int, "minReplicas": int, "maxReplicas": int,
-                "idleTimeoutSeconds": int, "resources": dict, "labels": dict, "rayStartParams": dict,
-                "template": dict, "scaleStrategy": dict, "numOfHosts": int}
-AUTOSCALER_OPTIONS = {"resources": dict, "image": str, "imagePullPolicy": str, "env": list, "envFrom": list,
-                      "volumeMounts": list, "securityContext": dict, "idleTimeoutSeconds": int, "upscalingMode": str,
-                      "version": str}
+HEAD_GROUP = {
+    "template": dict,
+    "headService": dict,
+    "enableIngress": bool,
+    "resources": dict,
+    "labels": dict,
+    "rayStartParams": dict,
+    "serviceType": str,
+}
+WORKER_GROUP = {
+    "suspend": bool,
+    "groupName": str,
+    "replicas": int,
+    "minReplicas": int,
+    "maxReplicas": int,
+    "idleTimeoutSeconds": int,
+    "resources": dict,
+    "labels": dict,
+    "rayStartParams": dict,
+    "template": dict,
+    "scaleStrategy": dict,
+    "numOfHosts": int,
+}
+AUTOSCALER_OPTIONS = {
+    "resources": dict,
+    "image": str,
+    "imagePullPolicy": str,
+    "env": list,
+    "envFrom": list,
+    "volumeMounts": list,
+    "securityContext": dict,
+    "idleTimeoutSeconds": int,
+    "upscalingMode": str,
+    "version": str,
+}
 UPSCALING_MODES = {"Default", "Aggressive", "Conservative"}
 SA_TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # where Ray's KubeRay node provider reads its token
 REQUIRED = {"headGroupSpec": ["template"], "workerGroupSpecs": ["groupName", "template"]}
@@ -1151,8 +1378,10 @@ def kuberay_1_6_problems(job: dict) -> list[str]:
         groups = [("headGroupSpec", head, HEAD_GROUP, REQUIRED["headGroupSpec"])] if isinstance(head, dict) else []
         if head is None:
             p.append("rayClusterSpec.headGroupSpec: required")
-        groups += [(f"workerGroupSpecs[{i}]", g, WORKER_GROUP, REQUIRED["workerGroupSpecs"])
-                   for i, g in enumerate(cluster.get("workerGroupSpecs", []))]
+        groups += [
+            (f"workerGroupSpecs[{i}]", g, WORKER_GROUP, REQUIRED["workerGroupSpecs"])
+            for i, g in enumerate(cluster.get("workerGroupSpecs", []))
+        ]
         for where, group, allowed, required in groups:
             p += _fields(group, allowed, where)
             p += [f"{where}.{r}: required" for r in required if r not in group]
@@ -1164,7 +1393,9 @@ def kuberay_1_6_problems(job: dict) -> list[str]:
                 p.append(f"{where}: resources in both rayStartParams and resources")
             if not group.get("template", {}).get("spec", {}).get("containers"):
                 p.append(f"{where}.template: at least one container")
-            if "minReplicas" in group and not group["minReplicas"] <= group.get("replicas", group["minReplicas"]) <= group.get("maxReplicas", 2 ** 31 - 1):
+            if "minReplicas" in group and not group["minReplicas"] <= group.get(
+                "replicas", group["minReplicas"]
+            ) <= group.get("maxReplicas", 2**31 - 1):
                 p.append(f"{where}: minReplicas <= replicas <= maxReplicas")
         if not cluster.get("enableInTreeAutoscaling") and isinstance(head, dict):
             env = {e.get("name"): e.get("value") for e in _container(head["template"]).get("env", [])}
@@ -1181,12 +1412,18 @@ def kuberay_1_6_problems(job: dict) -> list[str]:
             pod = head["template"].get("spec", {})
             volumes = {v.get("name") for v in pod.get("volumes", [])}
             mounts = (options or {}).get("volumeMounts", [])
-            p += [f"autoscalerOptions.volumeMounts: no head volume {m.get('name')!r}" for m in mounts
-                  if m.get("name") not in volumes]
-            if pod.get("automountServiceAccountToken") is False and not any(m.get("mountPath") == SA_TOKEN_DIR
-                                                                           for m in mounts):
-                p.append("enableInTreeAutoscaling: the head mounts no service account token and "
-                         "autoscalerOptions.volumeMounts gives the autoscaler none: it cannot reach the API")
+            p += [
+                f"autoscalerOptions.volumeMounts: no head volume {m.get('name')!r}"
+                for m in mounts
+                if m.get("name") not in volumes
+            ]
+            if pod.get("automountServiceAccountToken") is False and not any(
+                m.get("mountPath") == SA_TOKEN_DIR for m in mounts
+            ):
+                p.append(
+                    "enableInTreeAutoscaling: the head mounts no service account token and "
+                    "autoscalerOptions.volumeMounts gives the autoscaler none: it cannot reach the API"
+                )
     return p
 
 
@@ -1200,8 +1437,17 @@ def test_rayjobs_pass_kuberay_1_6_fields_and_rules(rendered, case):
 def test_longest_run_names_fit_kuberay():
     longest = "a" * 20  # the workflows variable's limit
     for name in (f"{longest}-20261129-999", f"{longest}-20261129-999-report"):
-        assert kuberay_1_6_problems({"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": name},
-                                     "spec": {"clusterSelector": {"ray.io/cluster": "x"}}}) == []
+        assert (
+            kuberay_1_6_problems(
+                {
+                    "apiVersion": "ray.io/v1",
+                    "kind": "RayJob",
+                    "metadata": {"name": name},
+                    "spec": {"clusterSelector": {"ray.io/cluster": "x"}},
+                }
+            )
+            == []
+        )
 
 
 def test_the_reference_check_catches_what_kuberay_refuses(rendered):
@@ -1214,21 +1460,30 @@ def test_the_reference_check_catches_what_kuberay_refuses(rendered):
     del bad["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["groupName"]
     bad["metadata"]["name"] = "Daily-" + "x" * 50
     problems = "\n".join(kuberay_1_6_problems(bad))
-    for expected in ("ttlSecondsAfterFinished needs shutdownAfterJobFinishes", "preRunningDeadlineSeconds: minimum 1",
-                     "ttlSecondsAfterFinshed: unknown field", "num-gpus: must be a string", "groupName: required",
-                     "metadata.name"):
+    for expected in (
+        "ttlSecondsAfterFinished needs shutdownAfterJobFinishes",
+        "preRunningDeadlineSeconds: minimum 1",
+        "ttlSecondsAfterFinshed: unknown field",
+        "num-gpus: must be a string",
+        "groupName: required",
+        "metadata.name",
+    ):
         assert expected in problems, (expected, problems)
     # An autoscaler without its token, a mount of a volume the head lacks, a mode KubeRay refuses.
     generate, _ = _jobs(rendered["autoscaling"])
     bad = json.loads(json.dumps(generate))
     cluster = bad["spec"]["rayClusterSpec"]
     cluster["headGroupSpec"]["template"]["spec"]["volumes"] = [
-        v for v in cluster["headGroupSpec"]["template"]["spec"]["volumes"] if "projected" not in v]
+        v for v in cluster["headGroupSpec"]["template"]["spec"]["volumes"] if "projected" not in v
+    ]
     cluster["autoscalerOptions"]["upscalingMode"] = "Eager"
     cluster["autoscalerOptions"]["idleTimeout"] = 60
     problems = "\n".join(kuberay_1_6_problems(bad))
-    for expected in ("no head volume 'autoscaler-api-token'", "upscalingMode: not Default",
-                     "autoscalerOptions.idleTimeout: unknown field"):
+    for expected in (
+        "no head volume 'autoscaler-api-token'",
+        "upscalingMode: not Default",
+        "autoscalerOptions.idleTimeout: unknown field",
+    ):
         assert expected in problems, (expected, problems)
     del cluster["autoscalerOptions"]["volumeMounts"]
     assert "it cannot reach the API" in "\n".join(kuberay_1_6_problems(bad))
@@ -1253,16 +1508,32 @@ def test_rayjob_pod_templates_pass_kubernetes_schema(rendered, case):
             if group is cluster["headGroupSpec"] and cluster.get("enableInTreeAutoscaling"):
                 # The autoscaler container KubeRay adds to the head, with autoscalerOptions' overrides.
                 options = cluster["autoscalerOptions"]
-                template["spec"]["containers"].append({
-                    "name": "autoscaler", "image": _container(template)["image"], "command": ["ray"],
-                    **{k: options[k] for k in ("resources", "securityContext", "volumeMounts") if k in options}})
-            kv.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
-                         "template": template}, K8S_VERSION, strict=True)
+                template["spec"]["containers"].append(
+                    {
+                        "name": "autoscaler",
+                        "image": _container(template)["image"],
+                        "command": ["ray"],
+                        **{k: options[k] for k in ("resources", "securityContext", "volumeMounts") if k in options},
+                    }
+                )
+            kv.validate(
+                {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": template},
+                K8S_VERSION,
+                strict=True,
+            )
 
 
 # HCL block names of the kubernetes provider that are lists in the Kubernetes API, and their names there.
-LIST_BLOCKS = {"container": "containers", "env": "env", "volume": "volumes", "volume_mount": "volumeMounts",
-               "rule": "rules", "subject": "subjects", "port": "ports", "toleration": "tolerations"}
+LIST_BLOCKS = {
+    "container": "containers",
+    "env": "env",
+    "volume": "volumes",
+    "volume_mount": "volumeMounts",
+    "rule": "rules",
+    "subject": "subjects",
+    "port": "ports",
+    "toleration": "tolerations",
+}
 PROVIDER_ONLY = {"for_each", "count", "depends_on", "lifecycle"}
 KINDS = {
     "kubernetes_cron_job_v1": ("batch/v1", "CronJob"),
@@ -1323,18 +1594,31 @@ def test_workflow_objects_pass_kubernetes_schema(rendered):
     wf = TfDir(MODULES / "workflows")
     labels = {"app.kubernetes.io/name": "specbatch", "app.kubernetes.io/managed-by": "terraform"}
     context = {
-        "each.key": "daily", "each.value.schedule": "0 2 * * *", "each.value.suspend": False,
-        "each.value.config_map": "specbatch-daily-config", "each.value.job_config_yaml": "job_name: x\n",
-        "each.value.output_uri": "s3://acme/outputs/support-chats/__RUN_DATE__/", "each.value.output": "dated",
-        "local.labels": labels, "local.namespace": "specbatch", "var.namespace": "specbatch",
-        "var.create_namespace ? 1 : 0": 1, "var.service_account": "specbatch-ray",
-        "var.scheduler_service_account": "specbatch-scheduler", "var.ray_role_arn": "arn:aws:iam::1:role/ray",
-        'var.scheduler_role_arn == "" ? {} : {"eks.amazonaws.com/role-arn" = var.scheduler_role_arn}':
-            {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/scheduler"},
-        "var.scheduler_image": "docker.io/alpine/k8s:1.33.4", "var.head_node_selector": {"specbatch.io/pool": "system"},
-        "var.aws_region": "us-east-1", "tostring(var.keep_runs)": "14", "7 * 24 * 3600": 7 * 24 * 3600,
+        "each.key": "daily",
+        "each.value.schedule": "0 2 * * *",
+        "each.value.suspend": False,
+        "each.value.config_map": "specbatch-daily-config",
+        "each.value.job_config_yaml": "job_name: x\n",
+        "each.value.output_uri": "s3://acme/outputs/support-chats/__RUN_DATE__/",
+        "each.value.output": "dated",
+        "local.labels": labels,
+        "local.namespace": "specbatch",
+        "var.namespace": "specbatch",
+        "var.create_namespace ? 1 : 0": 1,
+        "var.service_account": "specbatch-ray",
+        "var.scheduler_service_account": "specbatch-scheduler",
+        "var.ray_role_arn": "arn:aws:iam::1:role/ray",
+        'var.scheduler_role_arn == "" ? {} : {"eks.amazonaws.com/role-arn" = var.scheduler_role_arn}': {
+            "eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/scheduler"
+        },
+        "var.scheduler_image": "docker.io/alpine/k8s:1.33.4",
+        "var.head_node_selector": {"specbatch.io/pool": "system"},
+        "var.aws_region": "us-east-1",
+        "tostring(var.keep_runs)": "14",
+        "7 * 24 * 3600": 7 * 24 * 3600,
         "module.rayjob[each.key].scheduler_seconds": out["scheduler_seconds"],
-        "module.rayjob[each.key].generate": out["generate"], "module.rayjob[each.key].report": out["report"],
+        "module.rayjob[each.key].generate": out["generate"],
+        "module.rayjob[each.key].report": out["report"],
         'file("${path.module}/templates/run.sh")': RUN_SH.read_text(),
         "kubernetes_config_map_v1.scheduler[each.key].metadata[0].name": "specbatch-daily-scheduler",
         "kubernetes_role_v1.scheduler.metadata[0].name": "specbatch-scheduler",
@@ -1431,7 +1715,7 @@ elif args[0] == "get":
     sys.stdout.write(jsonpath(template, state["job"]))
 '''
 
-FAKE_AWS = r'''#!/bin/sh
+FAKE_AWS = r"""#!/bin/sh
 # Stands in for the aws CLI: `aws s3 cp URI -` prints $FAKE_JOB_JSON when URI is $FAKE_JOB_URI;
 # `aws s3 ls --recursive URI` prints $FAKE_LS (the listing's lines) when URI is $FAKE_LS_URI.
 echo "aws $*" >> "$FAKE_DIR/calls"
@@ -1439,7 +1723,7 @@ if [ "$1 $2" = "s3 cp" ] && [ "$3" = "$FAKE_JOB_URI" ] && [ -f "$FAKE_JOB_JSON" 
 if [ "$1 $2 $3" = "s3 ls --recursive" ] && [ "$4" = "$FAKE_LS_URI" ] && [ -f "$FAKE_LS" ]; then cat "$FAKE_LS"; exit 0; fi
 echo "fatal error: An error occurred (404) when calling the HeadObject operation: Not Found" >&2
 exit 1
-'''
+"""
 
 RUN_DATE = "2026-11-29"
 OUT = f"s3://acme-specbatch-data/outputs/support-chats/{RUN_DATE}/"
@@ -1462,9 +1746,18 @@ class Scheduler:
         (self.state / "rayjobs").mkdir(parents=True)
 
     def existing(self, name: str, run_date: str, deployment: str, component="generate", workflow="daily"):
-        job = {"metadata": {"name": name, "labels": {"specbatch.io/workflow": workflow, "specbatch.io/run-date": run_date,
-                                                     "app.kubernetes.io/component": component}},
-               "spec": {}, "status": {"jobDeploymentStatus": deployment}}
+        job = {
+            "metadata": {
+                "name": name,
+                "labels": {
+                    "specbatch.io/workflow": workflow,
+                    "specbatch.io/run-date": run_date,
+                    "app.kubernetes.io/component": component,
+                },
+            },
+            "spec": {},
+            "status": {"jobDeploymentStatus": deployment},
+        }
         (self.state / "rayjobs" / name).write_text(json.dumps({"job": job, "reads": 0}))
 
     def finished_manifest(self, status: str, retryable: int):
@@ -1474,9 +1767,14 @@ class Scheduler:
 
     def run(self, **env) -> subprocess.CompletedProcess:
         full = {
-            "PATH": f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}", "WORKFLOW": "daily", "NAMESPACE": "specbatch",
-            "OUTPUT_URI": "s3://acme-specbatch-data/outputs/support-chats/__RUN_DATE__/", "RUN_DATE": RUN_DATE,
-            "POLL_SECONDS": "0", "TEMPLATES": str(self.templates), "FAKE_DIR": str(self.state),
+            "PATH": f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}",
+            "WORKFLOW": "daily",
+            "NAMESPACE": "specbatch",
+            "OUTPUT_URI": "s3://acme-specbatch-data/outputs/support-chats/__RUN_DATE__/",
+            "RUN_DATE": RUN_DATE,
+            "POLL_SECONDS": "0",
+            "TEMPLATES": str(self.templates),
+            "FAKE_DIR": str(self.state),
         }
         full.update({k: str(v) for k, v in env.items()})
         # An endless wait would show as this timeout.
@@ -1519,13 +1817,16 @@ def test_scheduler_runs_generation_then_report_on_the_dated_prefix(tmp_path, ren
     assert "WARNING" not in proc.stdout
 
 
-@pytest.mark.parametrize("states", [
-    "Initializing,Failed",                 # e.g. PreRunningDeadlineExceeded, DeadlineExceeded
-    "ValidationFailed",                    # the operator refused the spec: no cluster, no jobStatus
-    "Initializing,Running,Complete:FAILED",
-    "Running,Complete:STOPPED",
-    "Initializing,Running,GONE",           # someone deleted the RayJob
-])
+@pytest.mark.parametrize(
+    "states",
+    [
+        "Initializing,Failed",  # e.g. PreRunningDeadlineExceeded, DeadlineExceeded
+        "ValidationFailed",  # the operator refused the spec: no cluster, no jobStatus
+        "Initializing,Running,Complete:FAILED",
+        "Running,Complete:STOPPED",
+        "Initializing,Running,GONE",  # someone deleted the RayJob
+    ],
+)
 def test_scheduler_ends_on_every_terminal_state_and_skips_the_report(scheduler, states):
     proc = scheduler.run(FAKE_GENERATE=states)
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -1590,24 +1891,49 @@ def test_a_per_dataset_location_runs_only_when_its_input_has_a_file_no_run_gener
         pytest.skip("jq not found (run.sh reads _job.json with jq, as in the scheduler image)")
     out, prompts = "s3://acme-specbatch-data/outputs/support-chats/", "s3://acme-specbatch-data/prompts/support-chats/"
     manifest = scheduler.tmp / "_job.json"
-    manifest.write_text(json.dumps({"job_id": "x", "status": "succeeded", "totals": {"retryable_error_rows": 0},
-                                    "config": {"input_uri": prompts}, "input_files": [{"uri": f"{prompts}2026-11-28.parquet"}]}))
+    manifest.write_text(
+        json.dumps(
+            {
+                "job_id": "x",
+                "status": "succeeded",
+                "totals": {"retryable_error_rows": 0},
+                "config": {"input_uri": prompts},
+                "input_files": [{"uri": f"{prompts}2026-11-28.parquet"}],
+            }
+        )
+    )
     listing = scheduler.tmp / "ls"
-    env = {"OUTPUT_MODE": "per_dataset", "OUTPUT_URI": out, "FAKE_JOB_JSON": manifest, "FAKE_JOB_URI": f"{out}_job.json",
-           "FAKE_LS": listing, "FAKE_LS_URI": prompts}
-    listing.write_text("2026-11-28 02:00:00       1234 prompts/support-chats/2026-11-28.parquet\n"
-                       "2026-11-28 02:00:00         20 prompts/support-chats/notes.txt\n")
+    env = {
+        "OUTPUT_MODE": "per_dataset",
+        "OUTPUT_URI": out,
+        "FAKE_JOB_JSON": manifest,
+        "FAKE_JOB_URI": f"{out}_job.json",
+        "FAKE_LS": listing,
+        "FAKE_LS_URI": prompts,
+    }
+    listing.write_text(
+        "2026-11-28 02:00:00       1234 prompts/support-chats/2026-11-28.parquet\n"
+        "2026-11-28 02:00:00         20 prompts/support-chats/notes.txt\n"
+    )
     proc = scheduler.run(**env)
-    assert proc.returncode == 0 and "every Parquet file of" in proc.stdout and "no GPU started" in proc.stdout, proc.stdout
+    assert proc.returncode == 0 and "every Parquet file of" in proc.stdout and "no GPU started" in proc.stdout, (
+        proc.stdout
+    )
     assert not scheduler.created()
-    listing.write_text(listing.read_text() + "2026-11-29 02:00:00       1300 prompts/support-chats/2026-11-29.parquet\n")
+    listing.write_text(
+        listing.read_text() + "2026-11-29 02:00:00       1300 prompts/support-chats/2026-11-29.parquet\n"
+    )
     proc = scheduler.run(FAKE_GENERATE="Running,Complete:SUCCEEDED", **env)
-    assert proc.returncode == 0 and f"new input files since the last run: 1 (e.g. {prompts}2026-11-29.parquet)" in proc.stdout
+    assert (
+        proc.returncode == 0
+        and f"new input files since the last run: 1 (e.g. {prompts}2026-11-29.parquet)" in proc.stdout
+    )
     assert scheduler.created() == ["daily-20261129-1", "daily-20261129-1-report"] and f"output {out}" in proc.stdout
 
 
 def test_a_workflows_output_is_dated_or_the_data_sets_one_prefix():
     """modules/workflows evaluated: each workflow's output prefix, and its validation of `output`."""
+
     def output_uri(**workflow) -> str:
         return HclModule(MODULES / "workflows", _workflows_values(**workflow)).local("workflows")["daily"]["output_uri"]
 
@@ -1632,8 +1958,13 @@ def test_old_runs_rayjobs_are_deleted_active_and_recent_ones_kept(scheduler):
     scheduler.existing("other-20261101-1", "2026-11-01", "Complete", workflow="other")
     proc = scheduler.run(KEEP_RUNS=3)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    kept_dates = sorted({j["metadata"]["labels"]["specbatch.io/run-date"] for n, j in scheduler.jobs.items()
-                         if n.startswith("daily-") and n != "daily-20261102-2"})
+    kept_dates = sorted(
+        {
+            j["metadata"]["labels"]["specbatch.io/run-date"]
+            for n, j in scheduler.jobs.items()
+            if n.startswith("daily-") and n != "daily-20261102-2"
+        }
+    )
     # The 3 newest dates before this run, then this run's; older finished ones deleted.
     assert kept_dates == ["2026-11-18", "2026-11-19", "2026-11-20", RUN_DATE]
     assert "daily-20261102-2" in scheduler.jobs and "other-20261101-1" in scheduler.jobs

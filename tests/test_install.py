@@ -38,12 +38,28 @@ def wheel(tmp_path_factory) -> Path:
     of the checkout (models/ included, so that leaving the weights out is the wheel's doing)."""
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "runs", "build", "*.egg-info", "__pycache__", ".pytest_cache"))
+    shutil.copytree(
+        ROOT,
+        src,
+        ignore=shutil.ignore_patterns(".git", ".venv", "runs", "build", "*.egg-info", "__pycache__", ".pytest_cache"),
+    )
     out = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir", "-q",
-         "-w", str(tmp / "dist"), str(src)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-cache-dir",
+            "-q",
+            "-w",
+            str(tmp / "dist"),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     [built] = (tmp / "dist").glob("specbatch-*.whl")
@@ -55,8 +71,21 @@ def installed(wheel, tmp_path_factory) -> Path:
     """The wheel installed into a folder of its own (its console script in bin/)."""
     site = tmp_path_factory.mktemp("site")
     out = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-cache-dir", "-q", "--target", str(site), str(wheel)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-cache-dir",
+            "-q",
+            "--target",
+            str(site),
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return site
@@ -74,7 +103,12 @@ def run_installed(site: Path, cwd: Path, *args: str, kit_dir: Path | None = None
 def test_the_wheel_holds_the_package_data_and_no_weights(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert not [n for n in names if n.endswith(WEIGHTS)], "model weights in the wheel"
-    assert {n.split("/")[0] for n in names} == {"pipeline", "schemas", "tinykit", wheel.name.split("-py3")[0] + ".dist-info"}
+    assert {n.split("/")[0] for n in names} == {
+        "pipeline",
+        "schemas",
+        "tinykit",
+        wheel.name.split("-py3")[0] + ".dist-info",
+    }
     assert {"pipeline/tools/prices.yaml", "pipeline/tools/demo.yaml"} <= set(names)
     schemas = {f"schemas/json/{p.name}" for p in (ROOT / "schemas" / "json").glob("*.schema.json")}
     assert schemas and schemas <= set(names)
@@ -83,7 +117,9 @@ def test_the_wheel_holds_the_package_data_and_no_weights(wheel):
 
 @pytest.mark.engine
 def test_the_installed_wheel_runs_outside_the_checkout(installed, tmp_path):
-    where = run_installed(installed, tmp_path, "-c", "import pipeline, schemas; print(pipeline.__file__); print(schemas.__file__)")
+    where = run_installed(
+        installed, tmp_path, "-c", "import pipeline, schemas; print(pipeline.__file__); print(schemas.__file__)"
+    )
     assert where.returncode == 0, where.stderr[-3000:]
     assert all(Path(p).is_relative_to(installed) for p in where.stdout.split()), where.stdout
 
@@ -93,14 +129,27 @@ def test_the_installed_wheel_runs_outside_the_checkout(installed, tmp_path):
     assert "demo" in help_text.stdout and "check-drafter" in help_text.stdout
 
     # The drafter checks on the kit the image ships.
-    check = run_installed(installed, tmp_path, "-m", "pipeline.cli", "check-drafter",
-                          "--model", str(KIT / "target"), "--drafter", str(KIT / "drafter-eagle31"))
+    check = run_installed(
+        installed,
+        tmp_path,
+        "-m",
+        "pipeline.cli",
+        "check-drafter",
+        "--model",
+        str(KIT / "target"),
+        "--drafter",
+        str(KIT / "drafter-eagle31"),
+    )
     assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-3000:]
 
     # Without a kit (no SPECBATCH_KIT_DIR, no checkout beside the package) the demo builds a
     # random-weight kit, and its config, from the package's demo.yaml, validates; the engine
     # run itself is the next test's, on the trained kit.
-    fallback = run_installed(installed, tmp_path, "-c", """if True:
+    fallback = run_installed(
+        installed,
+        tmp_path,
+        "-c",
+        """if True:
         import json
         from pathlib import Path
         import yaml
@@ -113,13 +162,20 @@ def test_the_installed_wheel_runs_outside_the_checkout(installed, tmp_path):
         config = load_config(str(path))
         print(json.dumps({"trained": trained, "target": config.model.path, "probe": config.speculative.probe.rows,
                           "guard": config.speculative.guard, "max_tokens": config.sampling.max_tokens}))
-    """, timeout=300)
+    """,
+        timeout=300,
+    )
     assert fallback.returncode == 0, fallback.stderr[-3000:]
     got = json.loads(fallback.stdout.splitlines()[-1])
     demo_settings = yaml.safe_load((ROOT / "pipeline" / "tools" / "demo.yaml").read_text())
     random_kit = (tmp_path / "demo" / "random-kit").resolve()
-    assert got == {"trained": False, "target": str(random_kit / "target"), "probe": 0, "guard": None,
-                   "max_tokens": demo_settings["sampling"]["max_tokens"]}
+    assert got == {
+        "trained": False,
+        "target": str(random_kit / "target"),
+        "probe": 0,
+        "guard": None,
+        "max_tokens": demo_settings["sampling"]["max_tokens"],
+    }
     assert (random_kit / "drafter" / "config.json").is_file()
 
 
@@ -137,7 +193,9 @@ def test_the_readmes_demo_runs_from_the_installed_wheel_with_the_kit_the_image_s
     (block,) = [b for b in readme_blocks() if b.lang == "bash" and "specbatch demo" in b.body]
     rows = int(re.search(r"--rows (\d+)", block.body).group(1))
     env = readme_env()
-    env.update(PATH=f"{installed / 'bin'}{os.pathsep}{env['PATH']}", PYTHONPATH=str(installed), SPECBATCH_KIT_DIR=str(KIT))
+    env.update(
+        PATH=f"{installed / 'bin'}{os.pathsep}{env['PATH']}", PYTHONPATH=str(installed), SPECBATCH_KIT_DIR=str(KIT)
+    )
     out = run_block(block, tmp_path, env)
     console = out.stdout + out.stderr
     assert f"specbatch demo: kit: the trained tiny kit in {KIT}" in out.stdout
@@ -151,7 +209,11 @@ def test_the_readmes_demo_runs_from_the_installed_wheel_with_the_kit_the_image_s
     assert engine_rates and max(engine_rates) <= 1.25 * summary_rate, (engine_rates, summary_rate)
     # every line is specbatch's: none of Ray's (its core worker's once-per-process line that
     # Ray Data's actors have constructor arguments in the object store included), vLLM's or Triton's
-    foreign = [line for line in console.splitlines() if line.strip() and not line.startswith(("specbatch", "[specbatch]", "  "))]
+    foreign = [
+        line
+        for line in console.splitlines()
+        if line.strip() and not line.startswith(("specbatch", "[specbatch]", "  "))
+    ]
     assert not foreign, foreign
 
     (manifest_path,) = tmp_path.rglob("_job.json")
@@ -194,8 +256,12 @@ def test_local_yaml_is_the_demo_settings_with_the_checkouts_paths():
     from tinykit import kit_paths
 
     local = yaml.safe_load((ROOT / "jobs" / "configs" / "local.yaml").read_text())
-    paths = {"input_uri": local.pop("input_uri"), "output_uri": local.pop("output_uri"),
-             "model": local.pop("model"), "drafter": local["speculative"].pop("drafter")}
+    paths = {
+        "input_uri": local.pop("input_uri"),
+        "output_uri": local.pop("output_uri"),
+        "model": local.pop("model"),
+        "drafter": local["speculative"].pop("drafter"),
+    }
     assert local == yaml.safe_load((ROOT / "pipeline" / "tools" / "demo.yaml").read_text())
     assert set(paths["model"]) == {"path"}
     config = load_config(str(ROOT / "jobs" / "configs" / "local.yaml"))
@@ -217,7 +283,9 @@ def test_the_dockerfile_ships_what_the_demo_needs():
                 copies[source] = dest
     for source in copies:
         assert (ROOT / source).exists(), f"COPY {source}: not in the checkout"
-    assert {"pyproject.toml", "README.md", "pipeline", "schemas", "tinykit", "jobs", "models/tinykit"} <= set(copies), copies
+    assert {"pyproject.toml", "README.md", "pipeline", "schemas", "tinykit", "jobs", "models/tinykit"} <= set(copies), (
+        copies
+    )
     kit_in_image = os.path.normpath(os.path.join(workdir, copies["models/tinykit"]))
     env = " ".join(ln for ln in instructions if ln.startswith("ENV "))
     assert re.search(rf"\bSPECBATCH_KIT_DIR={re.escape(kit_in_image)}/?(\s|$)", env), (kit_in_image, env)

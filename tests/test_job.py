@@ -39,7 +39,12 @@ BAD_ROWS = {
 def mixed_input(write) -> list[str]:
     """Two shards: plain prompts and chat messages, each with good and bad rows."""
     prompt_ids = [f"p-{i}" for i in range(len(GOOD_PROMPTS))] + [
-        "bad-empty", "bad-null", "bad-long", "bad-max-tokens", "bad-temperature", "bad-top-p"
+        "bad-empty",
+        "bad-null",
+        "bad-long",
+        "bad-max-tokens",
+        "bad-temperature",
+        "bad-top-p",
     ]
     n_good = len(GOOD_PROMPTS)
     write(
@@ -72,14 +77,20 @@ def s3_config(s3_endpoint, trained_kit, tmp_path_factory):
     cache (here a folder of the module's own, storage.model_cache_dir)."""
     from tests.test_model_cache import upload
 
-    models = {"target": upload(s3_endpoint, trained_kit["target"], "models-e2e/target"),
-              "drafter": upload(s3_endpoint, trained_kit["drafter"], "models-e2e/drafter-eagle31")}
+    models = {
+        "target": upload(s3_endpoint, trained_kit["target"], "models-e2e/target"),
+        "drafter": upload(s3_endpoint, trained_kit["drafter"], "models-e2e/drafter-eagle31"),
+    }
     cache = tmp_path_factory.mktemp("model-cache")
-    return parse_config(job_config(
-        "s3://specbatch/mixed/", "s3://specbatch/out-mixed/", models,
-        storage={"endpoint_url": s3_endpoint, "model_cache_dir": str(cache)},
-        retries={"max_error_fraction": 0.5},  # 8 of its 26 rows are bad on purpose
-    ))
+    return parse_config(
+        job_config(
+            "s3://specbatch/mixed/",
+            "s3://specbatch/out-mixed/",
+            models,
+            storage={"endpoint_url": s3_endpoint, "model_cache_dir": str(cache)},
+            retries={"max_error_fraction": 0.5},  # 8 of its 26 rows are bad on purpose
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +108,11 @@ def test_a_finished_job_leaves_no_actor_behind(s3_run, ray_local):
     but polling until the collector ran: one more per job run in the same process)."""
     deadline = time.time() + 30
     while True:
-        alive = sorted(a["ActorClassName"] for a in ray_local._private.state.actors().values()
-                       if a["State"] != "DEAD" and (a["ActorClassName"] == "JobBoard" or "MapWorker" in a["ActorClassName"]))
+        alive = sorted(
+            a["ActorClassName"]
+            for a in ray_local._private.state.actors().values()
+            if a["State"] != "DEAD" and (a["ActorClassName"] == "JobBoard" or "MapWorker" in a["ActorClassName"])
+        )
         if not alive or time.time() > deadline:
             break
         time.sleep(1)
@@ -125,9 +139,11 @@ def test_bad_rows_carry_file_row_field_and_reason(s3_run):
         assert (row["error_kind"], row["field"], row["stage"]) == (kind, field, "validate"), row
         shard = "prompts-001" if row["id"].startswith("bad-chat") else "prompts-000"
         assert row["source"] == f"s3://specbatch/mixed/{shard}.parquet"
-        shard_ids = [i for i in ids if i.startswith("bad-chat") or i.startswith("c-")] if shard == "prompts-001" else [
-            i for i in ids if not (i.startswith("bad-chat") or i.startswith("c-"))
-        ]
+        shard_ids = (
+            [i for i in ids if i.startswith("bad-chat") or i.startswith("c-")]
+            if shard == "prompts-001"
+            else [i for i in ids if not (i.startswith("bad-chat") or i.startswith("c-"))]
+        )
         assert shard_ids[row["row"]] == row["id"]  # the row's position in its file
         assert row["message"]
 
@@ -142,7 +158,9 @@ def test_a_rerun_reads_no_output_file_and_no_input_footer(s3_run, s3_config, mon
     assert rerun.attempts[-1].units_skipped == rerun.attempts[-1].units_planned == manifest.attempts[-1].units_planned
     assert rerun.attempts[-1].footers_read == 0 and rerun.totals.output_rows == manifest.totals.output_rows
     read = [key for method, key in calls if method == "get_object"]
-    assert not [k for k in read if "/outputs/" in k or "/errors/" in k or "/_commits/" in k or "mixed/prompts" in k], read
+    assert not [k for k in read if "/outputs/" in k or "/errors/" in k or "/_commits/" in k or "mixed/prompts" in k], (
+        read
+    )
 
 
 @pytest.mark.engine
@@ -184,7 +202,11 @@ def test_the_job_says_where_its_start_went_and_how_fast_its_engine_ran(s3_run):
     (engine,) = start.engine_starts
     assert engine.init_started_at <= engine.vllm_imported_at <= engine.engine_ready_at
     names = [p.name for p in start.phases]
-    for before, after in [("Ray start", "engine actor start"), ("engine actor start", "import vllm"), ("import vllm", "first unit")]:
+    for before, after in [
+        ("Ray start", "engine actor start"),
+        ("engine actor start", "import vllm"),
+        ("import vllm", "first unit"),
+    ]:
         assert names.index(before) < names.index(after), names
     first_unit = start.phases[names.index("first unit")]
     assert first_unit.started_s + first_unit.seconds == pytest.approx(start.to_first_commit_seconds, abs=0.01)
@@ -192,7 +214,12 @@ def test_the_job_says_where_its_start_went_and_how_fast_its_engine_ran(s3_run):
     first_commit = began + start.to_first_commit_seconds
     assert engine.engine_ready_at <= first_commit <= datetime.fromisoformat(attempt.ended_at).timestamp() + 1
     # the wall time begins on the same time line, before the first commit (the summary says both)
-    assert 0 < start.generation_started_s <= start.to_first_commit_seconds <= start.generation_started_s + attempt.wall_seconds
+    assert (
+        0
+        < start.generation_started_s
+        <= start.to_first_commit_seconds
+        <= start.generation_started_s + attempt.wall_seconds
+    )
     t = manifest.totals
     stats = location.read_table("stats").to_pylist()
     assert t.engine_busy_seconds <= sum(r["engine_seconds"] for r in stats) + 1e-6  # units overlap in the engine
@@ -243,8 +270,11 @@ def test_models_in_object_storage_are_the_local_models_byte_for_byte_in_each_cac
     assert manifest.model.path == s3_config.model.path
     assert manifest.model.config_sha256 == model_fingerprint(trained_kit["target"]).config_sha256
     assert manifest.model.files == {name: f"{info['size']}:{info['etag']}" for name, info in listed.items()}
-    entries = {p.name.rsplit("-", 1)[0] + (".config" if p.name.endswith(".config") else ""): p
-               for p in Path(s3_config.storage.model_cache_dir).iterdir() if p.is_dir()}
+    entries = {
+        p.name.rsplit("-", 1)[0] + (".config" if p.name.endswith(".config") else ""): p
+        for p in Path(s3_config.storage.model_cache_dir).iterdir()
+        if p.is_dir()
+    }
     assert set(entries) == {"target", "target.config", "drafter-eagle31"}
     for name, local in [("target", trained_kit["target"]), ("drafter-eagle31", trained_kit["drafter"])]:
         shipped = {f.name: f.read_bytes() for f in Path(local).iterdir() if f.is_file()}
@@ -279,7 +309,9 @@ def test_job_refuses_a_drafter_of_another_target_before_any_engine(tmp_path):
     kit = kit_paths()
     write_prompts(tmp_path / "in" / "p.parquet", {"id": ["a"], "prompt": ["x = 1"]})
     config = parse_config(
-        job_config(str(tmp_path / "in"), str(tmp_path / "out"), {"target": kit["target"], "drafter": kit["drafter_mismatched"]})
+        job_config(
+            str(tmp_path / "in"), str(tmp_path / "out"), {"target": kit["target"], "drafter": kit["drafter_mismatched"]}
+        )
     )
     with pytest.raises(DrafterMismatch, match="target_fingerprint"):
         run_job(config, progress=False)

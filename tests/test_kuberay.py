@@ -65,8 +65,16 @@ def test_the_kustomization_builds_a_job_that_kubernetes_and_kuberay_accept(built
         kubernetes_validate.validate(built[kind], K8S_VERSION, strict=True)
     job = built["RayJob"]
     for template in _pods(job):
-        kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
-                                      "template": json.loads(json.dumps(template))}, K8S_VERSION, strict=True)
+        kubernetes_validate.validate(
+            {
+                "apiVersion": "v1",
+                "kind": "PodTemplate",
+                "metadata": {"name": "t"},
+                "template": json.loads(json.dumps(template)),
+            },
+            K8S_VERSION,
+            strict=True,
+        )
     assert kuberay_1_6_problems(job) == []
     # The images transformer reaches into the custom resource: every container runs the user's image.
     assert {c["image"] for t in _pods(job) for c in t["spec"]["containers"]} == {"registry.example.com/specbatch:0.1.0"}
@@ -83,7 +91,9 @@ def test_the_job_reads_the_config_the_kustomization_ships(built):
     config = JobConfig.model_validate(yaml.safe_load(config_map["data"][item["key"]]))
     # Everything comes from the store: the models too (each GPU node caches them).
     assert config.storage.endpoint_url and all(
-        u.startswith("s3://") for u in (config.input_uri, config.output_uri, config.model.path, config.speculative.drafter))
+        u.startswith("s3://")
+        for u in (config.input_uri, config.output_uri, config.model.path, config.speculative.drafter)
+    )
     # The engine pool is the worker group's GPUs, so Ray Data never waits for a GPU that no pod offers.
     workers = job["spec"]["rayClusterSpec"]["workerGroupSpecs"]
     gpus = sum(g["replicas"] * int(g["rayStartParams"]["num-gpus"]) for g in workers)

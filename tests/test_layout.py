@@ -21,7 +21,20 @@ MAX_FUNCTION_LINES = 50
 DISPATCHERS = {"cli.py", "api.py"}
 # The runtime's packages, bottom first: each imports only from itself and those before it.
 # `fingerprint` is a module at the root because the training kit's recipe hashes it.
-LAYERS = ("fingerprint", "config", "storage", "inputs", "commit", "cluster", "stages", "speculation", "graph", "job", "api", "cli")
+LAYERS = (
+    "fingerprint",
+    "config",
+    "storage",
+    "inputs",
+    "commit",
+    "cluster",
+    "stages",
+    "speculation",
+    "graph",
+    "job",
+    "api",
+    "cli",
+)
 MAX_MODULE_LINES = 400
 MAX_ROOT_MODULES = 8
 
@@ -61,8 +74,9 @@ def test_each_package_imports_only_from_those_below_it():
     assert {module_name(path).split(".")[0] for path in RUNTIME} - {"__init__"} == set(LAYERS)
     upward = sorted(
         f"{module_name(path)} imports pipeline.{used}"
-        for path in RUNTIME if path.name not in DISPATCHERS and module_name(path) != "__init__"
-        for used in (m[len("pipeline."):] for m in imported_modules(path) if m.startswith("pipeline."))
+        for path in RUNTIME
+        if path.name not in DISPATCHERS and module_name(path) != "__init__"
+        for used in (m[len("pipeline.") :] for m in imported_modules(path) if m.startswith("pipeline."))
         if used.split(".")[0] in LAYERS and layer(used) > layer(module_name(path))
     )
     assert upward == []
@@ -74,7 +88,11 @@ def test_the_root_holds_few_modules_and_no_module_is_long():
     assert len(root) <= MAX_ROOT_MODULES, root
     tools = sorted((PACKAGE / "tools").glob("*.py"))
     assert len(tools) > 10
-    long = {str(p.relative_to(PACKAGE)): n for p in RUNTIME + tools if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    long = {
+        str(p.relative_to(PACKAGE)): n
+        for p in RUNTIME + tools
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
     assert long == {}
 
 
@@ -83,7 +101,8 @@ def test_runtime_modules_import_each_other_without_cycles():
     modules' definitions together, and hides which one owns a rule."""
     names = {module_name(path) for path in RUNTIME}
     graph = {
-        module_name(path): {m[len("pipeline."):] for m in imported_modules(path) if m.startswith("pipeline.")} & names - {module_name(path)}
+        module_name(path): {m[len("pipeline.") :] for m in imported_modules(path) if m.startswith("pipeline.")}
+        & names - {module_name(path)}
         for path in RUNTIME
     }
     assert {"config", "config.job", "config.base"} <= names and "config.job" in graph["config"]
@@ -93,7 +112,7 @@ def test_runtime_modules_import_each_other_without_cycles():
     def walk(module: str, trail: list[str]) -> None:
         for used in sorted(graph[module]):
             if used in trail:
-                cycles.append(" -> ".join(trail[trail.index(used):] + [used]))
+                cycles.append(" -> ".join(trail[trail.index(used) :] + [used]))
             elif used not in done:
                 walk(used, trail + [used])
         done.add(module)
@@ -134,16 +153,37 @@ def test_no_driver_function_takes_more_than_six_parameters():
     assert wide == []
 
 
+def ruff() -> str:
+    import shutil
+
+    found = shutil.which("ruff", path=str(Path(sys.executable).parent))
+    if found is None:
+        pytest.fail(
+            "ruff not found beside this Python: the test extra installs it (`make test`, `pip install -e .[test]`)"
+        )
+    return found
+
+
 def test_ruff_finds_nothing_the_project_holds():
     """`ruff check` with the project's rules (pyproject.toml: pyflakes and syntax errors), over
     every Python file: a name left behind by a rename fails here, not in a job."""
-    import shutil
-
-    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent))
-    if ruff is None:
-        pytest.fail("ruff not found beside this Python: the test extra installs it (`make test`, `pip install -e .[test]`)")
-    found = subprocess.run([ruff, "check", "--no-cache", "--output-format", "concise", str(ROOT)], capture_output=True, text=True)
+    found = subprocess.run(
+        [ruff(), "check", "--no-cache", "--output-format", "concise", str(ROOT)], capture_output=True, text=True
+    )
     assert found.returncode == 0, found.stdout[-3000:] + found.stderr[-1000:]
+
+
+def test_every_python_file_is_as_the_formatter_writes_it():
+    """`ruff format` (pyproject.toml: 120 columns) holds the layout; `ruff format .` rewrites
+    the files this names."""
+    checked = subprocess.run([ruff(), "format", "--check", "--no-cache", str(ROOT)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-1000:]
+
+
+def test_the_formatter_check_finds_a_file_out_of_form(tmp_path: Path):
+    (tmp_path / "m.py").write_text("x = {  'a':1 }\n")
+    checked = subprocess.run([ruff(), "format", "--check", "--no-cache", str(tmp_path)], capture_output=True, text=True)
+    assert checked.returncode == 1 and "m.py" in checked.stdout
 
 
 # Where the driver and the engine actors meet: every parameter says what crosses.

@@ -49,12 +49,29 @@ def test_a_live_lease_refuses_a_second_run_even_with_take_over(location):
     third.release()
 
 
-def held_by(location, host: str, *, pid: int | None = None, started: float | None = None, age: float = 0.0,
-            stale_after: float = 1.0, generation: int = 3) -> Lease:
+def held_by(
+    location,
+    host: str,
+    *,
+    pid: int | None = None,
+    started: float | None = None,
+    age: float = 0.0,
+    stale_after: float = 1.0,
+    generation: int = 3,
+) -> Lease:
     """A lease another run wrote (through the store's own compare-and-swap), as it reads."""
-    lease = Lease(owner=f"{host}:{pid or 1}:abcd1234", job_id="job-1", attempt=1, acquired_at="2026-12-03T00:00:00+00:00",
-                  heartbeat_at=time.time() - age, stale_after_seconds=stale_after, host=host, pid=pid,
-                  pid_started_at=started, generation=generation)
+    lease = Lease(
+        owner=f"{host}:{pid or 1}:abcd1234",
+        job_id="job-1",
+        attempt=1,
+        acquired_at="2026-12-03T00:00:00+00:00",
+        heartbeat_at=time.time() - age,
+        stale_after_seconds=stale_after,
+        host=host,
+        pid=pid,
+        pid_started_at=started,
+        generation=generation,
+    )
     location.storage.write_if(location.path("_lease.json"), json_bytes(lease.model_dump(mode="json")), None)
     return lease
 
@@ -76,7 +93,9 @@ def test_a_dead_process_on_this_host_is_taken_over_at_once_without_a_flag(locati
     finally:
         successor.release()
 
-    held_by(location, socket.gethostname(), pid=os.getpid(), started=psutil.Process().create_time() - 100, stale_after=600)
+    held_by(
+        location, socket.gethostname(), pid=os.getpid(), started=psutil.Process().create_time() - 100, stale_after=600
+    )
     reused = OutputLease(location, SLOW, "job-1", 3)
     reused.acquire(say=said.append)  # our pid, another process's start time: that process is gone
     reused.release()
@@ -87,7 +106,9 @@ def sleeper():
     """A live process on this host to own a lease, as a run's driver would: a Python child that
     sleeps, and ends at an interrupt (Python's own handler, as the driver's: not one inherited as ignored)."""
     code = "import signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); print('ready', flush=True); time.sleep(600)"
-    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as child:
+    with subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    ) as child:
         assert child.stdout.readline() == "ready\n"  # its handler is in place
         yield child
         if child.poll() is None:
@@ -96,7 +117,9 @@ def sleeper():
 
 def held_by_process(location, child: subprocess.Popen) -> Lease:
     """The lease of a run whose driver is `child`, silent for a minute: stale by its heartbeat."""
-    return held_by(location, socket.gethostname(), pid=child.pid, started=psutil.Process(child.pid).create_time(), age=60)
+    return held_by(
+        location, socket.gethostname(), pid=child.pid, started=psutil.Process(child.pid).create_time(), age=60
+    )
 
 
 def the_command_in(message: str) -> str:
@@ -119,7 +142,9 @@ def test_take_over_of_an_owner_alive_here_names_its_process_and_how_to_end_it(lo
     with pytest.raises(LeaseHeld) as without_flag:
         OutputLease(location, SLOW, "job-1", 2).acquire()  # without the flag: the same way out, no flag suggested
     assert f"its process {pid} on this host ({host}) is " in str(without_flag.value)
-    assert the_command_in(str(without_flag.value)) == f"kill -INT {pid}" and "--take-over" not in str(without_flag.value)
+    assert the_command_in(str(without_flag.value)) == f"kill -INT {pid}" and "--take-over" not in str(
+        without_flag.value
+    )
 
     subprocess.run(["sh", "-c", the_command_in(message)], check=True)
     sleeper.wait(timeout=60)  # it would sleep for 10 minutes: the interrupt ended it
@@ -145,7 +170,9 @@ def test_a_stopped_owner_here_is_refused_with_how_to_continue_and_end_it(locatio
     assert the_command_in(message) == f"kill -INT {pid} && kill -CONT {pid}" and "rerun with --take-over" not in message
     with pytest.raises(LeaseHeld, match=f"kill -INT {pid} && kill -CONT {pid}"):
         OutputLease(location, SLOW, "job-1", 2).check(take_over=True)  # the dry run says the same
-    with pytest.raises(LeaseHeld, match=rf"that run is stopped, not dead: .* end it: `kill -INT {pid} && kill -CONT {pid}`"):
+    with pytest.raises(
+        LeaseHeld, match=rf"that run is stopped, not dead: .* end it: `kill -INT {pid} && kill -CONT {pid}`"
+    ):
         OutputLease(location, SLOW, "job-1", 2).acquire()  # without the flag: the same way out
 
     subprocess.run(["sh", "-c", the_command_in(message)], check=True)
@@ -160,7 +187,9 @@ def test_an_owner_that_ended_but_was_not_reaped_yet_is_gone(location):
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # it has exited; still unreaped
     assert psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE
-    held_by(location, socket.gethostname(), pid=child.pid, started=psutil.Process(child.pid).create_time(), stale_after=600)
+    held_by(
+        location, socket.gethostname(), pid=child.pid, started=psutil.Process(child.pid).create_time(), stale_after=600
+    )
     successor = OutputLease(location, SLOW, "job-1", 2)
     try:
         assert successor.acquire().pid == child.pid
@@ -227,8 +256,12 @@ def test_a_run_whose_lease_another_run_took_is_fenced(location):
         from tests.test_outputs import stats as outputs_stats
 
         with pytest.raises(LeaseLost):
-            location.commit("u-old", {"outputs": pa.table({"id": ["a"]})}, outputs_stats("u-old", rows=1, outputs=1), old.fence)
-        marker = location.commit("u-new", {"outputs": pa.table({"id": ["b"]})}, outputs_stats("u-new", rows=1, outputs=1), new.fence)
+            location.commit(
+                "u-old", {"outputs": pa.table({"id": ["a"]})}, outputs_stats("u-old", rows=1, outputs=1), old.fence
+            )
+        marker = location.commit(
+            "u-new", {"outputs": pa.table({"id": ["b"]})}, outputs_stats("u-new", rows=1, outputs=1), new.fence
+        )
         assert location.committed_units() == {"u-new"} and marker.stats.lease_owner == new.lease.owner
         assert marker.token.startswith(f"g{new.lease.generation}-")
         old.release()
@@ -273,14 +306,19 @@ def test_fenced_attempts_record_survives_the_owners_manifest(location):
     location.write_manifest(dict(owner_view, status="succeeded"))
     doc = location.read_manifest()
     assert doc["status"] == "succeeded"
-    assert doc["attempts"] == [{"number": 1, "status": "fenced", "processed_rows": 24}, {"number": 2, "status": "running"}]
+    assert doc["attempts"] == [
+        {"number": 1, "status": "fenced", "processed_rows": 24},
+        {"number": 2, "status": "running"},
+    ]
 
 
 def test_a_location_of_another_layout_is_refused_untouched(tmp_path):
     location = OutputLocation(Storage(), str(tmp_path / "out"))
     old = {"job_id": "old", "status": "succeeded", "input_files": ["a.parquet"]}  # layout 1 wrote no version
     location.write_manifest(old)
-    config = parse_config(job_config(str(tmp_path / "in"), str(tmp_path / "out"), {"target": "/m/t", "drafter": "/m/d"}))
+    config = parse_config(
+        job_config(str(tmp_path / "in"), str(tmp_path / "out"), {"target": "/m/t", "drafter": "/m/d"})
+    )
     with pytest.raises(LayoutMismatch, match=r"output layout 1; this specbatch writes layout 2.*--restart"):
         run_job(config, progress=False)
     assert location.read_manifest() == old and not location.storage.exists(location.path("_lease.json"))
@@ -299,12 +337,16 @@ def test_a_manifest_that_breaks_the_contract_is_refused_naming_its_fields(tmp_pa
     broken = {"layout_version": 2, "job_id": "j", "status": "finished-ish"}
     location.write_manifest(broken)
     config_path = tmp_path / "job.yaml"
-    config_path.write_text(yaml.safe_dump(job_config(str(tmp_path / "in"), location.uri, {"target": "/m/t", "drafter": "/m/d"})))
+    config_path.write_text(
+        yaml.safe_dump(job_config(str(tmp_path / "in"), location.uri, {"target": "/m/t", "drafter": "/m/d"}))
+    )
     assert run_from_config(str(config_path)) == 2
     said = capsys.readouterr().err
     assert "_job.json does not match the job manifest contract" in said and "status" in said, said
-    for read, error in ((lambda: job_status(location.storage, location.uri), StatusError),
-                        (lambda: read_job(location.storage, location.uri), ReportError)):
+    for read, error in (
+        (lambda: job_status(location.storage, location.uri), StatusError),
+        (lambda: read_job(location.storage, location.uri), ReportError),
+    ):
         with pytest.raises(error, match=r"_job\.json does not match the job manifest contract: .*status"):
             read()
     assert location.read_manifest() == broken and not location.storage.exists(location.path("_lease.json"))
@@ -329,15 +371,30 @@ def test_a_drafter_rewritten_in_place_is_refused_on_resume(tmp_path, random_kit)
     config = parse_config(job_config(str(tmp_path / "in"), str(tmp_path / "out"), kit))
     location = OutputLocation(Storage(), config.output_uri)
     target, drafter = model_fingerprint(config.model.path), model_fingerprint(config.speculative.drafter)
-    location.write_manifest(JobManifest(
-        layout_version=LAYOUT_VERSION, job_id="j", status="succeeded", started_at="2026-12-03T00:00:00+00:00",
-        config=config.redacted(), results_fingerprint=results_fingerprint(config, target, drafter), versions=versions(),
-        model=target, drafter=drafter, accelerator="cpu", input_files=inspect_inputs(config.input_uri, location.storage).files,
-        totals=JobTotals(input_rows=2), attempts=[],
-    ).model_dump(mode="json"))
+    location.write_manifest(
+        JobManifest(
+            layout_version=LAYOUT_VERSION,
+            job_id="j",
+            status="succeeded",
+            started_at="2026-12-03T00:00:00+00:00",
+            config=config.redacted(),
+            results_fingerprint=results_fingerprint(config, target, drafter),
+            versions=versions(),
+            model=target,
+            drafter=drafter,
+            accelerator="cpu",
+            input_files=inspect_inputs(config.input_uri, location.storage).files,
+            totals=JobTotals(input_rows=2),
+            attempts=[],
+        ).model_dump(mode="json")
+    )
     plan = plan_job(config)
     assert plan.previous.job_id == "j" and plan.todo  # the same drafter: a resume
-    location.commit(plan.todo[0].unit_id, {"outputs": pa.table({"id": ["a"]})}, outputs_stats(plan.todo[0].unit_id, rows=1, outputs=1))
+    location.commit(
+        plan.todo[0].unit_id,
+        {"outputs": pa.table({"id": ["a"]})},
+        outputs_stats(plan.todo[0].unit_id, rows=1, outputs=1),
+    )
     weights = Path(kit["drafter"]) / "model.safetensors"
     weights.write_bytes(weights.read_bytes())
     with pytest.raises(ResultsChanged, match=r"drafter files: model\.safetensors"):
@@ -375,15 +432,34 @@ def test_a_changed_setting_blocks_a_resume_only_when_something_was_committed(tmp
     from schemas import LAYOUT_VERSION, JobManifest, JobTotals
 
     kit = kit_paths()
-    path = write_job(tmp_path, {"target": kit["target"], "drafter": kit["drafter_eagle31"]}, {"id": ["p"], "prompt": ["x = 1"]},
-                     sampling={"max_tokens": 300})
-    earlier = parse_config(job_config(str(tmp_path / "in"), str(tmp_path / "out"), {"target": kit["target"], "drafter": kit["drafter_eagle31"]}))
+    path = write_job(
+        tmp_path,
+        {"target": kit["target"], "drafter": kit["drafter_eagle31"]},
+        {"id": ["p"], "prompt": ["x = 1"]},
+        sampling={"max_tokens": 300},
+    )
+    earlier = parse_config(
+        job_config(
+            str(tmp_path / "in"), str(tmp_path / "out"), {"target": kit["target"], "drafter": kit["drafter_eagle31"]}
+        )
+    )
     location = OutputLocation(Storage(), str(tmp_path / "out"))
-    location.write_manifest(JobManifest(
-        layout_version=LAYOUT_VERSION, job_id="earlier", status="failed", started_at="2026-11-30T00:00:00+00:00",
-        config=earlier.redacted(), results_fingerprint="0" * 64, versions=versions(), model=model_fingerprint(kit["target"]),
-        drafter=model_fingerprint(kit["drafter_eagle31"]), accelerator="cpu", input_files=[], totals=JobTotals(),
-    ).model_dump(mode="json"))
+    location.write_manifest(
+        JobManifest(
+            layout_version=LAYOUT_VERSION,
+            job_id="earlier",
+            status="failed",
+            started_at="2026-11-30T00:00:00+00:00",
+            config=earlier.redacted(),
+            results_fingerprint="0" * 64,
+            versions=versions(),
+            model=model_fingerprint(kit["target"]),
+            drafter=model_fingerprint(kit["drafter_eagle31"]),
+            accelerator="cpu",
+            input_files=[],
+            totals=JobTotals(),
+        ).model_dump(mode="json")
+    )
     assert "sampling.max_tokens (300) leaves no room" in refused(capsys, path)
 
     location.storage.write_json(location.path("_commits", "u.json"), {})

@@ -48,7 +48,8 @@ def s3_requests(s3_endpoint):
     server.app = recording
     recorder = type("Requests", (), {"seen": seen, "slow": slow})()
     recorder.gets = lambda prefix: Counter(
-        path[len(prefix):] for method, path, query in seen
+        path[len(prefix) :]
+        for method, path, query in seen
         if method == "GET" and path.startswith(prefix) and "list-type" not in query and "prefix=" not in query
     )
     yield recorder
@@ -131,7 +132,8 @@ def test_a_changed_object_is_downloaded_again_and_changes_the_fingerprint(s3_end
     )
     assert json.loads((Path(second) / MANIFEST).read_text())["files"] == remote_files(uri, storage)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("target-")) == [
-        Path(first).name, f"{Path(first).name}.lock"
+        Path(first).name,
+        f"{Path(first).name}.lock",
     ], "no temp or old copy left behind"
 
 
@@ -144,7 +146,9 @@ def test_a_killed_download_never_leaves_an_entry_that_is_used(s3_endpoint, s3_re
     uri = upload(s3_endpoint, KIT["target"], f"models-{uuid.uuid4().hex[:6]}/target")
     prefix = f"/{uri.removeprefix('s3://')}/"
     s3_requests.slow[prefix] = 0.5
-    process = multiprocessing.get_context("spawn").Process(target=_localize_quietly, args=(uri, s3_endpoint, str(tmp_path)))
+    process = multiprocessing.get_context("spawn").Process(
+        target=_localize_quietly, args=(uri, s3_endpoint, str(tmp_path))
+    )
     process.start()
     deadline = time.time() + 60
     while not any(f.is_file() for f in tmp_path.glob("target-*.tmp-*/*")):  # some files copied, not all
@@ -194,15 +198,25 @@ def test_the_driver_copies_no_weights_and_configs_keep_uris(s3_endpoint, s3_requ
     assert "model.safetensors" not in s3_requests.gets(f"/{uri.removeprefix('s3://')}/")
     from pipeline.stages.preprocess import PreprocessSettings, Preprocessor
 
-    assert Preprocessor(PreprocessSettings(uri, 256), storage).tokenizer.encode("def f(x):") == Preprocessor(PreprocessSettings(KIT["target"], 256)).tokenizer.encode("def f(x):")
+    assert Preprocessor(PreprocessSettings(uri, 256), storage).tokenizer.encode("def f(x):") == Preprocessor(
+        PreprocessSettings(KIT["target"], 256)
+    ).tokenizer.encode("def f(x):")
 
-    config = job_config("s3://specbatch/in", "out", {"target": uri, "drafter": "drafter"}, model={"path": uri, "tokenizer": "tok"})
+    config = job_config(
+        "s3://specbatch/in", "out", {"target": uri, "drafter": "drafter"}, model={"path": uri, "tokenizer": "tok"}
+    )
     (tmp_path / "job.yaml").write_text(json.dumps(config))
     loaded = load_config(str(tmp_path / "job.yaml"))
     assert loaded.model.path == uri and loaded.input_uri == "s3://specbatch/in"
     assert loaded.model.tokenizer == str(tmp_path / "tok") and loaded.speculative.drafter == str(tmp_path / "drafter")
-    remote = parse_config({**config, "output_uri": "s3://specbatch/out", "model": {"path": uri}, "speculative": {
-        **config["speculative"], "drafter": f"{uri}-drafter"}})
+    remote = parse_config(
+        {
+            **config,
+            "output_uri": "s3://specbatch/out",
+            "model": {"path": uri},
+            "speculative": {**config["speculative"], "drafter": f"{uri}-drafter"},
+        }
+    )
     check_cluster_paths(remote, nodes=3)  # models in object storage are fine on a cluster of several nodes
     with pytest.raises(ClusterPathRefused, match="model.tokenizer") as refused:
         check_cluster_paths(loaded.model_copy(update={"output_uri": "s3://specbatch/out"}), nodes=3)

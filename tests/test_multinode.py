@@ -49,19 +49,31 @@ def engine_nodes(cluster: LocalCluster, count: int) -> None:
         cluster.add_node(f"w{len(cluster.nodes)}{i}{int(time.time()) % 1000}", {"engine_slot": 1})
 
 
-def write_job(tmp_path: Path, kit: dict, output_uri: str, units: int, rows_per_unit: int = 16, s3: str | None = None,
-              **overrides) -> tuple[Path, list[str]]:
+def write_job(
+    tmp_path: Path, kit: dict, output_uri: str, units: int, rows_per_unit: int = 16, s3: str | None = None, **overrides
+) -> tuple[Path, list[str]]:
     ids = [f"id-{i:05d}" for i in range(units * rows_per_unit)]
     columns = {"id": ids, "prompt": [f"def f{i}(a, b):" for i in range(len(ids))]}
     input_uri = f"s3://specbatch/{tmp_path.name}/in" if s3 else str(tmp_path / "in")
     if s3:
-        write_prompts(f"specbatch/{tmp_path.name}/in/p.parquet", columns, filesystem=Storage(endpoint_url=s3).fs("s3://specbatch")[0])
+        write_prompts(
+            f"specbatch/{tmp_path.name}/in/p.parquet",
+            columns,
+            filesystem=Storage(endpoint_url=s3).fs("s3://specbatch")[0],
+        )
     else:
         write_prompts(tmp_path / "in" / "p.parquet", columns)
     models = str(Path(kit["target"]).parent)  # the kit is on a folder every node sees: declared shared
-    resources = {"replicas": 2, "rows_per_unit": rows_per_unit, "units_in_flight": 2, "resources_per_replica": {"engine_slot": 1}}
+    resources = {
+        "replicas": 2,
+        "rows_per_unit": rows_per_unit,
+        "units_in_flight": 2,
+        "resources_per_replica": {"engine_slot": 1},
+    }
     config = job_config(
-        input_uri, output_uri, kit,
+        input_uri,
+        output_uri,
+        kit,
         sampling={"max_tokens": 32, "temperature": 0.0, "ignore_eos": True},
         resources={**resources, **overrides.pop("resources", {})},
         storage={"shared_mounts": [models, str(tmp_path)], **({"endpoint_url": s3} if s3 else {})},
@@ -76,19 +88,32 @@ def ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def run_cli(cluster: LocalCluster, config: Path, timeout: float = 300, background: bool = False) -> subprocess.CompletedProcess:
+def run_cli(
+    cluster: LocalCluster, config: Path, timeout: float = 300, background: bool = False
+) -> subprocess.CompletedProcess:
     """`specbatch run` to its end; a run that does not end in time fails the test with its output.
     `background`: started as a shell or scheduler starts a background job, with SIGINT ignored."""
     try:
-        return subprocess.run([SPECBATCH, "run", str(config)], env=cluster.env, capture_output=True, text=True,
-                              timeout=timeout, preexec_fn=ignore_sigint if background else None)
+        return subprocess.run(
+            [SPECBATCH, "run", str(config)],
+            env=cluster.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            preexec_fn=ignore_sigint if background else None,
+        )
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"specbatch run did not end in {timeout:g} s:\n{(exc.stderr or b'')[-4000:]}") from None
 
 
 def start(cluster: LocalCluster, config: Path, *flags: str) -> subprocess.Popen:
-    return subprocess.Popen([SPECBATCH, "run", str(config), *flags], env=cluster.env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [SPECBATCH, "run", str(config), *flags],
+        env=cluster.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def commits_by_node(location: OutputLocation) -> dict[str, int]:
@@ -130,7 +155,9 @@ def node_lost_run(tmp_path_factory, cluster, random_kit, s3_endpoint):
     config, ids = write_job(tmp_path, random_kit, uri, units=units, s3=s3_endpoint)
     location = OutputLocation(Storage(endpoint_url=s3_endpoint), uri)
     proc = start(cluster, config)
-    wait_until(lambda: {a.node_id, b.node_id} <= set(commits_by_node(location)), proc, what="both nodes committed a unit")
+    wait_until(
+        lambda: {a.node_id, b.node_id} <= set(commits_by_node(location)), proc, what="both nodes committed a unit"
+    )
     before = commits_by_node(location)
     cluster.kill_node(next(name for name, n in cluster.nodes.items() if n is b))
     assert sum(before.values()) < units  # b had units in flight (two per engine), and work was left
@@ -167,8 +194,9 @@ def test_a_pool_grows_onto_a_node_that_joins_mid_job(tmp_path, cluster, random_k
     (first,) = (cluster.nodes[name] for name in cluster.engine_nodes())
     # 128 units: the first engine alone takes about twice as long as the joined node needs to
     # start its engine (with 64, a quiet machine's first engine finished them all before)
-    config, ids = write_job(tmp_path, random_kit, str(tmp_path / "out"), units=128,
-                            resources={"replicas": {"min": 1, "max": 2}})
+    config, ids = write_job(
+        tmp_path, random_kit, str(tmp_path / "out"), units=128, resources={"replicas": {"min": 1, "max": 2}}
+    )
     location = OutputLocation(Storage(), str(tmp_path / "out"))
     proc = start(cluster, config)
     wait_until(lambda: commits_by_node(location).get(first.node_id, 0) >= 1, proc, what="the first engine committed")
@@ -185,7 +213,9 @@ def test_a_pool_grows_onto_a_node_that_joins_mid_job(tmp_path, cluster, random_k
 def test_local_paths_on_a_cluster_are_refused_before_any_engine(tmp_path, cluster, random_kit):
     config, _ = write_job(tmp_path, random_kit, str(tmp_path / "out"), units=1)
     data = yaml.safe_load(config.read_text())
-    data["storage"]["shared_mounts"] = [str(Path(random_kit["target"]).parent)]  # the models are shared, the job's folder not
+    data["storage"]["shared_mounts"] = [
+        str(Path(random_kit["target"]).parent)
+    ]  # the models are shared, the job's folder not
     config.write_text(yaml.safe_dump(data))
     done = subprocess.run([SPECBATCH, "run", str(config)], env=cluster.env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr[-3000:]
@@ -198,12 +228,15 @@ def test_local_paths_on_a_cluster_are_refused_before_any_engine(tmp_path, cluste
 @pytest.mark.engine
 def test_a_graph_that_cannot_fit_is_refused_naming_what_is_missing(tmp_path, cluster, random_kit):
     """Worker nodes have 2 CPUs each: an engine of 3 CPUs fits on none, and no autoscaler can add one."""
-    config, _ = write_job(tmp_path, random_kit, str(tmp_path / "out"), units=1,
-                          resources={"cpus_per_replica": 3, "replicas": 1})
+    config, _ = write_job(
+        tmp_path, random_kit, str(tmp_path / "out"), units=1, resources={"cpus_per_replica": 3, "replicas": 1}
+    )
     started = time.time()
     done = subprocess.run([SPECBATCH, "run", str(config)], env=cluster.env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr[-3000:]
-    assert "cannot be scheduled" in done.stderr and "engine replica 1 of 1 needs {CPU: 3, engine_slot: 1}" in done.stderr
+    assert (
+        "cannot be scheduled" in done.stderr and "engine replica 1 of 1 needs {CPU: 3, engine_slot: 1}" in done.stderr
+    )
     assert "no autoscaler" in done.stderr
     assert time.time() - started < 120  # refused, not waited for
     assert not (tmp_path / "out" / "_job.json").exists()
@@ -233,8 +266,14 @@ def test_a_job_whose_engines_never_get_resources_stops_with_a_named_error(tmp_pa
     engine_nodes(cluster, 1)
     subprocess.run([sys.executable, "-c", HOLD_SLOTS, "1"], env=cluster.env, check=True, timeout=120)
     try:
-        config, _ = write_job(tmp_path, random_kit, str(tmp_path / "out"), units=2,
-                              resources={"replicas": 1}, retries={"stall_minutes": 0.4})
+        config, _ = write_job(
+            tmp_path,
+            random_kit,
+            str(tmp_path / "out"),
+            units=2,
+            resources={"replicas": 1},
+            retries={"stall_minutes": 0.4},
+        )
         done = run_cli(cluster, config, background=True)  # the stall watch must not rely on SIGINT
     finally:
         subprocess.run([sys.executable, "-c", RELEASE_SLOTS, "1"], env=cluster.env, check=True, timeout=120)
@@ -253,9 +292,14 @@ def test_a_tensor_parallel_engine_on_the_cpu_build(tmp_path, cluster, random_kit
     the greedy outputs equal those of the TP=1 engines of the node-loss job, whose first rows
     are the same prompts with the same sampling."""
     engine_nodes(cluster, 1)
-    config, ids = write_job(tmp_path, random_kit, str(tmp_path / "out"), units=2,
-                            resources={"replicas": 1, "cpus_per_replica": 2},
-                            engine={"tensor_parallel_size": 2, "cpu_omp_threads_bind": "nobind"})
+    config, ids = write_job(
+        tmp_path,
+        random_kit,
+        str(tmp_path / "out"),
+        units=2,
+        resources={"replicas": 1, "cpus_per_replica": 2},
+        engine={"tensor_parallel_size": 2, "cpu_omp_threads_bind": "nobind"},
+    )
     done = subprocess.run([SPECBATCH, "run", str(config)], env=cluster.env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     location = OutputLocation(Storage(), str(tmp_path / "out"))
@@ -290,10 +334,22 @@ def test_nodes_the_autoscaler_may_add_count_and_a_wait_for_them_ends(tmp_path, c
     (it would start cloud instances): its node groups are published in the GCS where autoscalers
     publish them (the autoscaler state namespace), which is what the job reads. No node comes,
     so the stall watch ends the wait."""
-    config, _ = write_job(tmp_path, random_kit, str(tmp_path / "out"), units=1,
-                          resources={"replicas": 1, "resources_per_replica": {"big_node": 1}}, retries={"stall_minutes": 0.3})
-    refused = subprocess.run([SPECBATCH, "run", str(config)], env=cluster.env, capture_output=True, text=True, timeout=300)
-    assert refused.returncode == 2 and "needs {CPU: 1, big_node: 1}" in refused.stderr and "no autoscaler" in refused.stderr
+    config, _ = write_job(
+        tmp_path,
+        random_kit,
+        str(tmp_path / "out"),
+        units=1,
+        resources={"replicas": 1, "resources_per_replica": {"big_node": 1}},
+        retries={"stall_minutes": 0.3},
+    )
+    refused = subprocess.run(
+        [SPECBATCH, "run", str(config)], env=cluster.env, capture_output=True, text=True, timeout=300
+    )
+    assert (
+        refused.returncode == 2
+        and "needs {CPU: 1, big_node: 1}" in refused.stderr
+        and "no autoscaler" in refused.stderr
+    )
     subprocess.run([sys.executable, "-c", PUBLISH_NODE_GROUP, "publish"], env=cluster.env, check=True, timeout=120)
     try:
         waited = run_cli(cluster, config, background=True)

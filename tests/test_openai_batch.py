@@ -28,28 +28,64 @@ KIT = {"target": "/models/t", "drafter": "/models/d"}
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 
 CHAT_1 = {
-    "custom_id": "chat-1", "method": "POST", "url": "/v1/chat/completions",
+    "custom_id": "chat-1",
+    "method": "POST",
+    "url": "/v1/chat/completions",
     "body": {
-        "model": "gpt-4o-mini", "user": "u-7", "metadata": {"team": "a"}, "store": False,
+        "model": "gpt-4o-mini",
+        "user": "u-7",
+        "metadata": {"team": "a"},
+        "store": False,
         "messages": [
             {"role": "system", "content": "You answer in JSON."},
-            {"role": "user", "content": [{"type": "text", "text": "Where is"}, {"type": "text", "text": "the Louvre?"}]},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "Where is"}, {"type": "text", "text": "the Louvre?"}],
+            },
         ],
-        "max_completion_tokens": 40, "temperature": 0.7, "top_p": 0.9, "seed": 11, "n": 2, "stop": "\n\n",
-        "logprobs": True, "top_logprobs": 3, "presence_penalty": 0.5, "top_k": 20, "min_tokens": 2,
+        "max_completion_tokens": 40,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "seed": 11,
+        "n": 2,
+        "stop": "\n\n",
+        "logprobs": True,
+        "top_logprobs": 3,
+        "presence_penalty": 0.5,
+        "top_k": 20,
+        "min_tokens": 2,
         "response_format": {"type": "json_schema", "json_schema": {"name": "place", "schema": SCHEMA, "strict": True}},
-        "stream": False, "tools": None,
+        "stream": False,
+        "tools": None,
     },
 }
 CHAT_2 = {
-    "custom_id": "chat-2", "method": "POST", "url": "/v1/chat/completions",
-    "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hi"}], "stop": ["END", "###"],
-             "logprobs": True, "max_tokens": 8},
+    "custom_id": "chat-2",
+    "method": "POST",
+    "url": "/v1/chat/completions",
+    "body": {
+        "model": "gpt-4o-mini",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "stop": ["END", "###"],
+        "logprobs": True,
+        "max_tokens": 8,
+    },
 }
 COMPLETION_1 = {
-    "custom_id": "cmpl-1", "method": "POST", "url": "/v1/completions",
-    "body": {"model": "davinci-002", "prompt": "Once upon a time", "max_tokens": 12, "logprobs": 2, "echo": False,
-             "stop": ["."], "temperature": 1, "frequency_penalty": 0.1, "structured_outputs": {"regex": "[a-z ]+"}},
+    "custom_id": "cmpl-1",
+    "method": "POST",
+    "url": "/v1/completions",
+    "body": {
+        "model": "davinci-002",
+        "prompt": "Once upon a time",
+        "max_tokens": 12,
+        "logprobs": 2,
+        "echo": False,
+        "stop": ["."],
+        "temperature": 1,
+        "frequency_penalty": 0.1,
+        "structured_outputs": {"regex": "[a-z ]+"},
+    },
 }
 
 
@@ -75,21 +111,32 @@ def test_a_realistic_batch_file_converts_to_the_row_contract_column_by_column(tm
     assert report.rows == 3 and report.footers_read == 2
     by_kind = {f.uri.rsplit(".", 2)[1]: f for f in report.files}
     assert {k: (f.text_column, f.rows, f.metadata_type) for k, f in by_kind.items()} == {
-        "chat": ("messages", 2, "string"), "completions": ("prompt", 1, "string")}
+        "chat": ("messages", 2, "string"),
+        "completions": ("prompt", 1, "string"),
+    }
     chat = pq.read_table(by_kind["chat"].uri)
     assert chat.schema.field("messages").type == pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
     assert chat.schema.field("stop").type == pa.list_(pa.string()) and chat.schema.field("n").type == pa.int64()
     rows = chat.to_pylist()
     assert [r["id"] for r in rows] == ["chat-1", "chat-2"]
     one, two = rows
-    assert one["messages"] == [{"role": "system", "content": "You answer in JSON."},
-                               {"role": "user", "content": "Where is\nthe Louvre?"}]  # text parts joined as vLLM does
+    assert one["messages"] == [
+        {"role": "system", "content": "You answer in JSON."},
+        {"role": "user", "content": "Where is\nthe Louvre?"},
+    ]  # text parts joined as vLLM does
     assert (one["max_tokens"], one["temperature"], one["top_p"], one["seed"], one["n"]) == (40, 0.7, 0.9, 11, 2)
     assert one["stop"] == ["\n\n"] and two["stop"] == ["END", "###"]  # a string becomes a list of one
     assert json.loads(one["response_format"]) == {
-        "type": "json_schema", "json_schema": {"name": "place", "schema": SCHEMA, "strict": True}}
+        "type": "json_schema",
+        "json_schema": {"name": "place", "schema": SCHEMA, "strict": True},
+    }
     assert json.loads(one["sampling"]) == {"logprobs": 3, "presence_penalty": 0.5, "top_k": 20, "min_tokens": 2}
-    assert json.loads(one["metadata"]) == {"url": "/v1/chat/completions", "model": "gpt-4o-mini", "file": source, "line": 1}
+    assert json.loads(one["metadata"]) == {
+        "url": "/v1/chat/completions",
+        "model": "gpt-4o-mini",
+        "file": source,
+        "line": 1,
+    }
     assert (two["max_tokens"], two["temperature"], two["n"], two["response_format"]) == (8, None, None, None)
     assert json.loads(two["sampling"]) == {"logprobs": 0}  # logprobs alone: the sampled token's
     assert json.loads(two["metadata"])["line"] == 3
@@ -103,26 +150,42 @@ def test_a_realistic_batch_file_converts_to_the_row_contract_column_by_column(tm
 
 
 def bad_lines():
-    ok = lambda cid, **body: {"custom_id": cid, "method": "POST", "url": "/v1/chat/completions",  # noqa: E731
-                              "body": {"messages": [{"role": "user", "content": "x"}], **body}}
+    ok = lambda cid, **body: {
+        "custom_id": cid,
+        "method": "POST",
+        "url": "/v1/chat/completions",  # noqa: E731
+        "body": {"messages": [{"role": "user", "content": "x"}], **body},
+    }
     return [
         ok("good-1"),
-        "{not json",                                                                    # 2
-        {"method": "POST", "url": "/v1/chat/completions", "body": {"messages": []}},     # 3 no custom_id
-        ok("good-1"),                                                                   # 4 duplicate of line 1
-        {**ok("get"), "method": "GET"},                                                  # 5
-        {**ok("emb"), "url": "/v1/embeddings"},                                          # 6
-        ok("streamed", stream=True),                                                    # 7
-        ok("tooled", tools=[{"type": "function", "function": {"name": "f"}}]),          # 8
-        {**ok("image"), "body": {"messages": [{"role": "user", "content": [
-            {"type": "text", "text": "what is it"}, {"type": "image_url", "image_url": {"url": "http://x"}}]}]}},  # 9
+        "{not json",  # 2
+        {"method": "POST", "url": "/v1/chat/completions", "body": {"messages": []}},  # 3 no custom_id
+        ok("good-1"),  # 4 duplicate of line 1
+        {**ok("get"), "method": "GET"},  # 5
+        {**ok("emb"), "url": "/v1/embeddings"},  # 6
+        ok("streamed", stream=True),  # 7
+        ok("tooled", tools=[{"type": "function", "function": {"name": "f"}}]),  # 8
+        {
+            **ok("image"),
+            "body": {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "what is it"},
+                            {"type": "image_url", "image_url": {"url": "http://x"}},
+                        ],
+                    }
+                ]
+            },
+        },  # 9
         {"custom_id": "prompts", "method": "POST", "url": "/v1/completions", "body": {"prompt": ["a", "b"]}},  # 10
         {"custom_id": "echo", "method": "POST", "url": "/v1/completions", "body": {"prompt": "a", "echo": True}},  # 11
-        ok("top", top_logprobs=2),                                                      # 12
-        ok("hot", temperature="hot"),                                                   # 13
-        ok("bias", logit_bias={"50256": -100}),                                         # 14
-        ok("kwargs", chat_template_kwargs={"enable_thinking": False}),                  # 15
-        ok("good-2"),                                                                   # 16
+        ok("top", top_logprobs=2),  # 12
+        ok("hot", temperature="hot"),  # 13
+        ok("bias", logit_bias={"50256": -100}),  # 14
+        ok("kwargs", chat_template_kwargs={"enable_thinking": False}),  # 15
+        ok("good-2"),  # 16
     ]
 
 
@@ -230,8 +293,9 @@ def test_unsupported_requests_errors_makes_each_such_line_its_error_row(tmp_path
 
     lines = bad_lines()
     source = write_jsonl(tmp_path / "in" / "bad.jsonl", lines)
-    config = parse_config(job_config(source, str(tmp_path / "out"), KIT, input_format="openai_batch",
-                                     unsupported_requests="errors"))
+    config = parse_config(
+        job_config(source, str(tmp_path / "out"), KIT, input_format="openai_batch", unsupported_requests="errors")
+    )
     with pytest.raises(InputError) as refused:
         inspect_job_inputs(config, Storage())
     message = str(refused.value)
@@ -245,18 +309,33 @@ def test_unsupported_requests_errors_makes_each_such_line_its_error_row(tmp_path
     preprocess = Preprocessor(PreprocessSettings(kit_paths()["target"], 256))
     rows = [r for unit in plan_units(report.files, 100) for r in preprocess(read_unit(Storage(), unit)).to_pylist()]
     by_id = {r["id"]: r for r in rows}
-    fields = {"get": "method", "emb": "url", "streamed": "body.stream", "tooled": "body.tools",
-              "image": "body.messages[0].content[1]", "prompts": "body.prompt", "echo": "body.echo",
-              "top": "body.top_logprobs", "hot": "body.temperature", "bias": "body.logit_bias",
-              "kwargs": "body.chat_template_kwargs"}
+    fields = {
+        "get": "method",
+        "emb": "url",
+        "streamed": "body.stream",
+        "tooled": "body.tools",
+        "image": "body.messages[0].content[1]",
+        "prompts": "body.prompt",
+        "echo": "body.echo",
+        "top": "body.top_logprobs",
+        "hot": "body.temperature",
+        "bias": "body.logit_bias",
+        "kwargs": "body.chat_template_kwargs",
+    }
     assert sorted(by_id) == sorted([*fields, "good-1", "good-2"]) and len(rows) == len(by_id)
     for custom_id, field in fields.items():
         row = by_id[custom_id]
         assert (row["error_kind"], row["error_field"]) == ("unsupported_request", field) and row["error_message"], row
         assert row["prompt_token_ids"] is None
     assert by_id["good-1"]["error_kind"] is None and by_id["good-2"]["prompt_token_ids"]
-    error = {"id": "bias", "error_kind": "unsupported_request", "field": "body.logit_bias", "stage": "validate",
-             "message": by_id["bias"]["error_message"], "retryable": False}
+    error = {
+        "id": "bias",
+        "error_kind": "unsupported_request",
+        "field": "body.logit_bias",
+        "stage": "validate",
+        "message": by_id["bias"]["error_message"],
+        "retryable": False,
+    }
     line = error_line(error, "job-1")
     assert line["response"]["status_code"] == 400 and line["response"]["body"]["error"]["param"] == "body.logit_bias"
     assert BatchError.model_validate(line["error"]).code == "unsupported_request"
@@ -273,9 +352,22 @@ def test_unsupported_requests_is_for_batch_files_only():
 
 def output_table(rows: list[dict]) -> pa.Table:
     """outputs/ rows of the output contract, as the engine actor writes them."""
-    defaults = dict(stop_reason=None, parsed=None, parse_error=None, reasoning=None, logprobs=None, prompt_logprobs=None,
-                    draft_tokens=0, accepted_tokens=0, num_drafts=0, mean_acceptance_length=1.0,
-                    max_tokens_clipped=False, model="target@abc", drafter=None, source="in.parquet")
+    defaults = dict(
+        stop_reason=None,
+        parsed=None,
+        parse_error=None,
+        reasoning=None,
+        logprobs=None,
+        prompt_logprobs=None,
+        draft_tokens=0,
+        accepted_tokens=0,
+        num_drafts=0,
+        mean_acceptance_length=1.0,
+        max_tokens_clipped=False,
+        model="target@abc",
+        drafter=None,
+        source="in.parquet",
+    )
     return pa.Table.from_pylist([{**defaults, **r} for r in rows], schema=arrow_schema(OutputRow, metadata=pa.string()))
 
 
@@ -289,46 +381,154 @@ def meta(url: str, line: int, model: str | None = "gpt-4o-mini") -> str:
 
 
 def token(tid: int, text: str, lp: float, top=()) -> dict:
-    return {"token_id": tid, "token": text, "logprob": lp, "top_logprobs": [
-        {"token_id": i, "token": t, "logprob": p} for i, t, p in top]}
+    return {
+        "token_id": tid,
+        "token": text,
+        "logprob": lp,
+        "top_logprobs": [{"token_id": i, "token": t, "logprob": p} for i, t, p in top],
+    }
 
 
 def write_manifest(location: OutputLocation, status: str) -> None:
     manifest = JobManifest(
-        layout_version=2, job_id="job-7", status=status, started_at="2026-11-29T10:00:00+00:00",
-        ended_at="2026-11-29T11:00:00+00:00", config={"input_format": "openai_batch"},
+        layout_version=2,
+        job_id="job-7",
+        status=status,
+        started_at="2026-11-29T10:00:00+00:00",
+        ended_at="2026-11-29T11:00:00+00:00",
+        config={"input_format": "openai_batch"},
         versions=Versions(specbatch="dev", vllm=None, ray="x", torch=None, python="3.11"),
-        model=ModelFingerprint(path="/models/t", config_sha256="abc", architectures=[]), accelerator="cpu", input_files=[], totals=JobTotals(input_rows=6),
+        model=ModelFingerprint(path="/models/t", config_sha256="abc", architectures=[]),
+        accelerator="cpu",
+        input_files=[],
+        totals=JobTotals(input_rows=6),
     )
     location.write_manifest(manifest.model_dump(mode="json"))
 
 
 def build_location(location: OutputLocation) -> None:
     chat, cmpl = "/v1/chat/completions", "/v1/completions"
-    u1 = output_table([
-        dict(id="chat-1", sample_index=1, text='{"city": "Lyon"}', finish_reason="stop", prompt_tokens=20,
-             generated_tokens=7, row=0, unit_id="u1", metadata=meta(chat, 1),
-             logprobs=[token(5, "{", -0.1, [(5, "{", -0.1), (9, " {", -2.5)]), token(6, "é", -0.3, [(6, "é", -0.3)])]),
-        dict(id="chat-1", sample_index=0, text='{"city": "Paris"}', finish_reason="stop", stop_reason="\n\n",
-             reasoning="The Louvre is in Paris.", prompt_tokens=20, generated_tokens=8, row=0, unit_id="u1",
-             metadata=meta(chat, 1), logprobs=[token(5, "{", -0.05, [(5, "{", -0.05)])]),
-        dict(id="chat-2", sample_index=0, text="Hello", finish_reason="length", prompt_tokens=5, generated_tokens=8,
-             row=1, unit_id="u1", metadata=meta(chat, 3, model=None)),
-    ])
-    u2 = output_table([
-        dict(id="cmpl-1", sample_index=0, text=" there was", finish_reason="stop", prompt_tokens=4, generated_tokens=2,
-             row=0, unit_id="u2", metadata=meta("/v1/completions", 2, "davinci-002"),
-             logprobs=[token(1, " there", -0.5, [(1, " there", -0.5), (2, " a", -1.5)]), token(3, " was", -0.2, [])]),
-    ])
-    location.commit("u1", {"outputs": u1, "errors": error_table([
-        dict(id="chat-3", row=2, stage="validate", error_kind="invalid_sampling", field="temperature",
-             message="temperature 7.0 is above 2", unit_id="u1")])}, stats("u1", 4, 3))
-    location.commit("u2", {"outputs": u2, "errors": error_table([
-        dict(id="cmpl-2", row=1, stage="generate", error_kind="engine_error", message="engine died", retryable=True,
-             unit_id="u2")])}, stats("u2", 2, 1))
-    location.write_files("u3", {"outputs": output_table([dict(  # never committed: invisible
-        id="ghost", sample_index=0, text="x", finish_reason="stop", prompt_tokens=1, generated_tokens=1, row=0,
-        unit_id="u3", metadata=meta(cmpl, 9))])}, stats("u3", 1, 1))
+    u1 = output_table(
+        [
+            dict(
+                id="chat-1",
+                sample_index=1,
+                text='{"city": "Lyon"}',
+                finish_reason="stop",
+                prompt_tokens=20,
+                generated_tokens=7,
+                row=0,
+                unit_id="u1",
+                metadata=meta(chat, 1),
+                logprobs=[
+                    token(5, "{", -0.1, [(5, "{", -0.1), (9, " {", -2.5)]),
+                    token(6, "é", -0.3, [(6, "é", -0.3)]),
+                ],
+            ),
+            dict(
+                id="chat-1",
+                sample_index=0,
+                text='{"city": "Paris"}',
+                finish_reason="stop",
+                stop_reason="\n\n",
+                reasoning="The Louvre is in Paris.",
+                prompt_tokens=20,
+                generated_tokens=8,
+                row=0,
+                unit_id="u1",
+                metadata=meta(chat, 1),
+                logprobs=[token(5, "{", -0.05, [(5, "{", -0.05)])],
+            ),
+            dict(
+                id="chat-2",
+                sample_index=0,
+                text="Hello",
+                finish_reason="length",
+                prompt_tokens=5,
+                generated_tokens=8,
+                row=1,
+                unit_id="u1",
+                metadata=meta(chat, 3, model=None),
+            ),
+        ]
+    )
+    u2 = output_table(
+        [
+            dict(
+                id="cmpl-1",
+                sample_index=0,
+                text=" there was",
+                finish_reason="stop",
+                prompt_tokens=4,
+                generated_tokens=2,
+                row=0,
+                unit_id="u2",
+                metadata=meta("/v1/completions", 2, "davinci-002"),
+                logprobs=[token(1, " there", -0.5, [(1, " there", -0.5), (2, " a", -1.5)]), token(3, " was", -0.2, [])],
+            ),
+        ]
+    )
+    location.commit(
+        "u1",
+        {
+            "outputs": u1,
+            "errors": error_table(
+                [
+                    dict(
+                        id="chat-3",
+                        row=2,
+                        stage="validate",
+                        error_kind="invalid_sampling",
+                        field="temperature",
+                        message="temperature 7.0 is above 2",
+                        unit_id="u1",
+                    )
+                ]
+            ),
+        },
+        stats("u1", 4, 3),
+    )
+    location.commit(
+        "u2",
+        {
+            "outputs": u2,
+            "errors": error_table(
+                [
+                    dict(
+                        id="cmpl-2",
+                        row=1,
+                        stage="generate",
+                        error_kind="engine_error",
+                        message="engine died",
+                        retryable=True,
+                        unit_id="u2",
+                    )
+                ]
+            ),
+        },
+        stats("u2", 2, 1),
+    )
+    location.write_files(
+        "u3",
+        {
+            "outputs": output_table(
+                [
+                    dict(  # never committed: invisible
+                        id="ghost",
+                        sample_index=0,
+                        text="x",
+                        finish_reason="stop",
+                        prompt_tokens=1,
+                        generated_tokens=1,
+                        row=0,
+                        unit_id="u3",
+                        metadata=meta(cmpl, 9),
+                    )
+                ]
+            )
+        },
+        stats("u3", 1, 1),
+    )
     write_manifest(location, "completed_with_errors")
 
 
@@ -354,7 +554,9 @@ def test_the_export_reads_back_through_openai_types(location, capsys):
         assert line["response"]["status_code"] == 200 and line["response"]["request_id"].startswith("req_")
 
     one = ChatCompletion.model_validate(results["chat-1"]["response"]["body"])
-    assert one.object == "chat.completion" and one.model == "target@abc"  # what generated it, not the name the line asked for
+    assert (
+        one.object == "chat.completion" and one.model == "target@abc"
+    )  # what generated it, not the name the line asked for
     assert [c.index for c in one.choices] == [0, 1]  # samples grouped, by sample_index
     assert [c.message.content for c in one.choices] == ['{"city": "Paris"}', '{"city": "Lyon"}']
     assert one.choices[0].message.role == "assistant" and one.choices[0].finish_reason == "stop"
@@ -364,7 +566,9 @@ def test_the_export_reads_back_through_openai_types(location, capsys):
     second = one.choices[1].logprobs.content
     assert [(t.token, t.logprob, t.bytes) for t in second] == [("{", -0.1, [123]), ("é", -0.3, [195, 169])]
     assert [(t.token, t.logprob) for t in second[0].top_logprobs] == [("{", -0.1), (" {", -2.5)]
-    assert one.created == int(dt.datetime(2026, 11, 29, 11, tzinfo=dt.timezone.utc).timestamp())  # the job's end, not the export's time: exporting twice gives the same file
+    assert one.created == int(
+        dt.datetime(2026, 11, 29, 11, tzinfo=dt.timezone.utc).timestamp()
+    )  # the job's end, not the export's time: exporting twice gives the same file
 
     two = ChatCompletion.model_validate(results["chat-2"]["response"]["body"])
     assert two.model == "target@abc"  # no body.model in the request: the same
@@ -400,7 +604,9 @@ def test_export_is_a_specbatch_subcommand_whose_help_ends_with_an_example(capsys
 
     with pytest.raises(SystemExit):
         main(["export", "--help"])
-    assert capsys.readouterr().out.rstrip().splitlines()[-1].strip().startswith("specbatch export --format openai_batch ")
+    assert (
+        capsys.readouterr().out.rstrip().splitlines()[-1].strip().startswith("specbatch export --format openai_batch ")
+    )
 
 
 # ---------------------------------------------------------------- end to end
@@ -416,30 +622,69 @@ def test_a_batch_file_runs_through_the_engine_and_exports(tmp_path, ray_local, c
     from pipeline.job.runner import run_job
     from tinykit import kit_paths
 
-    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"],
-              "additionalProperties": False}
-    chat = lambda cid, body: {"custom_id": cid, "method": "POST", "url": "/v1/chat/completions",  # noqa: E731
-                              "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "import os"}], **body}}
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    chat = lambda cid, body: {
+        "custom_id": cid,
+        "method": "POST",
+        "url": "/v1/chat/completions",  # noqa: E731
+        "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "import os"}], **body},
+    }
     lines = [
         chat("lp", {"logprobs": True, "top_logprobs": 2, "max_tokens": 8}),
-        chat("json", {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}, "max_tokens": 24}),
+        chat(
+            "json",
+            {
+                "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
+                "max_tokens": 24,
+            },
+        ),
         chat("sampled", {"n": 2, "temperature": 0.7}),  # refused per row: the CPU build cannot sample with the drafter
-        {"custom_id": "cmpl", "method": "POST", "url": "/v1/completions",
-         "body": {"model": "davinci-002", "prompt": "def f(x):\n    return", "max_tokens": 12, "stop": ["\n"], "logprobs": 1}},
+        {
+            "custom_id": "cmpl",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {
+                "model": "davinci-002",
+                "prompt": "def f(x):\n    return",
+                "max_tokens": 12,
+                "stop": ["\n"],
+                "logprobs": 1,
+            },
+        },
         {"custom_id": "min-p", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x = ", "min_p": 0.1}},
         chat("tooled", {"tools": [{"type": "function", "function": {"name": "f"}}]}),  # unsupported: its error line
-        {"custom_id": "other-model", "method": "POST", "url": "/v1/completions",  # vLLM's run-batch test line
-         "body": {"model": "NonExistModel", "prompt": "x = ", "max_tokens": 4}},
+        {
+            "custom_id": "other-model",
+            "method": "POST",
+            "url": "/v1/completions",  # vLLM's run-batch test line
+            "body": {"model": "NonExistModel", "prompt": "x = ", "max_tokens": 4},
+        },
     ]
     write_jsonl(tmp_path / "batch" / "requests.jsonl", lines)
     kit = kit_paths()
-    config = parse_config(job_config(
-        str(tmp_path / "batch"), str(tmp_path / "out"), {"target": kit["target"], "drafter": kit["drafter_eagle31"]},
-        input_format="openai_batch", unsupported_requests="errors", engine={"json_whitespace": False},
-        retries={"max_error_fraction": 0.6}, model={"served_names": ["gpt-4o-mini", "davinci-002"]},
-    ))
+    config = parse_config(
+        job_config(
+            str(tmp_path / "batch"),
+            str(tmp_path / "out"),
+            {"target": kit["target"], "drafter": kit["drafter_eagle31"]},
+            input_format="openai_batch",
+            unsupported_requests="errors",
+            engine={"json_whitespace": False},
+            retries={"max_error_fraction": 0.6},
+            model={"served_names": ["gpt-4o-mini", "davinci-002"]},
+        )
+    )
     manifest = run_job(config, progress=False)
-    assert (manifest.status, manifest.totals.input_rows, manifest.totals.error_rows) == ("succeeded", 7, 4)  # within 0.6
+    assert (manifest.status, manifest.totals.input_rows, manifest.totals.error_rows) == (
+        "succeeded",
+        7,
+        4,
+    )  # within 0.6
     location = OutputLocation(Storage(), config.output_uri)
     stats = location.read_table("stats").to_pylist()
     assert sum(s["draft_tokens"] for s in stats) > 0  # the drafter ran
@@ -463,7 +708,11 @@ def test_a_batch_file_runs_through_the_engine_and_exports(tmp_path, ray_local, c
     assert cmpl.model == outputs["cmpl"]["model"] and cmpl.model.startswith("target@")  # the model that wrote it
     assert "\n" not in cmpl.choices[0].text and cmpl.choices[0].logprobs.tokens
     other = errors["other-model"]["response"]
-    assert (other["status_code"], other["body"]["error"]["code"], other["body"]["error"]["param"]) == (400, "model_not_found", "body.model")
+    assert (other["status_code"], other["body"]["error"]["code"], other["body"]["error"]["param"]) == (
+        400,
+        "model_not_found",
+        "body.model",
+    )
     assert "The model `NonExistModel` does not exist" in other["body"]["error"]["message"]
     assert BatchError.model_validate(errors["sampled"]["error"]).code == "invalid_sampling"
     assert "min_p" in BatchError.model_validate(errors["min-p"]["error"]).message

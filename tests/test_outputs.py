@@ -23,17 +23,38 @@ from tests.conftest import record_s3_requests
 
 def stats(unit_id: str, rows: int, outputs: int) -> UnitStats:
     return UnitStats(
-        unit_id=unit_id, source="in.parquet", first_row=0, actor_id="a", node_id="n", rows=rows, output_rows=outputs,
-        error_rows=rows - outputs, prompt_tokens=rows, generated_tokens=outputs, started_at=0.0, wall_seconds=1.0,
-        engine_seconds=1.0, tokens_per_second=1.0, speculative=False, num_speculative_tokens=0, num_drafts=0,
-        draft_tokens=0, accepted_tokens=0, acceptance_rate=None, mean_acceptance_length=None, accepted_per_position=[],
+        unit_id=unit_id,
+        source="in.parquet",
+        first_row=0,
+        actor_id="a",
+        node_id="n",
+        rows=rows,
+        output_rows=outputs,
+        error_rows=rows - outputs,
+        prompt_tokens=rows,
+        generated_tokens=outputs,
+        started_at=0.0,
+        wall_seconds=1.0,
+        engine_seconds=1.0,
+        tokens_per_second=1.0,
+        speculative=False,
+        num_speculative_tokens=0,
+        num_drafts=0,
+        draft_tokens=0,
+        accepted_tokens=0,
+        acceptance_rate=None,
+        mean_acceptance_length=None,
+        accepted_per_position=[],
     )
 
 
 def tables(ids: list[str], failed: set[str] = frozenset()) -> dict[str, pa.Table]:
     ok = [i for i in ids if i not in failed]
     bad = [i for i in ids if i in failed]
-    return {"outputs": pa.table({"id": ok, "text": ["x"] * len(ok)}), "errors": pa.table({"id": bad, "message": ["bad"] * len(bad)})}
+    return {
+        "outputs": pa.table({"id": ok, "text": ["x"] * len(ok)}),
+        "errors": pa.table({"id": bad, "message": ["bad"] * len(bad)}),
+    }
 
 
 def commit_unit(location: OutputLocation, unit: str, ids: list[str], failed: set[str] = frozenset()):
@@ -110,8 +131,14 @@ def test_the_same_unit_committed_from_two_processes_one_late(location, late_fail
     ctx = multiprocessing.get_context("spawn")
     events = [ctx.Event() for _ in range(6)]
     a_wrote, a_go, a_done, b_wrote, b_go, b_done = events
-    a = ctx.Process(target=_commit_in_process, args=(location.storage, location.uri, "u1", ids, ["id-2"] if late_fails else [], a_wrote, a_go, a_done))
-    b = ctx.Process(target=_commit_in_process, args=(location.storage, location.uri, "u1", ids, [] if late_fails else ["id-2"], b_wrote, b_go, b_done))
+    a = ctx.Process(
+        target=_commit_in_process,
+        args=(location.storage, location.uri, "u1", ids, ["id-2"] if late_fails else [], a_wrote, a_go, a_done),
+    )
+    b = ctx.Process(
+        target=_commit_in_process,
+        args=(location.storage, location.uri, "u1", ids, [] if late_fails else ["id-2"], b_wrote, b_go, b_done),
+    )
     a.start()
     assert a_wrote.wait(120)
     b.start()

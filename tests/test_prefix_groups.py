@@ -21,8 +21,11 @@ def passages_and_questions(folder, passages=16, questions=3, files=2, seed=0, wo
     returns id -> prompt."""
     rng = random.Random(seed)
     texts = [" ".join(rng.choice(WORDS) for _ in range(words)) for _ in range(passages)]
-    rows = [(f"p{p}q{q}", f"Read the passage.\n{texts[p]}\nQuestion {q}: what is word {q * 7 + p}?")
-            for p in range(passages) for q in range(questions)]
+    rows = [
+        (f"p{p}q{q}", f"Read the passage.\n{texts[p]}\nQuestion {q}: what is word {q * 7 + p}?")
+        for p in range(passages)
+        for q in range(questions)
+    ]
     rng.shuffle(rows)
     for k in range(files):
         part = rows[k::files]
@@ -34,7 +37,9 @@ def unique_prompts(folder, rows=40, files=2, seed=1) -> None:
     rng = random.Random(seed)
     prompts = [f"You are helpful.\n{' '.join(rng.choice(WORDS) for _ in range(80))}" for _ in range(rows)]
     for k in range(files):
-        write_prompts(folder / f"part{k}.parquet", {"id": [f"u{i}" for i in range(k, rows, files)], "prompt": prompts[k::files]})
+        write_prompts(
+            folder / f"part{k}.parquet", {"id": [f"u{i}" for i in range(k, rows, files)], "prompt": prompts[k::files]}
+        )
 
 
 def _keys(folder):
@@ -86,11 +91,15 @@ def test_a_header_every_row_shares_is_no_reason_to_group_even_with_odd_rows_betw
     from pipeline.inputs.prefixes import group_order, grouping_pays, measure_sharing
     from tests.conftest import RANDOM_JOB_BAD, RANDOM_JOB_HEADER
 
-    prompts = [RANDOM_JOB_BAD[i][0] if i in RANDOM_JOB_BAD else f"{RANDOM_JOB_HEADER}def function_{i}(x):" for i in range(28)]
+    prompts = [
+        RANDOM_JOB_BAD[i][0] if i in RANDOM_JOB_BAD else f"{RANDOM_JOB_HEADER}def function_{i}(x):" for i in range(28)
+    ]
     write_prompts(tmp_path / "p.parquet", {"id": [str(i) for i in range(28)], "prompt": prompts})
     _, keys = _keys(tmp_path)
     sharing = measure_sharing(keys, group_order(keys), 4)
-    assert sharing.shared_chars_grouped == sharing.shared_chars_in_input_order > 0  # sorting the odd rows aside gains nothing
+    assert (
+        sharing.shared_chars_grouped == sharing.shared_chars_in_input_order > 0
+    )  # sorting the odd rows aside gains nothing
     assert not grouping_pays(sharing)[0]
 
 
@@ -98,8 +107,14 @@ def test_rows_of_two_adapters_and_chat_rows_are_keyed_apart(tmp_path):
     from pipeline.inputs.prefixes import group_order
 
     long = "shared context " * 40
-    write_prompts(tmp_path / "a.parquet", {"id": ["a0", "b0", "a1", "b1"], "prompt": [long + "x", long + "y", long + "z", long + "w"],
-                                           "lora": ["A", "B", "A", "B"]})
+    write_prompts(
+        tmp_path / "a.parquet",
+        {
+            "id": ["a0", "b0", "a1", "b1"],
+            "prompt": [long + "x", long + "y", long + "z", long + "w"],
+            "lora": ["A", "B", "A", "B"],
+        },
+    )
     messages = [[{"role": "system", "content": long}, {"role": "user", "content": str(i)}] for i in range(3)]
     write_prompts(tmp_path / "b.parquet", {"id": ["m0", "m1", "m2"], "messages": messages})
     files, keys = _keys(tmp_path)
@@ -117,7 +132,9 @@ def test_the_grouped_copy_holds_every_row_once_in_order_with_its_origin(tmp_path
     passages_and_questions(tmp_path / "in", passages=20, questions=3, files=3)
     files, keys = _keys(tmp_path / "in")
     order = group_order(keys)
-    copy = write_grouped_copy(Storage(), str(tmp_path / "out"), files, order, keys.kinds, rows_per_unit=8, shape=RowShape())
+    copy = write_grouped_copy(
+        Storage(), str(tmp_path / "out"), files, order, keys.kinds, rows_per_unit=8, shape=RowShape()
+    )
     assert [f.rows for f in copy] == [60] and copy[0].text_column == "prompt"
     table = pq.read_table(copy[0].uri)
     assert table.column("id").to_pylist() == _ids_in_order(files, order)
@@ -142,10 +159,17 @@ def grouped_and_not(tmp_path_factory, ray_local, trained_kit):
     runs = {}
     for setting in ("auto", False):
         data = job_config(
-            str(root / "in"), str(root / f"out-{setting}"), trained_kit, sampling={"max_tokens": 8},
+            str(root / "in"),
+            str(root / f"out-{setting}"),
+            trained_kit,
+            sampling={"max_tokens": 8},
             resources={"rows_per_unit": 8, "group_prefixes": setting},
-            engine={"max_model_len": 512, "max_num_seqs": 4, "cpu_kv_cache_gib": 1200 * 4096 / 2**30,
-                    "extra_args": {"block_size": 32}},
+            engine={
+                "max_model_len": 512,
+                "max_num_seqs": 4,
+                "cpu_kv_cache_gib": 1200 * 4096 / 2**30,
+                "extra_args": {"block_size": 32},
+            },
         )
         runs[setting] = (data, run_job(parse_config(data), progress=False))
     return root, prompts, runs
@@ -164,7 +188,9 @@ def test_a_grouped_job_generates_every_row_once_as_the_ungrouped_job_does(groupe
     assert all(f.uri.startswith(f"{grouped_config['output_uri']}/_grouped/") for f in grouped.grouping.files)
     a, b = _outputs(grouped_config["output_uri"]), _outputs(plain_config["output_uri"])
     assert sorted(a.column("id").to_pylist()) == sorted(prompts) == sorted(b.column("id").to_pylist())
-    by_id = lambda t: {r["id"]: (r["text"], r["source"], r["row"]) for r in t.select(["id", "text", "source", "row"]).to_pylist()}  # noqa: E731
+    by_id = lambda t: {
+        r["id"]: (r["text"], r["source"], r["row"]) for r in t.select(["id", "text", "source", "row"]).to_pylist()
+    }  # noqa: E731
     assert by_id(a) == by_id(b)  # greedy text, and the input file and row each came from, alike
     assert all(r["source"].startswith(str(root / "in")) for r in a.select(["source"]).to_pylist())
 

@@ -33,11 +33,30 @@ def test_ray_job_submit_runs_the_job(tmp_path, random_kit, ray_head):
     env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, **ray_head.env}
     submit = subprocess.run(
         [
-            RAY, "job", "submit", "--address", ray_head.address, "--submission-id", "specbatch-test",
-            "--working-dir", str(ROOT), "--runtime-env", str(ROOT / "jobs" / "runtime_env.yaml"), "--no-wait",
-            "--", sys.executable, "jobs/entrypoint.py", "--config", str(config_path), "--job-id", "submitted-1",
+            RAY,
+            "job",
+            "submit",
+            "--address",
+            ray_head.address,
+            "--submission-id",
+            "specbatch-test",
+            "--working-dir",
+            str(ROOT),
+            "--runtime-env",
+            str(ROOT / "jobs" / "runtime_env.yaml"),
+            "--no-wait",
+            "--",
+            sys.executable,
+            "jobs/entrypoint.py",
+            "--config",
+            str(config_path),
+            "--job-id",
+            "submitted-1",
         ],
-        env=env, capture_output=True, text=True, timeout=180,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert submit.returncode == 0, submit.stderr[-3000:]
     # Status and logs through the SDK: its answers are typed, the CLI's are prose.
@@ -80,11 +99,24 @@ def test_check_cluster_names_a_head_whose_job_agent_could_not_bind(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
     try:
-        started = subprocess.run(ray_head_command(free_port(), dashboard, f"--temp-dir={temp_dir}", agent_port=taken),
-                                 env=env, capture_output=True, text=True, timeout=180)
-        assert started.returncode == 0 and "Ray runtime started" in started.stdout + started.stderr, started.stderr[-2000:]
-        check = subprocess.run([sys.executable, "-m", "pipeline.cli", "check-cluster", "--address", f"http://127.0.0.1:{dashboard}"],
-                               env=env, capture_output=True, text=True, timeout=180, cwd=ROOT)
+        started = subprocess.run(
+            ray_head_command(free_port(), dashboard, f"--temp-dir={temp_dir}", agent_port=taken),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert started.returncode == 0 and "Ray runtime started" in started.stdout + started.stderr, started.stderr[
+            -2000:
+        ]
+        check = subprocess.run(
+            [sys.executable, "-m", "pipeline.cli", "check-cluster", "--address", f"http://127.0.0.1:{dashboard}"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=ROOT,
+        )
     finally:
         stop_ray_head(temp_dir)
         holder.close()

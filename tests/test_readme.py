@@ -66,8 +66,7 @@ FENCE = re.compile(r"^(?:<!-- (?P<marker>[\w-]+) -->\n)?```(?P<lang>\w*)\n(?P<bo
 def readme_blocks(text: str | None = None) -> list[Block]:
     text = README.read_text() if text is None else text
     return [
-        Block(m["lang"], m["body"], m["marker"], text.count("\n", 0, m.start("body")) + 1)
-        for m in FENCE.finditer(text)
+        Block(m["lang"], m["body"], m["marker"], text.count("\n", 0, m.start("body")) + 1) for m in FENCE.finditer(text)
     ]
 
 
@@ -156,7 +155,9 @@ def test_every_console_block_says_why_it_is_not_run():
                 f"or say why in NOT_RUN:\n{block.body}"
             )
         else:
-            assert block.lang in ("bash", "text", "yaml", "python"), f"README.md line {block.line}: fence {block.lang!r}"
+            assert block.lang in ("bash", "text", "yaml", "python"), (
+                f"README.md line {block.line}: fence {block.lang!r}"
+            )
     for key in NOT_RUN:
         assert any(key in b.body for b in blocks if b.lang == "console"), f"NOT_RUN names {key!r}, no block has it"
     assert sum(b.marker == TREE_MARKER for b in blocks) == 1
@@ -177,7 +178,9 @@ def test_readme_commands_work_as_written(tmp_path_factory, request):
         if block.lang != "bash" or "specbatch demo" in block.body:
             continue
         out = run_block(block, workdir, env)
-        job = "ray job submit" in block.body or ("specbatch run job.yaml" in block.body and "--dry-run" not in block.body)
+        job = "ray job submit" in block.body or (
+            "specbatch run job.yaml" in block.body and "--dry-run" not in block.body
+        )
         if job:  # the job's own word, from its driver's console (the submission tails the job's log)
             assert "succeeded" in out.stdout, out.stdout[-3000:]
         checked.add("submit" if "ray job submit" in block.body else "run" if job else " ".join(block.body.split()[:2]))

@@ -38,8 +38,12 @@ N_ROWS = 160
 def make_job(tmp_path: Path, kit: dict, rows: int = N_ROWS, **overrides) -> tuple[Path, list[str], dict]:
     """Two shards of `rows` in all, units of 8 rows."""
     ids = [f"id-{i:04d}" for i in range(rows)]
-    write_prompts(tmp_path / "in" / "a.parquet", {"id": ids[::2], "prompt": [f"def f{i}(a, b):" for i in range(0, rows, 2)]})
-    write_prompts(tmp_path / "in" / "b.parquet", {"id": ids[1::2], "prompt": [f"class K{i}:" for i in range(1, rows, 2)]})
+    write_prompts(
+        tmp_path / "in" / "a.parquet", {"id": ids[::2], "prompt": [f"def f{i}(a, b):" for i in range(0, rows, 2)]}
+    )
+    write_prompts(
+        tmp_path / "in" / "b.parquet", {"id": ids[1::2], "prompt": [f"class K{i}:" for i in range(1, rows, 2)]}
+    )
     overrides = {"sampling": {"max_tokens": 24}, "resources": {"rows_per_unit": 8, "units_in_flight": 2}, **overrides}
     config = job_config(str(tmp_path / "in"), str(tmp_path / "out"), kit, **overrides)
     path = tmp_path / "job.yaml"
@@ -51,7 +55,9 @@ def start_job(config_path: Path, env: dict | None = None, *flags: str) -> subpro
     return subprocess.Popen(
         [SPECBATCH, "run", str(config_path), *flags],
         env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         start_new_session=True,  # its own process group: the driver and the Ray it started
     )
 
@@ -66,7 +72,9 @@ def wait_for_commits(location: OutputLocation, n: int, proc: subprocess.Popen, t
     raise TimeoutError("no unit committed in time")
 
 
-def units_skipped_by_attempt(location: OutputLocation, number: int, proc: subprocess.Popen, timeout: float = 120) -> int:
+def units_skipped_by_attempt(
+    location: OutputLocation, number: int, proc: subprocess.Popen, timeout: float = 120
+) -> int:
     """The units committed before attempt `number` planned, from its record in `_job.json`."""
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -109,9 +117,10 @@ def kill_engine_cores(job: subprocess.Popen, wait_seconds: float = 180) -> float
     deadline = time.time() + wait_seconds
     while not (cores := engine_cores_of(job)):
         assert job.poll() is None, f"the job ended before its EngineCore was killed: {job.stdout.read()[-3000:]}"
-        assert time.time() < deadline, ("no EngineCore in the job's session", [
-            (p.pid, p.info["name"], session_of(p.pid), p.create_time()) for p in titled_processes("VLLM::").values()
-        ])
+        assert time.time() < deadline, (
+            "no EngineCore in the job's session",
+            [(p.pid, p.info["name"], session_of(p.pid), p.create_time()) for p in titled_processes("VLLM::").values()],
+        )
         time.sleep(0.2)
     killed_at = time.time()
     for proc in cores:
@@ -185,7 +194,9 @@ def wait_for_new_engine_core(killed_at: float, proc, timeout: float = 300) -> No
     missed a replacement whose job then ended, restarted engine and all; a pid reused from
     before the job is the likeliest cause."""
     deadline = time.time() + timeout
-    while not any("EngineCore" in p.name() and p.create_time() >= killed_at - 1 for p in vllm_processes(proc.pid).values()):
+    while not any(
+        "EngineCore" in p.name() and p.create_time() >= killed_at - 1 for p in vllm_processes(proc.pid).values()
+    ):
         assert proc.poll() is None, proc.stdout.read()[-4000:]
         assert time.time() < deadline, "no replacement engine started"
         time.sleep(0.1)
@@ -208,8 +219,16 @@ def take_the_lease_elsewhere(location: OutputLocation) -> Lease:
     on the lease's version that raises its generation."""
     data, version = location.storage.read_versioned(location.path("_lease.json"))
     held = Lease.model_validate_json(data)
-    taker = held.model_copy(update={"owner": "elsewhere:1:0badf00d", "host": "elsewhere", "pid": 1, "attempt": held.attempt + 1,
-                                    "generation": held.generation + 1, "heartbeat_at": time.time()})
+    taker = held.model_copy(
+        update={
+            "owner": "elsewhere:1:0badf00d",
+            "host": "elsewhere",
+            "pid": 1,
+            "attempt": held.attempt + 1,
+            "generation": held.generation + 1,
+            "heartbeat_at": time.time(),
+        }
+    )
     location.storage.write_if(location.path("_lease.json"), json_bytes(taker.model_dump(mode="json")), version)
     return taker
 
@@ -266,8 +285,14 @@ def test_ctrl_c_a_killed_driver_and_a_lost_lease_land_each_ids_samples_exactly_o
     0.8 (without the drafter: vLLM's CPU build samples wrongly with it, and the job refuses
     that): each id's four samples land exactly once, in one unit."""
     sampling = {"max_tokens": 12, "n": 4, "temperature": 0.8, "seed": 7}
-    lease = {"heartbeat_seconds": 1, "stale_after_seconds": 15, "wait_seconds": 60}  # 15 s: a slow machine's start-up reads a fresh lease
-    config_path, ids, config = make_job(tmp_path, random_kit, sampling=sampling, speculative={"enabled": False}, lease=lease)
+    lease = {
+        "heartbeat_seconds": 1,
+        "stale_after_seconds": 15,
+        "wait_seconds": 60,
+    }  # 15 s: a slow machine's start-up reads a fresh lease
+    config_path, ids, config = make_job(
+        tmp_path, random_kit, sampling=sampling, speculative={"enabled": False}, lease=lease
+    )
     location = OutputLocation(Storage(), str(tmp_path / "out"))
 
     proc = start_job(config_path)
@@ -310,11 +335,16 @@ def test_ctrl_c_a_killed_driver_and_a_lost_lease_land_each_ids_samples_exactly_o
     fenced_units = location.committed_units()
     assert len(fenced_units - at_takeover) <= 1  # one engine: at most the unit between its check and its marker
     named = {location.path(f) for m in location.markers().values() for f in m.files.values()}
-    dropped = {posixpath.basename(uri).split(".")[0] for uri in location.storage.list_files(location.path("outputs"))
-               if f".g{taker.generation - 1}-" in uri and uri not in named}
+    dropped = {
+        posixpath.basename(uri).split(".")[0]
+        for uri in location.storage.list_files(location.path("outputs"))
+        if f".g{taker.generation - 1}-" in uri and uri not in named
+    }
     assert len(dropped) <= 2  # generated by the fenced run, refused at its check: its engine's units in flight
-    print(f"fenced run: {len(fenced_units - at_takeover)} unit(s) committed after the takeover, {len(dropped)} generated "
-          "and dropped at the check (generated again by the next run)")
+    print(
+        f"fenced run: {len(fenced_units - at_takeover)} unit(s) committed after the takeover, {len(dropped)} generated "
+        "and dropped at the check (generated again by the next run)"
+    )
     assert Lease.model_validate(location.storage.read_json(location.path("_lease.json"))).owner == taker.owner
 
     # Elsewhere's lease falls silent after one more heartbeat (the fenced run may take longer to
@@ -333,7 +363,9 @@ def test_ctrl_c_a_killed_driver_and_a_lost_lease_land_each_ids_samples_exactly_o
         units_of.setdefault(o["id"], set()).add(o["unit_id"])
     assert all(len(units) == 1 for units in units_of.values())  # an id's samples commit together
     stats = location.read_table("stats")
-    assert sum(stats.column("rows").to_pylist()) == len(ids) and sum(stats.column("samples").to_pylist()) == len(outputs)
+    assert sum(stats.column("rows").to_pylist()) == len(ids) and sum(stats.column("samples").to_pylist()) == len(
+        outputs
+    )
     assert sorted(stats.column("unit_id").to_pylist()) == sorted(location.committed_units())
     assert not location.storage.exists(location.path("_lease.json"))  # released at the end
     manifest = location.read_manifest()
@@ -348,9 +380,11 @@ def test_ctrl_c_a_killed_driver_and_a_lost_lease_land_each_ids_samples_exactly_o
     assert resumed["skipped_rows"] == 8 * resumed["units_skipped"]
     assert resumed["skipped_rows"] + resumed["processed_rows"] == len(ids)
     started = [dt.datetime.fromisoformat(a["started_at"]).timestamp() for a in manifest["attempts"]]
-    print(f"takeover on this host: attempt 3 started {started[2] - killed_at:.0f} s after the SIGKILL; fenced run "
-          f"exited {fenced_exit_seconds:.1f} s after the takeover; elsewhere's silent lease: attempt 4 started "
-          f"{started[3] - last_beat:.0f} s after its last heartbeat (stale after 15 s)")
+    print(
+        f"takeover on this host: attempt 3 started {started[2] - killed_at:.0f} s after the SIGKILL; fenced run "
+        f"exited {fenced_exit_seconds:.1f} s after the takeover; elsewhere's silent lease: attempt 4 started "
+        f"{started[3] - last_beat:.0f} s after its last heartbeat (stale after 15 s)"
+    )
     assert resumed["footers_read"] == 0  # the attempts before recorded both files
     assert (manifest["totals"]["output_rows"], manifest["totals"]["samples"]) == (len(ids), 4 * len(ids))
 
@@ -386,10 +420,16 @@ def test_engine_core_then_engine_actor_killed_one_job_on_s3(tmp_path, s3_endpoin
 
     fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_endpoint})
     ids = [f"s3-{i:04d}" for i in range(N_ROWS)]
-    write_prompts("specbatch/outage/in/a.parquet", {"id": ids, "prompt": [f"import m{i}" for i in range(N_ROWS)]}, filesystem=fs)
+    write_prompts(
+        "specbatch/outage/in/a.parquet", {"id": ids, "prompt": [f"import m{i}" for i in range(N_ROWS)]}, filesystem=fs
+    )
     config = job_config(
-        "s3://specbatch/outage/in/", "s3://specbatch/outage/out/", random_kit, storage={"endpoint_url": s3_endpoint},
-        sampling={"max_tokens": 24}, resources={"rows_per_unit": 8, "units_in_flight": 2},
+        "s3://specbatch/outage/in/",
+        "s3://specbatch/outage/out/",
+        random_kit,
+        storage={"endpoint_url": s3_endpoint},
+        sampling={"max_tokens": 24},
+        resources={"rows_per_unit": 8, "units_in_flight": 2},
     )
     config_path = tmp_path / "job.yaml"
     config_path.write_text(yaml.safe_dump(config))
@@ -427,13 +467,21 @@ def test_a_row_that_kills_the_engine_every_time_ends_alone_in_errors_then_retry_
     from transformers import AutoTokenizer
 
     config_path, ids, _ = make_job(
-        tmp_path, random_kit, rows=24,
-        retries={"isolate_after_attempts": 1, "max_error_fraction": 0.01, "breaker_window_units": 13},  # > its 12 units: never full
+        tmp_path,
+        random_kit,
+        rows=24,
+        retries={
+            "isolate_after_attempts": 1,
+            "max_error_fraction": 0.01,
+            "breaker_window_units": 13,
+        },  # > its 12 units: never full
         resources={"rows_per_unit": 2, "units_in_flight": 1},
     )
     poison = AutoTokenizer.from_pretrained(random_kit["target"]).encode("class K13:")  # the prompt of id-0013
-    faults = {"PYTHONPATH": os.pathsep.join(filter(None, [FAULTS_PLUGIN, os.environ.get("PYTHONPATH")])),
-              "SPECBATCH_TEST_POISON_TOKENS": ",".join(map(str, poison))}
+    faults = {
+        "PYTHONPATH": os.pathsep.join(filter(None, [FAULTS_PLUGIN, os.environ.get("PYTHONPATH")])),
+        "SPECBATCH_TEST_POISON_TOKENS": ",".join(map(str, poison)),
+    }
     proc = start_job(config_path, faults)
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 3, out[-4000:]
@@ -453,4 +501,3 @@ def test_a_row_that_kills_the_engine_every_time_ends_alone_in_errors_then_retry_
     assert location.read_table("errors").num_rows == 0
     manifest = location.read_manifest()
     assert manifest["status"] == "succeeded" and manifest["attempts"][-1]["units_skipped"] == 11  # of 12 units
-

@@ -21,7 +21,10 @@ from tests.conftest import job_config, write_prompts
 
 SCHEMA = {
     "type": "object",
-    "properties": {"name": {"type": "string", "maxLength": 6}, "count": {"type": "integer", "minimum": 0, "maximum": 99}},
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "count": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
     "required": ["name", "count"],
     "additionalProperties": False,
 }
@@ -37,8 +40,14 @@ def _rows() -> dict[str, dict]:
         code = f"def function_{i}(x):\n    return"
         rows[f"n-{i}"] = {"prompt": code, "n": 4, "temperature": 0.8, "seed": 100 + i}
         rows[f"json-{i}"] = {"prompt": f"item_{i} = ", "response_format": JSON_FORMAT, "max_tokens": 64}
-        rows[f"choice-{i}"] = {"prompt": f"answer_{i} = ", "response_format": json.dumps({"type": "choice", "choice": CHOICES})}
-        rows[f"regex-{i}"] = {"prompt": f"code_{i} = ", "response_format": json.dumps({"type": "regex", "regex": REGEX})}
+        rows[f"choice-{i}"] = {
+            "prompt": f"answer_{i} = ",
+            "response_format": json.dumps({"type": "choice", "choice": CHOICES}),
+        }
+        rows[f"regex-{i}"] = {
+            "prompt": f"code_{i} = ",
+            "response_format": json.dumps({"type": "regex", "regex": REGEX}),
+        }
         rows[f"lp-{i}"] = {"prompt": code, "sampling": json.dumps({"logprobs": 3, "prompt_logprobs": 2})}
         rows[f"stop-{i}"] = {"prompt": f"import os\nimport sys\nx_{i} = 1\n", "stop": ["\n"], "max_tokens": 48}
     rows["json-cut"] = {"prompt": "item = ", "response_format": JSON_FORMAT, "max_tokens": 3}
@@ -75,23 +84,30 @@ def _input(folder) -> None:
     }
     write_prompts(folder / "prompts.parquet", columns)
     chat_ids = [f"chat-{i}" for i in range(2)]
-    write_prompts(folder / "chats.parquet", {
-        "id": chat_ids,
-        "messages": [[{"role": "user", "content": f"import os{i}"}] for i in range(2)],
-        "sampling": [json.dumps({"prompt_logprobs": 0})] * 2,
-    })
+    write_prompts(
+        folder / "chats.parquet",
+        {
+            "id": chat_ids,
+            "messages": [[{"role": "user", "content": f"import os{i}"}] for i in range(2)],
+            "sampling": [json.dumps({"prompt_logprobs": 0})] * 2,
+        },
+    )
 
 
 def _run(root, kit, speculative: bool):
     _input(root / "in")
-    config = parse_config(job_config(
-        str(root / "in"), str(root / "out"), kit,
-        speculative={"enabled": speculative},
-        engine={"json_whitespace": False},
-        sampling={"max_tokens": 16},
-        chat={"system_prompt": SYSTEM_PROMPT, "template_kwargs": {"enable_thinking": False}},
-        retries={"max_error_fraction": 0.5},
-    ))
+    config = parse_config(
+        job_config(
+            str(root / "in"),
+            str(root / "out"),
+            kit,
+            speculative={"enabled": speculative},
+            engine={"json_whitespace": False},
+            sampling={"max_tokens": 16},
+            chat={"system_prompt": SYSTEM_PROMPT, "template_kwargs": {"enable_thinking": False}},
+            retries={"max_error_fraction": 0.5},
+        )
+    )
     manifest = run_job(config, progress=False)
     location = OutputLocation(Storage(), config.output_uri)
     return manifest, location.read_table("outputs").to_pylist(), location.read_table("errors").to_pylist(), location
@@ -120,24 +136,40 @@ def _by_id(outputs: list[dict]) -> dict[str, list[dict]]:
 def test_row_overrides_come_from_columns_and_the_sampling_object():
     defaults = SamplingConfig(max_tokens=32, temperature=0.5)
     values = defaults.model_dump()
-    row = {"max_tokens": 8, "stop": ["\n"], "sampling": json.dumps({"top_k": 20, "presence_penalty": 0.5, "logprobs": 2})}
+    row = {
+        "max_tokens": 8,
+        "stop": ["\n"],
+        "sampling": json.dumps({"top_k": 20, "presence_penalty": 0.5, "logprobs": 2}),
+    }
     resolved = resolve(row, defaults, values)
-    assert (resolved.max_tokens, resolved.stop, resolved.top_k, resolved.presence_penalty, resolved.logprobs) == (8, ["\n"], 20, 0.5, 2)
+    assert (resolved.max_tokens, resolved.stop, resolved.top_k, resolved.presence_penalty, resolved.logprobs) == (
+        8,
+        ["\n"],
+        20,
+        0.5,
+        2,
+    )
     assert resolved.temperature == 0.5  # the job's default where the row says nothing
     assert resolve({}, defaults, values) is defaults
 
 
-@pytest.mark.parametrize("row, field, words", [
-    ({"sampling": json.dumps({"min_pp": 0.1})}, "sampling.min_pp", "did you mean 'min_p'"),
-    ({"sampling": json.dumps({"logprobs": 50})}, "sampling.logprobs", "less than or equal to 20"),
-    ({"sampling": "[1, 2]"}, "sampling", "must be a JSON object"),
-    ({"response_format": json.dumps({"type": "choice", "choice": []})}, "response_format", "choice is empty"),
-    ({"response_format": json.dumps({"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}})},
-     "response_format.json_schema", "not a valid JSON Schema"),
-    ({"n": 0}, "n", "greater than or equal to 1"),
-    ({"n": 2}, "n", "only at a temperature above 0"),
-    ({"temperature": float("nan")}, "temperature", "NaN"),
-])
+@pytest.mark.parametrize(
+    "row, field, words",
+    [
+        ({"sampling": json.dumps({"min_pp": 0.1})}, "sampling.min_pp", "did you mean 'min_p'"),
+        ({"sampling": json.dumps({"logprobs": 50})}, "sampling.logprobs", "less than or equal to 20"),
+        ({"sampling": "[1, 2]"}, "sampling", "must be a JSON object"),
+        ({"response_format": json.dumps({"type": "choice", "choice": []})}, "response_format", "choice is empty"),
+        (
+            {"response_format": json.dumps({"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}})},
+            "response_format.json_schema",
+            "not a valid JSON Schema",
+        ),
+        ({"n": 0}, "n", "greater than or equal to 1"),
+        ({"n": 2}, "n", "only at a temperature above 0"),
+        ({"temperature": float("nan")}, "temperature", "NaN"),
+    ],
+)
 def test_a_bad_override_is_the_rows_error_naming_the_field(row, field, words):
     defaults = SamplingConfig()
     with pytest.raises(RowError) as err:
@@ -237,7 +269,9 @@ def test_acceptance_of_a_request_sums_every_sample():
 
     def sample(index, histogram, drafted):
         metrics = RequestSpecDecodeMetrics(num_spec_tokens=3, histogram=histogram, num_draft_tokens=drafted)
-        return CompletionOutput(index, f"s{index}", [1, 2, 3], None, None, finish_reason="length", spec_decode_metrics=metrics)
+        return CompletionOutput(
+            index, f"s{index}", [1, 2, 3], None, None, finish_reason="length", spec_decode_metrics=metrics
+        )
 
     request = RequestOutput("r", None, [5, 6], None, [sample(1, [1, 0, 1, 0], 6), sample(0, [0, 1, 0, 1], 6)], True)
     rows, total = output_rows(request, {"response_format": None}, str)
@@ -259,11 +293,25 @@ def test_a_units_prompt_and_cached_tokens_count_each_request_once():
         samples = [CompletionOutput(i, f"s{i}", [1, 2], None, None, finish_reason="length") for i in range(n)]
         return RequestOutput("r", None, list(range(40)), None, samples, True, num_cached_tokens=cached)
 
-    rows = [{"id": f"r{i}", "source": "s", "row": i, "unit_id": "u", "lora": None, "error_kind": None, "prompt_token_ids": [],
-             "max_tokens_clipped": False, "sampling": json.dumps({"response_format": None})} for i in range(3)]
+    rows = [
+        {
+            "id": f"r{i}",
+            "source": "s",
+            "row": i,
+            "unit_id": "u",
+            "lora": None,
+            "error_kind": None,
+            "prompt_token_ids": [],
+            "max_tokens_clipped": False,
+            "sampling": json.dumps({"response_format": None}),
+        }
+        for i in range(3)
+    ]
     out = collect("u", rows, {0: request(3, 32), 1: request(1, None), 2: request(1, 0)}, Identity("m", None, str))
     assert (len(out.outputs), out.prompt_tokens, out.cached_prompt_tokens) == (5, 120, 32)
-    stats = unit_stats(("u", "s", 0), 3, out, SpeculativeConfig(enabled=False), {"actor_id": "a", "node_id": "n"}, 0.0, 1.0, False)
+    stats = unit_stats(
+        ("u", "s", 0), 3, out, SpeculativeConfig(enabled=False), {"actor_id": "a", "node_id": "n"}, 0.0, 1.0, False
+    )
     assert (stats.prompt_tokens, stats.cached_prompt_tokens) == (120, 32)
 
 
@@ -300,7 +348,9 @@ def test_logprobs_are_present_and_agree_with_the_greedy_tokens(spec_run):
             best = entry["top_logprobs"][0]
             assert best["token_id"] == entry["token_id"]  # greedy: the chosen token is the most likely
             assert best["logprob"] == pytest.approx(entry["logprob"]) and entry["logprob"] <= 0
-            assert [t["logprob"] for t in entry["top_logprobs"]] == sorted((t["logprob"] for t in entry["top_logprobs"]), reverse=True)
+            assert [t["logprob"] for t in entry["top_logprobs"]] == sorted(
+                (t["logprob"] for t in entry["top_logprobs"]), reverse=True
+            )
         prompt = row["prompt_logprobs"]
         assert len(prompt) == row["prompt_tokens"] and prompt[0]["logprob"] is None
         assert all(len(e["top_logprobs"]) == 2 and e["logprob"] <= 0 for e in prompt[1:])
@@ -350,7 +400,9 @@ def test_greedy_output_is_the_same_with_and_without_the_drafter(spec_run, plain_
         assert (a["text"], a["finish_reason"], a["parsed"]) == (b["text"], b["finish_reason"], b["parsed"]), i
         if a["logprobs"] is not None:
             assert [e["token_id"] for e in a["logprobs"]] == [e["token_id"] for e in b["logprobs"]]
-            assert [e["logprob"] for e in a["logprobs"]] == pytest.approx([e["logprob"] for e in b["logprobs"]], abs=1e-3)
+            assert [e["logprob"] for e in a["logprobs"]] == pytest.approx(
+                [e["logprob"] for e in b["logprobs"]], abs=1e-3
+            )
     assert sum(o["draft_tokens"] for o in spec_run[1]) > 0 and sum(o["draft_tokens"] for o in plain_run[1]) == 0
     assert Counter(o["id"] for o in spec_run[1]) == Counter(o["id"] for o in plain_run[1] if o["id"] not in SAMPLED)
     stats = plain_run[3].read_table("stats").to_pylist()

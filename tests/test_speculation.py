@@ -38,7 +38,9 @@ def prompts(tmp_path_factory) -> tuple[str, list[str]]:
     ids = []
     for name, n in (("a", BIG), ("b", SMALL)):  # b's prompts are a's first ones
         rows = [f"{name}-{i:03d}" for i in range(n)]
-        write_prompts(folder / f"{name}.parquet", {"id": rows, "prompt": [f"def a{i}(x):\n    return" for i in range(n)]})
+        write_prompts(
+            folder / f"{name}.parquet", {"id": rows, "prompt": [f"def a{i}(x):\n    return" for i in range(n)]}
+        )
         ids += rows
     return str(folder), ids
 
@@ -98,7 +100,9 @@ def assert_no_engine_actor_left(timeout: float) -> None:
 
 
 @pytest.mark.engine
-def test_the_probe_refuses_a_same_shape_drafter_of_another_target_on_the_jobs_engine(tmp_path, ray_local, prompts, stripped_drafter, capfd):
+def test_the_probe_refuses_a_same_shape_drafter_of_another_target_on_the_jobs_engine(
+    tmp_path, ray_local, prompts, stripped_drafter, capfd
+):
     """`specbatch run` says the probe's refusal as it says the static check's: one named line and
     exit 2, no Ray error or trace around it (the engines wait; the driver ends the graph)."""
     import yaml
@@ -146,7 +150,9 @@ def scheduled_run(tmp_path_factory, ray_local, prompts):
     folder.mkdir()
     (folder / "a.parquet").write_bytes((Path(prompts[0]) / "a.parquet").read_bytes())
     config = kit_job(
-        root, str(folder), KIT["drafter_eagle31"],
+        root,
+        str(folder),
+        KIT["drafter_eagle31"],
         speculative={"probe": {"rows": 16}, "depth_schedule": [[1, LOW_CONCURRENCY, 3], [LOW_CONCURRENCY + 1, 32, 0]]},
         sampling={"ignore_eos": True},
         resources={"rows_per_unit": 32, "units_in_flight": 1},
@@ -166,7 +172,9 @@ def test_the_matched_drafter_passes_the_probe_on_the_jobs_one_engine(scheduled_r
     start = first.attempts[0].start
     assert len(start.engine_starts) == 1  # one engine start per replica: the probe costs none of its own
     names = [p.name for p in start.phases]
-    assert "drafter probe (on the job's first engine)" in names and names.index("import vllm") < names.index("first unit")
+    assert "drafter probe (on the job's first engine)" in names and names.index("import vllm") < names.index(
+        "first unit"
+    )
     assert start.to_first_commit_seconds > 0
 
 
@@ -208,10 +216,17 @@ def test_greedy_output_drafted_at_depth_3_equals_its_twins_at_depth_0(scheduled_
 
 
 @pytest.mark.engine
-def test_the_default_guard_turns_off_a_drafter_that_slipped_past(tmp_path, ray_local, prompts, stripped_drafter, scheduled_run):
+def test_the_default_guard_turns_off_a_drafter_that_slipped_past(
+    tmp_path, ray_local, prompts, stripped_drafter, scheduled_run
+):
     ray = ray_local
-    raw = job_config(prompts[0], str(tmp_path / "out"), {"target": KIT["target"], "drafter": stripped_drafter},
-                     sampling={"ignore_eos": True}, resources={"rows_per_unit": 8, "units_in_flight": 2})
+    raw = job_config(
+        prompts[0],
+        str(tmp_path / "out"),
+        {"target": KIT["target"], "drafter": stripped_drafter},
+        sampling={"ignore_eos": True},
+        resources={"rows_per_unit": 8, "units_in_flight": 2},
+    )
     del raw["speculative"]["guard"]  # the default: on, disable-speculation
     config = parse_config(raw)
     manifest = run_job(config, progress=False)

@@ -71,7 +71,10 @@ def assert_text_agrees(text: str, r: StatusReport) -> None:
     assert "errors:    " + ", ".join(f"{k} {n:,}" for k, n in r.errors_by_kind.items()) in text
     assert f"acceptance: rate {r.acceptance_rate:.3f}, mean acceptance length {r.mean_acceptance_length:.2f}" in text
     assert f"generated: {r.generated_tokens:,} tokens, {r.tokens_per_second:,.1f} tok/s of wall time" in text
-    assert f"prefill:   {r.prompt_tokens:,} prompt tokens ({prefill_text(r.prompt_tokens, r.cached_prompt_tokens)})" in text
+    assert (
+        f"prefill:   {r.prompt_tokens:,} prompt tokens ({prefill_text(r.prompt_tokens, r.cached_prompt_tokens)})"
+        in text
+    )
     assert r.engine_tokens_per_second > r.tokens_per_second  # the engine's own speed, start-up excluded
     assert f"engines:   {r.engine_tokens_per_second:,.1f} tok/s of engine time" in text
     assert r.engine_busy_share is not None and 0 < r.engine_busy_share <= 1
@@ -94,7 +97,9 @@ def test_a_finished_job_as_its_manifest_and_outputs_say(job, capsys):
     doc = JobManifest.model_validate(location.read_manifest())
     r = status_json(capsys, out)
     assert (r.job_id, r.status, r.driver, r.attempts, r.lease) == (doc.job_id, "succeeded", "none", 1, None)
-    assert r.last_attempt.model_dump() == doc.attempts[0].model_dump(include={"number", "status", "started_at", "ended_at", "error"})
+    assert r.last_attempt.model_dump() == doc.attempts[0].model_dump(
+        include={"number", "status", "started_at", "ended_at", "error"}
+    )
     outputs, errors = location.read_table("outputs"), location.read_table("errors")
     assert r.input_rows == r.rows_done == ROWS == doc.totals.input_rows
     assert r.output_rows == len(set(outputs.column("id").to_pylist())) == doc.totals.output_rows == ROWS - len(BAD)
@@ -102,7 +107,9 @@ def test_a_finished_job_as_its_manifest_and_outputs_say(job, capsys):
     assert r.errors_by_kind == dict(Counter(errors.column("error_kind").to_pylist())) == EXPECTED_KINDS
     assert r.errors_by_kind_complete and r.error_units == r.error_units_read == 4
     assert r.units_committed == r.units_planned == len(location.committed_units()) == 4
-    assert r.acceptance_rate is not None and r.acceptance_rate == doc.totals.acceptance_rate  # the random drafter drafts
+    assert (
+        r.acceptance_rate is not None and r.acceptance_rate == doc.totals.acceptance_rate
+    )  # the random drafter drafts
     assert r.mean_acceptance_length == doc.totals.mean_acceptance_length
     assert r.generated_tokens == doc.totals.generated_tokens > 0 and r.tokens_per_second == doc.totals.tokens_per_second
     assert r.counts_from == "manifest" and r.eta_seconds is None and r.notes == []
@@ -123,14 +130,18 @@ def assert_prefix_cache_counted(location: OutputLocation, doc: JobManifest) -> N
     vLLM's prefix cache, in whole blocks; the totals, the console's summary say so."""
     stats = location.read_table("stats").to_pylist()
     assert all(0 <= u["cached_prompt_tokens"] <= u["prompt_tokens"] for u in stats)
-    assert all(u["cached_prompt_tokens"] % RANDOM_JOB_BLOCK_SIZE == 0 for u in stats)  # each request's hit is whole blocks
+    assert all(
+        u["cached_prompt_tokens"] % RANDOM_JOB_BLOCK_SIZE == 0 for u in stats
+    )  # each request's hit is whole blocks
     t = doc.totals
     assert t.prompt_tokens == sum(u["prompt_tokens"] for u in stats)
     assert t.cached_prompt_tokens == sum(u["cached_prompt_tokens"] for u in stats) > 0
     assert 0 < t.prefix_cache_hit_rate == t.cached_prompt_tokens / t.prompt_tokens < 1
     computed = t.prompt_tokens - t.cached_prompt_tokens
-    assert (f"from {t.prompt_tokens:,} prompt tokens ({t.cached_prompt_tokens:,} from the prefix cache, "
-            f"{t.prefix_cache_hit_rate:.0%}; {computed:,} computed)") in summary(doc)[2]
+    assert (
+        f"from {t.prompt_tokens:,} prompt tokens ({t.cached_prompt_tokens:,} from the prefix cache, "
+        f"{t.prefix_cache_hit_rate:.0%}; {computed:,} computed)"
+    ) in summary(doc)[2]
 
 
 def running_copy(job, dest: Path, heartbeat_age: float) -> tuple[OutputLocation, JobManifest]:
@@ -158,7 +169,9 @@ def running_copy(job, dest: Path, heartbeat_age: float) -> tuple[OutputLocation,
             location.storage.delete(location.path(path))
         location.storage.delete(location.path("_commits", f"{unit}.json"))
 
-    lease = OutputLease(location, LeaseConfig(heartbeat_seconds=30, stale_after_seconds=180), manifest.job_id, attempt.number)
+    lease = OutputLease(
+        location, LeaseConfig(heartbeat_seconds=30, stale_after_seconds=180), manifest.job_id, attempt.number
+    )
     beat = lease.lease.model_copy(update={"heartbeat_at": time.time() - heartbeat_age})
     location.storage.write_json(lease.uri, beat.model_dump(mode="json"))
     return location, manifest
@@ -171,7 +184,10 @@ def test_a_running_job_whose_driver_is_gone(job, tmp_path, capsys):
     r = status_json(capsys, location.uri)
     assert (r.status, r.driver, r.counts_from) == ("running", "gone", "commits")
     assert r.lease.stale and r.lease.heartbeat_age_seconds == pytest.approx(15 * 60, abs=30)
-    assert r.notes[0] == "no heartbeat for 15 min: the driver is probably gone; `specbatch run CONFIG` takes over and resumes"
+    assert (
+        r.notes[0]
+        == "no heartbeat for 15 min: the driver is probably gone; `specbatch run CONFIG` takes over and resumes"
+    )
     assert (r.units_committed, r.units_planned, r.input_rows) == (2, 4, ROWS)
     errors = location.read_table("errors")  # the errors of the units still committed
     assert r.rows_done == 16 and r.error_rows == errors.num_rows
@@ -183,7 +199,10 @@ def test_a_running_job_whose_driver_is_gone(job, tmp_path, capsys):
 
     text = status_text(capsys, location.uri)
     assert_text_agrees(text, r)
-    assert "WARNING: no heartbeat for 15 min: the driver is probably gone; `specbatch run CONFIG` takes over and resumes" in text
+    assert (
+        "WARNING: no heartbeat for 15 min: the driver is probably gone; `specbatch run CONFIG` takes over and resumes"
+        in text
+    )
     assert "ETA:       after the next unit commits" in text and "STALE" in text  # 2 of 4 units left
 
     # with the job's config, the resume command names it (the output location is not the config's: it says so)
@@ -220,9 +239,17 @@ def test_a_first_attempt_before_its_manifest_is_seen_by_its_lease(tmp_path, caps
     lease.acquire()
     r = status_json(capsys, location.uri)
     assert (r.job_id, r.status, r.driver, r.attempts, r.lease.owner, r.lease.stale) == (
-        "daily-1", "running", "starting", 0, lease.lease.owner, False)
-    assert r.notes == [f"the first attempt of job daily-1 is starting (input check, plan, Ray): run {lease.lease.owner} "
-                       f"holds the lease, heartbeat {r.lease.heartbeat_age_seconds:.0f} s ago; no _job.json yet, so no counts yet"]
+        "daily-1",
+        "running",
+        "starting",
+        0,
+        lease.lease.owner,
+        False,
+    )
+    assert r.notes == [
+        f"the first attempt of job daily-1 is starting (input check, plan, Ray): run {lease.lease.owner} "
+        f"holds the lease, heartbeat {r.lease.heartbeat_age_seconds:.0f} s ago; no _job.json yet, so no counts yet"
+    ]
     text = status_text(capsys, location.uri)
     assert text.startswith(f"job daily-1 at {location.uri}: running (a new attempt is starting)")
     assert "rows:" not in text and "fresh" in text
@@ -276,15 +303,23 @@ def test_status_on_s3_takes_the_endpoint_from_the_environment(job, s3_job, s3_en
 
     env = {**os.environ, "AWS_ENDPOINT_URL_S3": s3_endpoint}
     done = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "status", s3_job, "--json"], env=env, capture_output=True, text=True,
-        cwd=Path(__file__).parent.parent, timeout=120,
+        [sys.executable, "-m", "pipeline.cli", "status", s3_job, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parent.parent,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     r = StatusReport.model_validate(json.loads(done.stdout))
     assert (r.status, r.rows_done, r.errors_by_kind) == ("succeeded", ROWS, EXPECTED_KINDS)
     missing = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "status", "s3://specbatch/no-such-job"], env=env, capture_output=True,
-        text=True, cwd=Path(__file__).parent.parent, timeout=120,
+        [sys.executable, "-m", "pipeline.cli", "status", "s3://specbatch/no-such-job"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parent.parent,
+        timeout=120,
     )
     assert missing.returncode == 2 and "no job has run at s3://specbatch/no-such-job" in missing.stderr
 
@@ -306,8 +341,13 @@ def test_a_dry_rerun_over_the_finished_job_has_nothing_left(job, capsys):
     assert plan.tokens.exact and plan.tokens.prompt_tokens == manifest.totals.prompt_tokens
     assert plan.tokens.prompt_tokens_left == plan.tokens.output_tokens_upper_bound_left == 0
     statuses = {c.name: c.status for c in plan.checks}
-    assert statuses == {"preflight": "skipped", "drafter": "skipped", "drafter_probe": "skipped", "lease": "pass",
-                        "cluster": "skipped"}
+    assert statuses == {
+        "preflight": "skipped",
+        "drafter": "skipped",
+        "drafter_probe": "skipped",
+        "lease": "pass",
+        "cluster": "skipped",
+    }
     assert files_of(root / "out") == before
 
     assert cli_main(["run", config, "--dry-run"]) == 0
@@ -330,17 +370,27 @@ def running_job(root: Path, started: float, replicas: int = 1, in_flight: int = 
     from pipeline.job.manifest import versions
     from schemas import LAYOUT_VERSION, Attempt, InputFile, JobTotals, ModelFingerprint
 
-    files = [InputFile(uri=str(root / "in" / name), size=1000, version="v1", rows=rows, text_column="prompt")
-             for name, rows in RUNNING_INPUT.items()]
+    files = [
+        InputFile(uri=str(root / "in" / name), size=1000, version="v1", rows=rows, text_column="prompt")
+        for name, rows in RUNNING_INPUT.items()
+    ]
     units = plan_units(files, 16)
     at = dt_iso(started)
     manifest = JobManifest(
-        layout_version=LAYOUT_VERSION, job_id="daily-7", status="running", started_at=at, versions=versions(),
-        config={"resources": {"rows_per_unit": 16, "replicas": replicas, "units_in_flight": in_flight},
-                "retries": {"engine_stall_seconds": STALL_LIMIT}},
-        model=ModelFingerprint(path="/m", config_sha256="0" * 64, architectures=[]), accelerator="cpu", input_files=files,
-        totals=JobTotals(input_rows=64), attempts=[Attempt(number=1, started_at=at, status="running", skipped_rows=0,
-                                                           units_planned=len(units))],
+        layout_version=LAYOUT_VERSION,
+        job_id="daily-7",
+        status="running",
+        started_at=at,
+        versions=versions(),
+        config={
+            "resources": {"rows_per_unit": 16, "replicas": replicas, "units_in_flight": in_flight},
+            "retries": {"engine_stall_seconds": STALL_LIMIT},
+        },
+        model=ModelFingerprint(path="/m", config_sha256="0" * 64, architectures=[]),
+        accelerator="cpu",
+        input_files=files,
+        totals=JobTotals(input_rows=64),
+        attempts=[Attempt(number=1, started_at=at, status="running", skipped_rows=0, units_planned=len(units))],
     )
     location = OutputLocation(Storage(), str(root / "out"))
     location.write_manifest(manifest.model_dump(mode="json"))
@@ -365,11 +415,19 @@ def commit(location: OutputLocation, unit, entered: float, committed: float, bad
 
     ids = [f"{unit.unit_id}-{i}" for i in range(unit.rows)]
     ok, bad = ids[bad_rows:], ids[:bad_rows]
-    row = stats(unit.unit_id, unit.rows, len(ok)).model_copy(update=dict(
-        started_at=entered, wall_seconds=committed - entered, engine_seconds=committed - entered, generated_tokens=8 * len(ok),
-        cached_prompt_tokens=unit.rows // 4))
-    tables = {"outputs": pa.table({"id": ok}),
-              "errors": pa.table({"id": bad, "error_kind": ["empty_prompt"] * len(bad)})}
+    row = stats(unit.unit_id, unit.rows, len(ok)).model_copy(
+        update=dict(
+            started_at=entered,
+            wall_seconds=committed - entered,
+            engine_seconds=committed - entered,
+            generated_tokens=8 * len(ok),
+            cached_prompt_tokens=unit.rows // 4,
+        )
+    )
+    tables = {
+        "outputs": pa.table({"id": ok}),
+        "errors": pa.table({"id": bad, "error_kind": ["empty_prompt"] * len(bad)}),
+    }
     marker = location.commit(unit.unit_id, tables, row)
     os.utime(location.path("_commits", f"{unit.unit_id}.json"), (committed, committed))
     return marker.stats.model_dump()
@@ -383,8 +441,10 @@ def test_a_running_job_counts_its_commit_markers_while_the_stats_file_lags(tmp_p
     now = time.time()
     location, units = running_job(tmp_path, started=now - 600)
     assert [u.rows for u in units] == [16, 16, 8, 16, 8]
-    heard = [commit(location, u, now - 500 + 20 * i, now - 480 + 20 * i, bad_rows=1 if i == 3 else 0)
-             for i, u in enumerate(units[:4])]
+    heard = [
+        commit(location, u, now - 500 + 20 * i, now - 480 + 20 * i, bad_rows=1 if i == 3 else 0)
+        for i, u in enumerate(units[:4])
+    ]
     r = job_status(Storage(), location.uri)
     assert (r.counts_from, r.driver, r.units_committed, r.units_planned, r.rows_done) == ("commits", "alive", 4, 5, 56)
     assert (r.output_rows, r.error_rows, r.markers_read, r.stats_as_of) == (55, 1, 4, None)  # no stats file yet
@@ -417,8 +477,10 @@ def test_the_last_commit_age_and_a_pace_over_a_window_of_units(tmp_path, capsys)
     commit(location, units[2], now - 980, now - 970)  # a third unit of 8 rows: 16 + 8 rows in 20 s of generation
     r = job_status(Storage(), location.uri)
     assert r.rows_per_second == pytest.approx(24 / 20) and r.units_before_pace == 0
-    assert r.warnings == [f"no unit has committed for 16 min, {r.last_commit_age_seconds / 10:.0f} times the usual 10 s "
-                          "between this attempt's commits"]
+    assert r.warnings == [
+        f"no unit has committed for 16 min, {r.last_commit_age_seconds / 10:.0f} times the usual 10 s "
+        "between this attempt's commits"
+    ]
     assert r.eta_seconds is None and "no ETA while no unit commits" in r.notes  # a pace that stopped dates nothing
     text = status_text(capsys, location.uri)
     assert f"WARNING: {r.warnings[0]}" in text and "ETA:       " not in text
@@ -433,18 +495,35 @@ def test_the_last_commit_age_and_a_pace_over_a_window_of_units(tmp_path, capsys)
     assert "ETA:       20 s (about " in text and "rows/s over the last 2 units committed" in text
 
 
-def write_progress(location: OutputLocation, now: float, written_ago: float, attempt: int = 1, quiet: float = 200) -> None:
+def write_progress(
+    location: OutputLocation, now: float, written_ago: float, attempt: int = 1, quiet: float = 200
+) -> None:
     """_progress.json as the driver writes it: replica a holds 48 requests and last yielded `quiet`
     seconds ago; b generates; c holds nothing."""
     from schemas import JobProgress, ReplicaProgress
 
     replicas = [
-        ReplicaProgress(actor_id="a1" * 16, node_id="n1" * 20, requests_in_flight=48, last_output_at=now - quiet, reported_at=now - 2),
-        ReplicaProgress(actor_id="b2" * 16, node_id="n2" * 20, requests_in_flight=16, last_output_at=now - 1, reported_at=now - 1),
-        ReplicaProgress(actor_id="c3" * 16, node_id="n1" * 20, requests_in_flight=0, last_output_at=now - 900, reported_at=now - 3),
+        ReplicaProgress(
+            actor_id="a1" * 16,
+            node_id="n1" * 20,
+            requests_in_flight=48,
+            last_output_at=now - quiet,
+            reported_at=now - 2,
+        ),
+        ReplicaProgress(
+            actor_id="b2" * 16, node_id="n2" * 20, requests_in_flight=16, last_output_at=now - 1, reported_at=now - 1
+        ),
+        ReplicaProgress(
+            actor_id="c3" * 16, node_id="n1" * 20, requests_in_flight=0, last_output_at=now - 900, reported_at=now - 3
+        ),
     ]
-    progress = JobProgress(attempt=attempt, written_at=now - written_ago, generating_since=now - 1000,
-                           last_commit_at=now - 500, replicas=replicas)
+    progress = JobProgress(
+        attempt=attempt,
+        written_at=now - written_ago,
+        generating_since=now - 1000,
+        last_commit_at=now - 500,
+        replicas=replicas,
+    )
     location.write_progress(progress.model_dump(mode="json"))
 
 
@@ -457,18 +536,25 @@ def test_an_engine_that_holds_requests_and_yields_nothing_is_named(tmp_path, cap
     assert [(e.actor_id, e.requests_in_flight) for e in r.engines_without_progress] == [("a1" * 16, 48)]
     assert r.engines_without_progress[0].seconds_without_output == pytest.approx(200, abs=5)
     assert r.progress_written_at == dt_iso(now - 4)
-    assert r.warnings == ["engine replica a1a1a1a1 on node n1n1n1n1 holds 48 requests and has yielded no token for 3 min "
-                          f"(at retries.engine_stall_seconds, {STALL_LIMIT:.0f} s, it is taken for hung and replaced)"]
+    assert r.warnings == [
+        "engine replica a1a1a1a1 on node n1n1n1n1 holds 48 requests and has yielded no token for 3 min "
+        f"(at retries.engine_stall_seconds, {STALL_LIMIT:.0f} s, it is taken for hung and replaced)"
+    ]
     text = status_text(capsys, location.uri)
     assert f"WARNING: {r.warnings[0]}" in text
     # 3 replicas of 2 slots: the pace needs 7 units, 4 are left, all in the engines
-    assert "ETA:       none: the last 4 units are running (the pace is measured over 6 units, one per engine slot)" in text
+    assert (
+        "ETA:       none: the last 4 units are running (the pace is measured over 6 units, one per engine slot)" in text
+    )
 
-    write_progress(location, now, written_ago=4, quiet=400)  # past the limit: the actor that should replace it is stuck too
+    write_progress(
+        location, now, written_ago=4, quiet=400
+    )  # past the limit: the actor that should replace it is stuck too
     assert job_status(Storage(), location.uri).warnings == [
         "engine replica a1a1a1a1 on node n1n1n1n1 holds 48 requests and has yielded no token for 7 min: past "
         f"retries.engine_stall_seconds ({STALL_LIMIT:.0f} s), the least its actor waits before it replaces a hung engine (20 "
-        "times the engine's slowest step, if longer); else the actor is stuck too"]
+        "times the engine's slowest step, if longer); else the actor is stuck too"
+    ]
 
     write_progress(location, now, written_ago=4, attempt=0)  # an earlier attempt's: says nothing of this one
     r = job_status(Storage(), location.uri)
@@ -484,8 +570,10 @@ def test_a_driver_that_stopped_writing_its_progress_is_said_to(tmp_path, capsys)
     write_progress(location, now, written_ago=300)
     r = job_status(Storage(), location.uri)
     assert r.engines_without_progress == [] and r.driver == "alive"
-    assert r.warnings == ["the driver last wrote _progress.json 5 min ago (it rewrites it every 10 s while it generates): "
-                          "it is not generating now, or it is stuck; what its engines do is not known"]
+    assert r.warnings == [
+        "the driver last wrote _progress.json 5 min ago (it rewrites it every 10 s while it generates): "
+        "it is not generating now, or it is stuck; what its engines do is not known"
+    ]
     assert f"WARNING: {r.warnings[0]}" in status_text(capsys, location.uri)
 
 
@@ -504,9 +592,19 @@ def test_a_running_job_on_s3_is_one_listing_of_its_markers(s3_endpoint, tmp_path
     monkeypatch.setattr(s3fs.S3FileSystem, "call_s3", sync_wrapper(s3fs.S3FileSystem._call_s3))
     r = job_status(Storage(endpoint_url=s3_endpoint), f"s3://specbatch/running-{tmp_path.name}")
     assert (r.units_committed, r.rows_done, r.output_rows, r.markers_read) == (3, 40, 40, 2)
-    assert r.last_commit_age_seconds is not None and r.last_commit_age_seconds < 600  # the upload's time, the store's clock
+    assert (
+        r.last_commit_age_seconds is not None and r.last_commit_age_seconds < 600
+    )  # the upload's time, the store's clock
     keys = sorted((method, key.split(tmp_path.name + "/", 1)[-1]) for method, key in calls)
     markers = sorted(("get_object", f"_commits/{u.unit_id}.json") for u in units[1:3])
-    assert keys == sorted([("get_object", "_job.json"), ("get_object", "_lease.json"), ("list_objects_v2", "_commits/"),
-                           ("list_objects_v2", "stats/"), ("get_object", "stats/attempt-0001.parquet"), *markers,
-                           ("get_object", "_progress.json")]), keys
+    assert keys == sorted(
+        [
+            ("get_object", "_job.json"),
+            ("get_object", "_lease.json"),
+            ("list_objects_v2", "_commits/"),
+            ("list_objects_v2", "stats/"),
+            ("get_object", "stats/attempt-0001.parquet"),
+            *markers,
+            ("get_object", "_progress.json"),
+        ]
+    ), keys

@@ -53,10 +53,14 @@ class MotoProcess:
         import boto3
         from botocore.config import Config
 
-        self.proc = subprocess.Popen([MOTO_SERVER, "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = boto3.client("s3", endpoint_url=self.endpoint,
-                              config=Config(connect_timeout=1, read_timeout=5, retries={"total_max_attempts": 1}))
+        self.proc = subprocess.Popen(
+            [MOTO_SERVER, "-H", "127.0.0.1", "-p", str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            config=Config(connect_timeout=1, read_timeout=5, retries={"total_max_attempts": 1}),
+        )
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -115,7 +119,9 @@ def in_thread(call) -> tuple[threading.Thread, dict]:
     return thread, outcome
 
 
-def test_a_store_frozen_for_good_fails_each_call_within_its_bound_naming_the_store_the_operation_and_the_key(moto_process):
+def test_a_store_frozen_for_good_fails_each_call_within_its_bound_naming_the_store_the_operation_and_the_key(
+    moto_process,
+):
     """The first call waits out the window (a PUT of a 1 MiB part: S3's `Expect: 100-continue`
     waits with no socket timer, so only the call's own deadline ends each attempt; before it, one
     such call never returned); the next call, with the store already given up on, ends after
@@ -129,16 +135,25 @@ def test_a_store_frozen_for_good_fails_each_call_within_its_bound_naming_the_sto
         storage.write_bytes(f"s3://{BUCKET}/frozen/outputs/u2.parquet", part)
     assert time.monotonic() - began <= outage + call_deadline(timeout, len(part)) + SLACK
     assert (down.value.store, down.value.operation, down.value.key) == (
-        f"the S3 endpoint {moto_process.endpoint}", "write", f"s3://{BUCKET}/frozen/outputs/u2.parquet")
-    assert f"over storage.outage_seconds ({outage:g}s)" in str(down.value) and "rerun the same command" in str(down.value)
+        f"the S3 endpoint {moto_process.endpoint}",
+        "write",
+        f"s3://{BUCKET}/frozen/outputs/u2.parquet",
+    )
+    assert f"over storage.outage_seconds ({outage:g}s)" in str(down.value) and "rerun the same command" in str(
+        down.value
+    )
 
     began = time.monotonic()
-    with pytest.raises(StorageUnavailable, match=rf"the S3 endpoint {moto_process.endpoint} has not answered .* 'read' of {marker}"):
+    with pytest.raises(
+        StorageUnavailable, match=rf"the S3 endpoint {moto_process.endpoint} has not answered .* 'read' of {marker}"
+    ):
         storage.read_json(marker)
     assert time.monotonic() - began <= call_deadline(timeout) + SLACK
 
 
-def test_a_commit_and_a_conditional_write_while_the_store_is_frozen_for_less_than_the_window_land_once(moto_process, caplog):
+def test_a_commit_and_a_conditional_write_while_the_store_is_frozen_for_less_than_the_window_land_once(
+    moto_process, caplog
+):
     """A unit's commit (its files, then its marker: plain PUTs, the same bytes again when retried)
     and a create-if-absent write (the lease's and the manifest's kind) both wait for a frozen
     store; once it answers they land, once each, and nothing else is left."""
@@ -156,7 +171,9 @@ def test_a_commit_and_a_conditional_write_while_the_store_is_frozen_for_less_tha
 
     assert location.committed_units() == {"u1"} and visible_ids(location) == Counter(ids)
     marker = committed["result"]
-    assert sorted(files(location)) == sorted(location.path(f) for f in marker.files.values())  # one file each, no duplicate
+    assert sorted(files(location)) == sorted(
+        location.path(f) for f in marker.files.values()
+    )  # one file each, no duplicate
     assert storage.read_versioned(manifest) == (b'{"status": "running"}\n', created["result"])
 
 
@@ -242,7 +259,9 @@ class JobOutput(threading.Thread):
         return "\n".join(line for _, line in self.lines[-60:])
 
 
-def wait_for_units(location: OutputLocation, n: int, job: subprocess.Popen, output: JobOutput, timeout: float = 300) -> None:
+def wait_for_units(
+    location: OutputLocation, n: int, job: subprocess.Popen, output: JobOutput, timeout: float = 300
+) -> None:
     deadline = time.time() + timeout
     while len(location.committed_units()) < n:
         assert job.poll() is None, output.tail()
@@ -251,7 +270,9 @@ def wait_for_units(location: OutputLocation, n: int, job: subprocess.Popen, outp
 
 
 @pytest.mark.engine
-def test_a_job_on_s3_rides_out_a_short_freeze_fails_named_on_a_long_one_and_a_rerun_finishes_it(tmp_path, moto_process, random_kit):
+def test_a_job_on_s3_rides_out_a_short_freeze_fails_named_on_a_long_one_and_a_rerun_finishes_it(
+    tmp_path, moto_process, random_kit
+):
     """The S3 server frozen for half the outage window mid-job: the job goes on (its calls
     waited: the driver said so), and commits again. Frozen again for good: the attempt fails
     within the window and a few calls' deadlines, exit 1, one line naming the store, the
@@ -264,12 +285,17 @@ def test_a_job_on_s3_rides_out_a_short_freeze_fails_named_on_a_long_one_and_a_re
     endpoint = moto_process.endpoint
     ids = [f"s3-{i:03d}" for i in range(rows)]
     fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint})
-    write_prompts(f"{BUCKET}/job/in/a.parquet", {"id": ids, "prompt": [f"def f{i}(x):" for i in range(rows)]}, filesystem=fs)
+    write_prompts(
+        f"{BUCKET}/job/in/a.parquet", {"id": ids, "prompt": [f"def f{i}(x):" for i in range(rows)]}, filesystem=fs
+    )
     config = job_config(
-        f"s3://{BUCKET}/job/in/", f"s3://{BUCKET}/job/out/", random_kit,
+        f"s3://{BUCKET}/job/in/",
+        f"s3://{BUCKET}/job/out/",
+        random_kit,
         storage={"endpoint_url": endpoint, "outage_seconds": outage, "request_timeout_seconds": timeout},
         lease={"heartbeat_seconds": 2.0, "stale_after_seconds": 60.0},
-        sampling={"max_tokens": 16}, resources={"rows_per_unit": 8, "units_in_flight": 2},
+        sampling={"max_tokens": 16},
+        resources={"rows_per_unit": 8, "units_in_flight": 2},
     )
     config_path = tmp_path / "job.yaml"
     config_path.write_text(yaml.safe_dump(config))
@@ -295,14 +321,19 @@ def test_a_job_on_s3_rides_out_a_short_freeze_fails_named_on_a_long_one_and_a_re
     gave_up_at, first = output.first("storage unavailable: ") or (None, output.tail())
     failure = output.first("specbatch: job failed: storage unavailable: ")
     assert job.returncode == 1 and gave_up_at is not None and failure is not None, output.tail()
-    named = re.search(rf"the S3 endpoint {endpoint} has not answered for \d+s, over storage.outage_seconds \(12s\); "
-                      rf"gave up on '(\w+)' of (s3://{BUCKET}/job/\S+) ", failure[1])
+    named = re.search(
+        rf"the S3 endpoint {endpoint} has not answered for \d+s, over storage.outage_seconds \(12s\); "
+        rf"gave up on '(\w+)' of (s3://{BUCKET}/job/\S+) ",
+        failure[1],
+    )
     assert named and "rerun the same command" in failure[1], failure[1]
     gave_up_after = gave_up_at - frozen_at  # the heartbeat's renewal began within a beat of the freeze
     assert gave_up_after <= config["lease"]["heartbeat_seconds"] + outage + call_deadline(timeout) + 5 * SLACK, first
     assert_none_left(job)  # no engine or Ray worker of the failed attempt outlives it
-    print(f"store frozen for good: the driver gave up on it {gave_up_after:.1f} s after the freeze, the attempt "
-          f"ended {ended_after:.1f} s after it (exit 1, '{named[1]}' of {named[2]})")
+    print(
+        f"store frozen for good: the driver gave up on it {gave_up_after:.1f} s after the freeze, the attempt "
+        f"ended {ended_after:.1f} s after it (exit 1, '{named[1]}' of {named[2]})"
+    )
 
     moto_process.thaw()
     thawed_at = time.time()
@@ -312,5 +343,7 @@ def test_a_job_on_s3_rides_out_a_short_freeze_fails_named_on_a_long_one_and_a_re
     assert_exactly_once(location, ids)
     manifest = location.read_manifest()
     assert [a["status"] for a in manifest["attempts"]][-1] == "succeeded" and len(manifest["attempts"]) == 2
-    print(f"thawed {thawed_at - frozen_at:.1f} s after the freeze; the rerun finished the job {time.time() - thawed_at:.1f} s "
-          f"later ({time.time() - frozen_at:.1f} s after the freeze)")
+    print(
+        f"thawed {thawed_at - frozen_at:.1f} s after the freeze; the rerun finished the job {time.time() - thawed_at:.1f} s "
+        f"later ({time.time() - frozen_at:.1f} s after the freeze)"
+    )

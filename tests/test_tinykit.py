@@ -1,5 +1,6 @@
 """The tiny model kit (issue 3): layout, target fingerprints, the training-side drafter
 against vLLM's drafter module, and the committed kit in vLLM's engine. No training here."""
+
 from __future__ import annotations
 
 import json
@@ -57,7 +58,9 @@ def test_random_kit_builds_in_vllm_layout(random_kits):
     assert w["lm_head.weight"].shape == (dcfg["draft_vocab_size"], 256)
     e3 = _cfg(random_kits["eagle3"]["drafter"])
     assert e3["fc_norm"] is False and e3["norm_output"] is False
-    assert not any(k.startswith("fc_norm") for k in load_file(str(Path(random_kits["eagle3"]["drafter"]) / "model.safetensors")))
+    assert not any(
+        k.startswith("fc_norm") for k in load_file(str(Path(random_kits["eagle3"]["drafter"]) / "model.safetensors"))
+    )
 
 
 def test_zero_lm_head_kit_always_picks_an_ordinary_token_0(random_kits):
@@ -76,8 +79,9 @@ def test_random_kit_is_deterministic(random_kits, tmp_path):
         a = load_file(str(Path(random_kits["plain"][k]) / "model.safetensors"))
         b = load_file(str(Path(again[k]) / "model.safetensors"))
         assert all(torch.equal(a[n], b[n]) for n in a)
-    assert (Path(again["target"]) / "tokenizer.json").read_bytes() == \
-        (Path(random_kits["plain"]["target"]) / "tokenizer.json").read_bytes()
+    assert (Path(again["target"]) / "tokenizer.json").read_bytes() == (
+        Path(random_kits["plain"]["target"]) / "tokenizer.json"
+    ).read_bytes()
 
 
 # ------------------------------------------------------------------ fingerprint
@@ -90,8 +94,13 @@ def test_fingerprint_covers_architecture_and_vocab(random_kits, tmp_path):
     assert target_config_fingerprint(cfg) != fp  # a bare dict has no tokenizer vocab
     # the same architecture with another seed has the same fingerprint (weights are not in it)
     assert target_config_fingerprint(random_kits["eagle3"]["target"]) == fp
-    for key, val in (("num_hidden_layers", 5), ("hidden_size", 512), ("vocab_size", 4096),
-                     ("intermediate_size", 1024), ("num_key_value_heads", 4)):
+    for key, val in (
+        ("num_hidden_layers", 5),
+        ("hidden_size", 512),
+        ("vocab_size", 4096),
+        ("intermediate_size", 1024),
+        ("num_key_value_heads", 4),
+    ):
         assert target_config_fingerprint({**cfg, key: val}) != target_config_fingerprint(cfg), key
     # rope given the old way (rope_theta) or the new way (rope_parameters) is the same rope
     old = {k: v for k, v in cfg.items() if k != "rope_parameters"}
@@ -146,8 +155,10 @@ def test_the_recipe_hash_follows_training_code_not_its_prose(tmp_path):
     prose = tmp_path / "prose" / "build.py"
     prose.parent.mkdir()
     prose.write_text(
-        source.replace('"""Build the whole tiny model kit', '"""Build, deterministically, the whole tiny model kit')
-        .replace(r"example:\n", r"examples:\n") + "\n# a comment\n"
+        source.replace(
+            '"""Build the whole tiny model kit', '"""Build, deterministically, the whole tiny model kit'
+        ).replace(r"example:\n", r"examples:\n")
+        + "\n# a comment\n"
     )
     code = tmp_path / "code" / "build.py"
     code.parent.mkdir()
@@ -184,12 +195,17 @@ def test_mismatched_drafter_records_another_target():
 
 # ------------------------------------------------------------------ mirror of vLLM's drafter
 def _mirror(target, *drafters) -> dict:
-    out = subprocess.run([sys.executable, "-m", "tinykit.mirror_check", target, *drafters],
-                         cwd=REPO, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    out = subprocess.run(
+        [sys.executable, "-m", "tinykit.mirror_check", target, *drafters],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("MIRROR_CHECK ")]
     assert line, out.stderr[-3000:]
-    return json.loads(line[0][len("MIRROR_CHECK "):])
+    return json.loads(line[0][len("MIRROR_CHECK ") :])
 
 
 def test_training_drafter_mirrors_vllm_drafter_module():
@@ -217,9 +233,18 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def engine31():
     from vllm import LLM
-    llm = LLM(model=PATHS["target"], enforce_eager=True, dtype="float32", max_model_len=512, seed=0, kv_cache_memory_bytes=2**28,
-              speculative_config={"method": "eagle3", "model": PATHS["drafter_eagle31"], "num_speculative_tokens": 3},
-              per_request_spec_decode_metrics="detailed", disable_log_stats=False)
+
+    llm = LLM(
+        model=PATHS["target"],
+        enforce_eager=True,
+        dtype="float32",
+        max_model_len=512,
+        seed=0,
+        kv_cache_memory_bytes=2**28,
+        speculative_config={"method": "eagle3", "model": PATHS["drafter_eagle31"], "num_speculative_tokens": 3},
+        per_request_spec_decode_metrics="detailed",
+        disable_log_stats=False,
+    )
     yield llm
     core = getattr(llm.llm_engine, "engine_core", None)
     if core is not None and hasattr(core, "shutdown"):
@@ -239,14 +264,17 @@ def test_vllm_acceptance_equals_offline_simulation(engine31):
 
     tok = AutoTokenizer.from_pretrained(PATHS["target"])
     prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
-    outs = engine31.generate([{"prompt_token_ids": p} for p in prompts],
-                             SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), use_tqdm=False)
+    outs = engine31.generate(
+        [{"prompt_token_ids": p} for p in prompts],
+        SamplingParams(temperature=0, max_tokens=32, ignore_eos=True),
+        use_tqdm=False,
+    )
     target, drafter = load_target(PATHS["target"]), load_drafter(PATHS["drafter_eagle31"])
     accepted = drafts = 0
     for p, o in zip(prompts, outs):
         sim = simulate(target, drafter, p, 32, 3)
         m = o.outputs[0].spec_decode_metrics
-        assert list(o.outputs[0].token_ids) == sim["output"]            # lossless vs HF greedy
-        assert list(m.per_step_accepted) == sim["per_step_accepted"]    # drafter mirrors vLLM's
+        assert list(o.outputs[0].token_ids) == sim["output"]  # lossless vs HF greedy
+        assert list(m.per_step_accepted) == sim["per_step_accepted"]  # drafter mirrors vLLM's
         accepted, drafts = accepted + sum(m.per_step_accepted), drafts + len(m.per_step_accepted)
     assert 1 + accepted / drafts >= 2.5  # a trained drafter, not a random one

@@ -34,13 +34,31 @@ def unit(n: int, speculative: bool, arm=None, accepted_per_pass: int = 3, by_gua
     accepted = drafts * accepted_per_pass
     generated = COMPLETIONS * (1 + PASSES * (1 + accepted_per_pass)) if speculative else COMPLETIONS * TOKENS
     return UnitStats(
-        unit_id=f"u{n}", source="s", first_row=n * COMPLETIONS, actor_id="a", node_id="n", rows=COMPLETIONS,
-        output_rows=COMPLETIONS, error_rows=0, samples=COMPLETIONS, prompt_tokens=640, generated_tokens=generated,
-        started_at=float(n), wall_seconds=1.0, engine_seconds=1.0, tokens_per_second=float(generated),
-        speculative=speculative, num_speculative_tokens=3 if speculative else 0, num_drafts=drafts,
-        draft_tokens=3 * drafts, accepted_tokens=accepted, acceptance_rate=None, mean_acceptance_length=None,
+        unit_id=f"u{n}",
+        source="s",
+        first_row=n * COMPLETIONS,
+        actor_id="a",
+        node_id="n",
+        rows=COMPLETIONS,
+        output_rows=COMPLETIONS,
+        error_rows=0,
+        samples=COMPLETIONS,
+        prompt_tokens=640,
+        generated_tokens=generated,
+        started_at=float(n),
+        wall_seconds=1.0,
+        engine_seconds=1.0,
+        tokens_per_second=float(generated),
+        speculative=speculative,
+        num_speculative_tokens=3 if speculative else 0,
+        num_drafts=drafts,
+        draft_tokens=3 * drafts,
+        accepted_tokens=accepted,
+        acceptance_rate=None,
+        mean_acceptance_length=None,
         accepted_per_position=[drafts if accepted_per_pass > i else 0 for i in range(3)] if speculative else [],
-        speculation_disabled_by_guard=by_guard, trial_arm=arm,
+        speculation_disabled_by_guard=by_guard,
+        trial_arm=arm,
     ).model_dump()
 
 
@@ -48,13 +66,21 @@ def stats_of(units: list[dict]) -> pa.Table:
     return pa.Table.from_pylist(units, schema=arrow_schema(UnitStats))
 
 
-MIXED = ([unit(0, True, "on"), unit(1, True, "on"), unit(2, False, "off"), unit(3, False, "off")]
-         + [unit(n, False) for n in range(4, 8)])
+MIXED = [unit(0, True, "on"), unit(1, True, "on"), unit(2, False, "off"), unit(3, False, "off")] + [
+    unit(n, False) for n in range(4, 8)
+]
 
 
 def arm(setting: str, tokens_per_second: float) -> TrialArm:
-    return TrialArm(setting=setting, units=2, rows=128, generated_tokens=4096, seconds=4096 / tokens_per_second,
-                    tokens_per_second=tokens_per_second, unit_tokens_per_second=[tokens_per_second] * 2)
+    return TrialArm(
+        setting=setting,
+        units=2,
+        rows=128,
+        generated_tokens=4096,
+        seconds=4096 / tokens_per_second,
+        tokens_per_second=tokens_per_second,
+        unit_tokens_per_second=[tokens_per_second] * 2,
+    )
 
 
 def test_acceptance_and_tokens_per_pass_count_only_the_units_that_speculated():
@@ -62,8 +88,13 @@ def test_acceptance_and_tokens_per_pass_count_only_the_units_that_speculated():
     assert totals.units == 8 and totals.generated_tokens == 8 * COMPLETIONS * TOKENS  # every unit's tokens
     assert totals.num_drafts == 2 * COMPLETIONS * PASSES and totals.acceptance_rate == 1.0
     assert totals.mean_acceptance_length == 4.0 and totals.tokens_per_target_pass == 4.0
-    line = next(line for line in summary(JobManifest.model_construct(job_id="j", status="succeeded", totals=totals,
-                                                                     attempts=[], probe=None)) if "drafts" in line)
+    line = next(
+        line
+        for line in summary(
+            JobManifest.model_construct(job_id="j", status="succeeded", totals=totals, attempts=[], probe=None)
+        )
+        if "drafts" in line
+    )
     assert "mean acceptance length 4.00, 4.00 tokens per target pass" in line
     assert totals_from_stats(stats_of(MIXED[2:]), 384, 10.0).tokens_per_target_pass is None  # nothing speculated
 
@@ -96,7 +127,9 @@ def test_a_trial_that_measured_speculation_slower_is_the_named_reason():
     slower = decide(config, arm("k=3", 660.0), arm("off", 1000.0), 100_000, 1, 20.0)
     verdict = speculation_verdict(config, totals, [], None, slower)
     assert verdict.cost_more_than_saved is True and not verdict.below_floor
-    assert verdict.flags == [f"the speculation trial measured it slower than off: it cost more than it saved ({slower.reason})"]
+    assert verdict.flags == [
+        f"the speculation trial measured it slower than off: it cost more than it saved ({slower.reason})"
+    ]
     assert "0.66x of off" in verdict.flags[0]
 
 
@@ -109,20 +142,32 @@ def test_acceptance_below_the_floor_decides_only_what_nothing_measured():
     assert totals.mean_acceptance_length == 1.0 and totals.tokens_per_target_pass == 1.0
     unmeasured = speculation_verdict(config, totals, [])
     assert unmeasured.below_floor and unmeasured.cost_more_than_saved is True
-    assert unmeasured.flags[0].startswith("mean acceptance length 1.00 over the units that speculated is below the floor 1.3: "
-                                          "speculation cost more than it saved")
+    assert unmeasured.flags[0].startswith(
+        "mean acceptance length 1.00 over the units that speculated is below the floor 1.3: "
+        "speculation cost more than it saved"
+    )
     kept = decide(config, arm("k=3", 1200.0), arm("off", 1000.0), 100_000, 1, 20.0)
     measured = speculation_verdict(config, totals, [], None, kept)
     assert measured.below_floor and measured.cost_more_than_saved is False
-    assert len(measured.flags) == 1 and "below the floor 1.3" in measured.flags[0] and "cost more" not in measured.flags[0]
+    assert (
+        len(measured.flags) == 1 and "below the floor 1.3" in measured.flags[0] and "cost more" not in measured.flags[0]
+    )
 
 
 def test_units_after_the_guard_turned_speculation_off_do_not_count_and_the_guard_is_named():
     config = config_with(trial={"units": 2})
     units = [unit(0, True), unit(1, True)] + [unit(n, False, by_guard=True) for n in range(2, 8)]
     totals = totals_from_stats(stats_of(units), input_rows=512, wall_seconds=10.0)
-    event = GuardEvent(time="t", attempt=1, action="disable-speculation", metric="mean_acceptance_length", value=1.1,
-                       floor=1.3, unit_ids=["u0", "u1"], message="mean acceptance length 1.100 over the last 2 units ...")
+    event = GuardEvent(
+        time="t",
+        attempt=1,
+        action="disable-speculation",
+        metric="mean_acceptance_length",
+        value=1.1,
+        floor=1.3,
+        unit_ids=["u0", "u1"],
+        message="mean acceptance length 1.100 over the last 2 units ...",
+    )
     verdict = speculation_verdict(config, totals, [event])
     assert verdict.tokens_per_target_pass == 4.0 and not verdict.below_floor
     assert verdict.flags == [f"the acceptance guard acted (disable-speculation): {event.message}"]
@@ -134,10 +179,17 @@ def test_the_report_counts_the_same_units_as_the_verdict():
     totals = totals_from_stats(stats_of(MIXED), input_rows=512, wall_seconds=10.0)
     within = decide(config, arm("k=3", 1037.0), arm("off", 1000.0), 100_000, 1, 20.0)
     manifest = JobManifest(
-        job_id="j", status="succeeded", started_at="t", config=config.model_dump(mode="json"),
+        job_id="j",
+        status="succeeded",
+        started_at="t",
+        config=config.model_dump(mode="json"),
         versions={"specbatch": "t", "vllm": None, "ray": "t", "torch": None, "python": "3"},
-        model={"path": "/m/t", "config_sha256": "a" * 64, "architectures": []}, accelerator="cpu", input_files=[],
-        totals=totals, trial=within, speculation=speculation_verdict(config, totals, [], None, within),
+        model={"path": "/m/t", "config_sha256": "a" * 64, "architectures": []},
+        accelerator="cpu",
+        input_files=[],
+        totals=totals,
+        trial=within,
+        speculation=speculation_verdict(config, totals, [], None, within),
     )
     figures = job_figures(JobData(uri="/tmp/out", manifest=manifest, stats=MIXED), Prices(cpu={"cpu": 1.0}))
     assert figures.tokens_per_target_pass == pytest.approx(4.0) and figures.mean_acceptance_length == 4.0

@@ -23,32 +23,61 @@ KIT = {"target": "/models/target", "drafter": "/models/drafter"}
 
 
 def attempt_at(tmp_path, unit_stats: dict | None = None, **retries) -> SimpleNamespace:
-    config = parse_config(job_config(str(tmp_path / "in"), str(tmp_path / "out"), KIT,
-                                     retries={"stall_minutes": 0.5, "max_engine_failures": 2, **retries}))
+    config = parse_config(
+        job_config(
+            str(tmp_path / "in"),
+            str(tmp_path / "out"),
+            KIT,
+            retries={"stall_minutes": 0.5, "max_engine_failures": 2, **retries},
+        )
+    )
     return SimpleNamespace(
-        config=config, manifest=SimpleNamespace(job_id="job-1"), record=SimpleNamespace(number=3),
-        started=time.time() - 120, unit_stats=unit_stats or {}, location=OutputLocation(Storage(), config.output_uri),
+        config=config,
+        manifest=SimpleNamespace(job_id="job-1"),
+        record=SimpleNamespace(number=3),
+        started=time.time() - 120,
+        unit_stats=unit_stats or {},
+        location=OutputLocation(Storage(), config.output_uri),
     )
 
 
 def units(*ids: str) -> list[WorkUnit]:
-    return [WorkUnit(unit_id=i, source="in/a.parquet", size=1000, first_row=0, rows=8, text_column="prompt") for i in ids]
+    return [
+        WorkUnit(unit_id=i, source="in/a.parquet", size=1000, first_row=0, rows=8, text_column="prompt") for i in ids
+    ]
 
 
 def report(board, actor: str, requests: int, last_output_ago: float, reported_ago: float = 1.0) -> None:
     import ray
 
     now = time.time()
-    ray.get(board.report_progress.remote({"actor_id": actor, "node_id": "node-" + actor, "requests_in_flight": requests,
-                                          "last_output_at": now - last_output_ago, "reported_at": now - reported_ago}))
+    ray.get(
+        board.report_progress.remote(
+            {
+                "actor_id": actor,
+                "node_id": "node-" + actor,
+                "requests_in_flight": requests,
+                "last_output_at": now - last_output_ago,
+                "reported_at": now - reported_ago,
+            }
+        )
+    )
 
 
 def hang(location: OutputLocation, actor: str) -> None:
-    location.record_engine_death({
-        "time": "2026-12-06T00:00:00+00:00", "actor_id": actor, "node_id": "node-1", "error": "EngineHung: no step",
-        "units": ["u1"], "kind": "hung", "rows_in_flight": {"u1": [0, 1]}, "seconds_without_progress": 9.0,
-        "stall_limit_seconds": 8.0,
-    })
+    location.record_engine_death(
+        {
+            "time": "2026-12-06T00:00:00+00:00",
+            "actor_id": actor,
+            "node_id": "node-1",
+            "error": "EngineHung: no step",
+            "units": ["u1"],
+            "kind": "hung",
+            "rows_in_flight": {"u1": [0, 1]},
+            "seconds_without_progress": 9.0,
+            "stall_limit_seconds": 8.0,
+        }
+    )
 
 
 def test_no_commit_and_no_engine_generating_is_a_stall_naming_what_it_waited_for(tmp_path, ray_local):
@@ -61,7 +90,9 @@ def test_no_commit_and_no_engine_generating_is_a_stall_naming_what_it_waited_for
     stalled = look(31.0)
     assert isinstance(stalled, JobStalled)
     message = str(stalled)
-    assert message.startswith("no unit committed for 0.5 minutes (retries.stall_minutes = 0.5) and no engine is generating")
+    assert message.startswith(
+        "no unit committed for 0.5 minutes (retries.stall_minutes = 0.5) and no engine is generating"
+    )
     assert "waited for 2 units (u2, u3)" in message and "replica bbbbbbbb: 5 requests, last step 100 s ago" in message
     progress = JobProgress.model_validate(attempt.location.read_progress())  # what status reads
     assert progress.attempt == 3 and {r.actor_id for r in progress.replicas} == {"aaaaaaaa11", "bbbbbbbb22"}
@@ -87,9 +118,13 @@ def test_engine_failures_in_a_row_without_a_commit_trip_the_breaker(tmp_path, ra
     look = AttemptLooks(attempt, start_board([]), ClusterWatch(), units("u1"))
     hang(attempt.location, "aaaaaaaa11")
     assert look(60.0) is None  # one hang since the last commit, of 2 allowed
-    assert caplog.messages == ["engine replica aaaaaaaa on node node-1 hung: no step for 9.0 s (limit 8.0 s) with 2 rows "
-                               "of 1 units in it; its processes were killed and the engine is replaced, its units run again"]
-    committed_at = max(attempt.location.engine_death_files().values()) + 0.002  # then a unit commits: that hang no longer counts
+    assert caplog.messages == [
+        "engine replica aaaaaaaa on node node-1 hung: no step for 9.0 s (limit 8.0 s) with 2 rows "
+        "of 1 units in it; its processes were killed and the engine is replaced, its units run again"
+    ]
+    committed_at = (
+        max(attempt.location.engine_death_files().values()) + 0.002
+    )  # then a unit commits: that hang no longer counts
     while time.time() < committed_at + 0.002:  # the next hang's file time (to the ms) is after the commit
         pass
     hang(attempt.location, "aaaaaaaa11")
@@ -97,8 +132,10 @@ def test_engine_failures_in_a_row_without_a_commit_trip_the_breaker(tmp_path, ra
     hang(attempt.location, "bbbbbbbb22")
     failing = look(time.time() - committed_at)
     assert isinstance(failing, EnginesKeepFailing)
-    assert str(failing).startswith("the engines failed 2 times in a row with no unit committed between (2 hung, 0 died; "
-                                   "retries.max_engine_failures = 2); the last: engine replica bbbbbbbb on node node-1 hung")
+    assert str(failing).startswith(
+        "the engines failed 2 times in a row with no unit committed between (2 hung, 0 died; "
+        "retries.max_engine_failures = 2); the last: engine replica bbbbbbbb on node node-1 hung"
+    )
 
 
 def test_what_waits_for_resources_is_named_before_a_stall(tmp_path, ray_local):

@@ -6,6 +6,7 @@ its EAGLE-3.1 and plain EAGLE-3 drafters, and a mismatched drafter (issue 3).
 ``kit_paths()`` gives its model directories.
 Rebuild with ``python -m tinykit.build OUT`` (see build.py).
 """
+
 from __future__ import annotations
 
 import os

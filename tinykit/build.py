@@ -13,6 +13,7 @@
 
 The committed kit (models/tinykit/) was made by this command with the defaults.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,19 +41,37 @@ RECIPE = {
     "seed": 0,
     "store_dtype": "float16",
     "tokenizer": {"vocab_size": 2048},
-    "target": {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
-               "num_key_value_heads": 2, "intermediate_size": 768, "max_position_embeddings": 1024,
-               "train": {"steps": 300, "batch": 16, "seq": 256, "lr": 3e-3, "amp": "bfloat16"}},
+    "target": {
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 768,
+        "max_position_embeddings": 1024,
+        "train": {"steps": 300, "batch": 16, "seq": 256, "lr": 3e-3, "amp": "bfloat16"},
+    },
     "drafter_data": {"n": 1024, "prompt_len": 64, "gen_len": 128, "topk": 16},
-    "drafter": {"aux_layer_ids": [1, 2, 4], "draft_vocab_size": 1024,
-                "train": {"steps": 250, "batch": 16, "lr": 2e-3, "ttt_steps": 3, "step_decay": 0.8, "amp": "bfloat16"}},
+    "drafter": {
+        "aux_layer_ids": [1, 2, 4],
+        "draft_vocab_size": 1024,
+        "train": {"steps": 250, "batch": 16, "lr": 2e-3, "ttt_steps": 3, "step_decay": 0.8, "amp": "bfloat16"},
+    },
     "mismatched": {
-        "target": {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-                   "num_key_value_heads": 4, "intermediate_size": 512, "max_position_embeddings": 1024,
-                   "train": {"steps": 60, "batch": 16, "seq": 256, "lr": 3e-3, "amp": "bfloat16"}},
+        "target": {
+            "hidden_size": 256,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "intermediate_size": 512,
+            "max_position_embeddings": 1024,
+            "train": {"steps": 60, "batch": 16, "seq": 256, "lr": 3e-3, "amp": "bfloat16"},
+        },
         "drafter_data": {"n": 128, "prompt_len": 64, "gen_len": 64, "topk": 16},
-        "drafter": {"aux_layer_ids": [0, 1, 2], "draft_vocab_size": 1024,
-                    "train": {"steps": 60, "batch": 16, "lr": 2e-3, "ttt_steps": 2, "step_decay": 0.8, "amp": "bfloat16"}},
+        "drafter": {
+            "aux_layer_ids": [0, 1, 2],
+            "draft_vocab_size": 1024,
+            "train": {"steps": 60, "batch": 16, "lr": 2e-3, "ttt_steps": 2, "step_decay": 0.8, "amp": "bfloat16"},
+        },
     },
 }
 
@@ -94,8 +113,13 @@ def training_code(path: Path) -> str:
     tree.body = [node for node in tree.body if not (isinstance(node, ast.FunctionDef) and node.name == "main")]
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                and isinstance(body[0].value.value, str):
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
             node.body = body[1:] or [ast.Pass()]
     return ast.dump(tree)
 
@@ -107,12 +131,22 @@ def _target_cfg(spec: dict, tok):
 
 
 def _drafter(spec: dict, tcfg, eagle31: bool, seed: int, draft_ids: torch.Tensor) -> Eagle3Drafter:
-    c = DrafterConfig(hidden_size=tcfg.hidden_size, intermediate_size=768,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=tcfg.hidden_size // 4,
-                      rms_norm_eps=tcfg.rms_norm_eps, max_position_embeddings=tcfg.max_position_embeddings,
-                      vocab_size=tcfg.vocab_size, draft_vocab_size=spec["draft_vocab_size"],
-                      target_hidden_size=tcfg.hidden_size, aux_layer_ids=tuple(spec["aux_layer_ids"]),
-                      fc_norm=eagle31, norm_output=eagle31, norm_before_residual=False)
+    c = DrafterConfig(
+        hidden_size=tcfg.hidden_size,
+        intermediate_size=768,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=tcfg.hidden_size // 4,
+        rms_norm_eps=tcfg.rms_norm_eps,
+        max_position_embeddings=tcfg.max_position_embeddings,
+        vocab_size=tcfg.vocab_size,
+        draft_vocab_size=spec["draft_vocab_size"],
+        target_hidden_size=tcfg.hidden_size,
+        aux_layer_ids=tuple(spec["aux_layer_ids"]),
+        fc_norm=eagle31,
+        norm_output=eagle31,
+        norm_before_residual=False,
+    )
     torch.manual_seed(seed)
     d = Eagle3Drafter(c)
     d.set_draft_vocab(draft_ids)
@@ -137,8 +171,10 @@ def build(out_dir: str, recipe: dict, threads: int) -> dict:
     held = torch.tensor([t for ids in corpus.encode_files(tok, corpus.read_texts(held_files)) for t in ids])
     desc = corpus.corpus_description(files)
     rhash = recipe_hash(recipe, desc["sha256"])
-    log(f"corpus: {len(train_files)} train files ({stream.numel()} tokens), {len(held_files)} held out "
-        f"({held.numel()} tokens); recipe {rhash[:19]}")
+    log(
+        f"corpus: {len(train_files)} train files ({stream.numel()} tokens), {len(held_files)} held out "
+        f"({held.numel()} tokens); recipe {rhash[:19]}"
+    )
     write_tok = lambda d, mpe: corpus.save_tokenizer(tok, d, mpe)  # noqa: E731
 
     # 2. target
@@ -152,19 +188,32 @@ def build(out_dir: str, recipe: dict, threads: int) -> dict:
 
     # 3.-4. drafters: same data, same seed, with and without the EAGLE-3.1 switches
     dd = recipe["drafter_data"]
-    data = make_drafter_data(target, stream, n=dd["n"], prompt_len=dd["prompt_len"], gen_len=dd["gen_len"],
-                             aux_layer_ids=recipe["drafter"]["aux_layer_ids"], seed=seed + 1, topk=dd["topk"])
+    data = make_drafter_data(
+        target,
+        stream,
+        n=dd["n"],
+        prompt_len=dd["prompt_len"],
+        gen_len=dd["gen_len"],
+        aux_layer_ids=recipe["drafter"]["aux_layer_ids"],
+        seed=seed + 1,
+        topk=dd["topk"],
+    )
     draft_ids, coverage = choose_draft_vocab(data, stream, recipe["drafter"]["draft_vocab_size"])
     stats["draft_vocab_coverage_of_greedy_predictions"] = round(coverage, 5)
     for name, eagle31 in (("drafter-eagle31", True), ("drafter-eagle3", False)):
         t0 = time.time()
         d = _drafter(recipe["drafter"], tcfg, eagle31, seed + 2, draft_ids)
-        stats[name] = train_drafter(d, target.model.embed_tokens, data, seed=seed + 3,
-                                    **recipe["drafter"]["train"])
+        stats[name] = train_drafter(d, target.model.embed_tokens, data, seed=seed + 3, **recipe["drafter"]["train"])
         stats[name]["params"] = sum(p.numel() for p in d.parameters())
         round_weights_(d, layout.DTYPES[store])
-        layout.save_drafter(d, out / name, tdir, TARGET_NAME, store,
-                            extra={"trained": True, "recipe_hash": rhash, "ttt_steps": recipe["drafter"]["train"]["ttt_steps"]})
+        layout.save_drafter(
+            d,
+            out / name,
+            tdir,
+            TARGET_NAME,
+            store,
+            extra={"trained": True, "recipe_hash": rhash, "ttt_steps": recipe["drafter"]["train"]["ttt_steps"]},
+        )
         stats[name]["seconds"] = round(time.time() - t0, 1)
     del data
 
@@ -178,18 +227,35 @@ def build(out_dir: str, recipe: dict, threads: int) -> dict:
     odir = out / "other-target"
     layout.save_target(other, lambda d: write_tok(d, ocfg.max_position_embeddings), odir, store)
     (odir / "model.safetensors").unlink()  # keep the kit small: config + tokenizer only
-    (odir / "README.txt").write_text("Config and tokenizer of the target drafter-mismatched was trained for; "
-                                     "weights not kept (kit size). Rebuild with tinykit.build.\n")
+    (odir / "README.txt").write_text(
+        "Config and tokenizer of the target drafter-mismatched was trained for; "
+        "weights not kept (kit size). Rebuild with tinykit.build.\n"
+    )
     od = m["drafter_data"]
-    odata = make_drafter_data(other, stream, n=od["n"], prompt_len=od["prompt_len"], gen_len=od["gen_len"],
-                              aux_layer_ids=m["drafter"]["aux_layer_ids"], seed=seed + 101, topk=od["topk"])
+    odata = make_drafter_data(
+        other,
+        stream,
+        n=od["n"],
+        prompt_len=od["prompt_len"],
+        gen_len=od["gen_len"],
+        aux_layer_ids=m["drafter"]["aux_layer_ids"],
+        seed=seed + 101,
+        topk=od["topk"],
+    )
     oids, _ = choose_draft_vocab(odata, stream, m["drafter"]["draft_vocab_size"])
     d = _drafter(m["drafter"], ocfg, True, seed + 102, oids)
-    stats["drafter-mismatched"] = train_drafter(d, other.model.embed_tokens, odata, seed=seed + 103,
-                                                **m["drafter"]["train"])
+    stats["drafter-mismatched"] = train_drafter(
+        d, other.model.embed_tokens, odata, seed=seed + 103, **m["drafter"]["train"]
+    )
     round_weights_(d, layout.DTYPES[store])
-    layout.save_drafter(d, out / "drafter-mismatched", odir, OTHER_TARGET_NAME, store,
-                        extra={"trained": True, "recipe_hash": rhash, "mismatched_on_purpose": True})
+    layout.save_drafter(
+        d,
+        out / "drafter-mismatched",
+        odir,
+        OTHER_TARGET_NAME,
+        store,
+        extra={"trained": True, "recipe_hash": rhash, "mismatched_on_purpose": True},
+    )
     stats["drafter-mismatched"]["seconds"] = round(time.time() - t0, 1)
 
     seconds = round(time.time() - t_start, 1)
@@ -198,8 +264,13 @@ def build(out_dir: str, recipe: dict, threads: int) -> dict:
         "recipe": recipe,
         "corpus": desc,
         "target_name": TARGET_NAME,
-        "build": {"seconds": seconds, "threads": threads, "torch": torch.__version__,
-                  "python": sys.version.split()[0], "cpu_count": os.cpu_count()},
+        "build": {
+            "seconds": seconds,
+            "threads": threads,
+            "torch": torch.__version__,
+            "python": sys.version.split()[0],
+            "cpu_count": os.cpu_count(),
+        },
         "train_stats": stats,
         "files": {str(p.relative_to(out)): p.stat().st_size for p in sorted(out.rglob("*")) if p.is_file()},
     }
@@ -216,7 +287,8 @@ def build(out_dir: str, recipe: dict, threads: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="specbatch tiny-models build", description=__doc__.split("\n\n")[0],
+        prog="specbatch tiny-models build",
+        description=__doc__.split("\n\n")[0],
         epilog="example:\n  specbatch tiny-models build /tmp/kit --smoke      # seconds: the same code path, untrained",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -5,6 +5,7 @@ The corpus is every top-level ``*.py`` file of the running interpreter's stdlib,
 by name; every 10th file is held out (evaluation prompts never come from training
 files). The tokenizer is a byte-level BPE trained on the training files.
 """
+
 from __future__ import annotations
 
 import json
@@ -88,8 +89,12 @@ def save_tokenizer(tok: Tokenizer, out_dir: str | os.PathLike, model_max_length:
     tok.save(str(out / "tokenizer.json"))
     added = {
         str(tok.token_to_id(t)): {
-            "content": t, "lstrip": False, "normalized": False,
-            "rstrip": False, "single_word": False, "special": True,
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
         }
         for t in SPECIAL_TOKENS
     }

@@ -19,6 +19,7 @@ holds: the first pass is causal over the sequence; at draft step j the chain sta
 index i (query at position i + j) sees the first-pass keys 0..i plus its own keys from
 steps 1..j. Training unrolls all chains in parallel (training-time test).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -42,8 +43,8 @@ class DrafterConfig:
     draft_vocab_size: int = 1024
     target_hidden_size: int = 256
     aux_layer_ids: tuple[int, ...] = (1, 2, 4)
-    fc_norm: bool = True        # EAGLE-3.1
-    norm_output: bool = True    # EAGLE-3.1
+    fc_norm: bool = True  # EAGLE-3.1
+    norm_output: bool = True  # EAGLE-3.1
     norm_before_residual: bool = False
 
     def to_dict(self) -> dict:
@@ -75,7 +76,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor
     """Neox-style rotary embedding (vLLM's Llama default). x: [B, T, heads, D]; positions [B, T]."""
     d = x.shape[-1]
     inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
-    freqs = positions.float()[..., None] * inv_freq              # [B, T, D/2]
+    freqs = positions.float()[..., None] * inv_freq  # [B, T, D/2]
     cos, sin = freqs.cos()[:, :, None, :], freqs.sin()[:, :, None, :]
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
@@ -97,7 +98,7 @@ class DraftAttention:
         self.ks.append(k)
         self.vs.append(v)
         T = q.shape[2]
-        s0 = torch.matmul(q, self.k0.transpose(-1, -2)) * scale                  # [B,H,T,T]
+        s0 = torch.matmul(q, self.k0.transpose(-1, -2)) * scale  # [B,H,T,T]
         causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
         s0 = s0.masked_fill(~causal, float("-inf"))
         s_own = torch.stack([(q * kj).sum(-1) for kj in self.ks], dim=-1) * scale  # [B,H,T,j]
@@ -126,7 +127,7 @@ class Attention(nn.Module):
         rep = c.num_attention_heads // c.num_key_value_heads
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out = attn(q, k, v, c.head_dim ** -0.5)
+        out = attn(q, k, v, c.head_dim**-0.5)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -169,8 +170,9 @@ class Eagle3Drafter(nn.Module):
         super().__init__()
         self.c = c
         n = len(c.aux_layer_ids)
-        self.fc_norm = (nn.ModuleList([RMSNorm(c.target_hidden_size, c.rms_norm_eps) for _ in range(n)])
-                        if c.fc_norm else None)
+        self.fc_norm = (
+            nn.ModuleList([RMSNorm(c.target_hidden_size, c.rms_norm_eps) for _ in range(n)]) if c.fc_norm else None
+        )
         self.fc = nn.Linear(n * c.target_hidden_size, c.hidden_size, bias=False)
         self.midlayer = MidLayer(c)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -224,7 +226,7 @@ class Eagle3Drafter(nn.Module):
         hidden = self.combine_hidden_states(aux)
         outs = []
         for j in range(steps):
-            emb = embed(tokens[:, j + 1: j + 1 + T])
+            emb = embed(tokens[:, j + 1 : j + 1 + T])
             h, hidden = self(emb, pos + j, hidden, attn)
             outs.append(self.lm_head(h))
         return outs

@@ -9,6 +9,7 @@ lora_B is random and nonzero (PEFT initialises it to zero, which would change no
 adapted model's greedy output differs from the base model's. The delta is
 (lora_alpha / r) * B @ A added to each projection's weight.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,9 +23,15 @@ PROJ_SHAPES = {  # module: (in, out) from a Llama config
 }
 
 
-def write_lora_adapter(target_path: str, out_dir: str, rank: int = 8, seed: int = 0,
-                       target_modules: tuple[str, ...] = ("q_proj", "v_proj"), scale: float = 0.05,
-                       lora_alpha: int | None = None) -> str:
+def write_lora_adapter(
+    target_path: str,
+    out_dir: str,
+    rank: int = 8,
+    seed: int = 0,
+    target_modules: tuple[str, ...] = ("q_proj", "v_proj"),
+    scale: float = 0.05,
+    lora_alpha: int | None = None,
+) -> str:
     """Write a random LoRA adapter for the Llama model at `target_path` into `out_dir`;
     returns `out_dir`. Entries of A and B are N(0, scale^2)."""
     import torch
@@ -43,16 +50,22 @@ def write_lora_adapter(target_path: str, out_dir: str, rank: int = 8, seed: int 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "adapter_model.safetensors"))
-    (out / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": str(Path(target_path).resolve()),
-        "r": rank,
-        "lora_alpha": lora_alpha or 2 * rank,
-        "lora_dropout": 0.0,
-        "target_modules": list(target_modules),
-        "bias": "none",
-        "fan_in_fan_out": False,
-        "inference_mode": True,
-    }, indent=2) + "\n")
+    (out / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "task_type": "CAUSAL_LM",
+                "base_model_name_or_path": str(Path(target_path).resolve()),
+                "r": rank,
+                "lora_alpha": lora_alpha or 2 * rank,
+                "lora_dropout": 0.0,
+                "target_modules": list(target_modules),
+                "bias": "none",
+                "fan_in_fan_out": False,
+                "inference_mode": True,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     return str(out)

@@ -13,6 +13,7 @@ compute_logits) is vLLM's code. The engine itself is compared in tests/test_tiny
 Runs in its own process (it initialises torch.distributed):
     python -m tinykit.mirror_check TARGET DRAFTER [DRAFTER...] [--steps 4]  -> JSON on stdout
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,13 +72,22 @@ def check(target_dir: str, drafter_dir: str, prompt: str, steps: int) -> dict:
     from .layout import load_drafter, load_target
     from .model import target_forward
 
-    vc = EngineArgs(model=target_dir, speculative_config={"method": "eagle3", "model": drafter_dir,
-                                                          "num_speculative_tokens": steps},
-                    enforce_eager=True, dtype="float32", max_model_len=512).create_engine_config()
+    vc = EngineArgs(
+        model=target_dir,
+        speculative_config={"method": "eagle3", "model": drafter_dir, "num_speculative_tokens": steps},
+        enforce_eager=True,
+        dtype="float32",
+        max_model_len=512,
+    ).create_engine_config()
     with set_current_vllm_config(vc):
         if not torch.distributed.is_initialized():
-            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                         distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
+            init_distributed_environment(
+                world_size=1,
+                rank=0,
+                local_rank=0,
+                backend="gloo",
+                distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
+            )
             initialize_model_parallel(1, 1)
         vm = Eagle3LlamaForCausalLM(vllm_config=vc).float().eval()
         vm.load_weights(load_file(os.path.join(drafter_dir, "model.safetensors")).items())
@@ -91,7 +101,7 @@ def check(target_dir: str, drafter_dir: str, prompt: str, steps: int) -> dict:
         vm.model.embed_tokens.weight.copy_(target.model.embed_tokens.weight)
         ids = AutoTokenizer.from_pretrained(target_dir)(prompt, add_special_tokens=False)["input_ids"]
         ids = torch.tensor([ids])
-        _, aux = target_forward(target, ids, ours.c.aux_layer_ids)   # aux at positions 0..T-1
+        _, aux = target_forward(target, ids, ours.c.aux_layer_ids)  # aux at positions 0..T-1
         T = ids.shape[1] - 1
         embed = target.model.embed_tokens
         diffs: dict[str, float] = {}
@@ -125,9 +135,16 @@ def check(target_dir: str, drafter_dir: str, prompt: str, steps: int) -> dict:
             md(f"step{j}_aux_output", v_prev[0], o_prev[0, -1])
             v_tok.append(int(vm.compute_logits(v_out)[-1].argmax()))
             o_tok.append(int(ours.compute_logits(o_out[0, -1:])[-1].argmax()))
-    return {"max_abs_diff": diffs, "same_inf_mask": same_inf, "first_pass_argmax_equal": first_pass_argmax_equal,
-            "vllm_drafts": v_tok, "ours_drafts": o_tok, "prompt_tokens": ids.shape[1],
-            "vllm_fc_norm": vm.model.fc_norm is not None, "vllm_norm_output": bool(vm.model.norm_output)}
+    return {
+        "max_abs_diff": diffs,
+        "same_inf_mask": same_inf,
+        "first_pass_argmax_equal": first_pass_argmax_equal,
+        "vllm_drafts": v_tok,
+        "ours_drafts": o_tok,
+        "prompt_tokens": ids.shape[1],
+        "vllm_fc_norm": vm.model.fc_norm is not None,
+        "vllm_norm_output": bool(vm.model.norm_output),
+    }
 
 
 def main(argv=None) -> int:

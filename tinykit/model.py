@@ -6,16 +6,24 @@ before any norm): id 0 is the embeddings, id L the last layer's output before th
 norm. transformers' ``output_hidden_states[L]`` is after the final norm, so we use forward
 hooks on the decoder layers instead. Ids are sorted and de-duplicated, like vLLM.
 """
+
 from __future__ import annotations
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 
-def target_config(vocab_size: int = 2048, hidden_size: int = 256, num_hidden_layers: int = 4,
-                  num_attention_heads: int = 4, num_key_value_heads: int = 2,
-                  intermediate_size: int = 768, max_position_embeddings: int = 1024,
-                  bos_token_id: int = 0, eos_token_id: int = 0) -> LlamaConfig:
+def target_config(
+    vocab_size: int = 2048,
+    hidden_size: int = 256,
+    num_hidden_layers: int = 4,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    intermediate_size: int = 768,
+    max_position_embeddings: int = 1024,
+    bos_token_id: int = 0,
+    eos_token_id: int = 0,
+) -> LlamaConfig:
     cfg = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
@@ -59,12 +67,13 @@ def target_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, aux_layer_i
     captured: dict[int, torch.Tensor] = {}
     hooks = []
     if 0 in ids:
-        hooks.append(model.model.embed_tokens.register_forward_hook(
-            lambda m, a, out: captured.__setitem__(0, out)))
+        hooks.append(model.model.embed_tokens.register_forward_hook(lambda m, a, out: captured.__setitem__(0, out)))
     for i in ids:
         if i >= 1:
+
             def hook(m, a, out, i=i):
                 captured[i] = out[0] if isinstance(out, tuple) else out
+
             hooks.append(layers[i - 1].register_forward_hook(hook))
     try:
         logits = model(input_ids=input_ids, use_cache=False).logits
@@ -77,7 +86,13 @@ def target_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, aux_layer_i
 @torch.no_grad()
 def greedy_generate(model: LlamaForCausalLM, prompts: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
     """Greedy continuation of equal-length prompts [B, P] -> [B, P + max_new_tokens] (no EOS stop)."""
-    out = model.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts),
-                         max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                         do_sample=False, use_cache=True, pad_token_id=model.config.pad_token_id)
+    out = model.generate(
+        input_ids=prompts,
+        attention_mask=torch.ones_like(prompts),
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens,
+        do_sample=False,
+        use_cache=True,
+        pad_token_id=model.config.pad_token_id,
+    )
     return out

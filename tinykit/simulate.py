@@ -10,6 +10,7 @@ vLLM counts accepted drafts that run past max_tokens, so the reference continuat
 extended by k tokens. Used for quick acceptance estimates during the build and to test
 that the training-side drafter matches vLLM's (tests/test_tinykit.py).
 """
+
 from __future__ import annotations
 
 import torch
@@ -39,7 +40,7 @@ def propose(target, drafter: Eagle3Drafter, seq: list[int], k: int) -> list[int]
 
 @torch.no_grad()
 def simulate(target, drafter: Eagle3Drafter, prompt: list[int], max_tokens: int, k: int) -> dict:
-    ref = greedy_generate(target, torch.tensor([prompt]), max_tokens + k)[0, len(prompt):].tolist()
+    ref = greedy_generate(target, torch.tensor([prompt]), max_tokens + k)[0, len(prompt) :].tolist()
     seq, gen = list(prompt) + ref[:1], 1
     per_pos, drafts, steps = [0] * k, 0, []
     while gen < max_tokens:
@@ -51,7 +52,6 @@ def simulate(target, drafter: Eagle3Drafter, prompt: list[int], max_tokens: int,
             per_pos[i] += 1
         drafts += 1
         steps.append(a)
-        seq += ref[gen:gen + a + 1]
+        seq += ref[gen : gen + a + 1]
         gen += a + 1
-    return {"num_drafts": drafts, "accepted_per_pos": per_pos, "per_step_accepted": steps,
-            "output": ref[:max_tokens]}
+    return {"num_drafts": drafts, "accepted_per_pos": per_pos, "per_step_accepted": steps, "output": ref[:max_tokens]}

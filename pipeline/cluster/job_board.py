@@ -116,4 +116,8 @@ def start_board(probe_rows: list[dict[str, Any]], near_limit_rows: int = 0) -> A
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-    return ray.remote(num_cpus=0, max_restarts=0)(JobBoard).options(scheduling_strategy=here).remote(probe_rows, near_limit_rows)
+    return (
+        ray.remote(num_cpus=0, max_restarts=0)(JobBoard)
+        .options(scheduling_strategy=here)
+        .remote(probe_rows, near_limit_rows)
+    )

@@ -93,6 +93,7 @@ def engine_task_options(config: JobConfig) -> dict:
 
 # -- Schedulability -----------------------------------------------------------------------------
 
+
 @dataclass
 class Demand:
     what: str
@@ -104,11 +105,17 @@ def graph_demand(config: JobConfig) -> list[Demand]:
     """What the graph holds at once: the pool's minimum of engines, the preprocess actors and one
     read task (Ray Data starts with nothing less)."""
     engines = [
-        Demand(f"engine replica {i + 1} of {config.resources.min_replicas}", [engine_bundle(config)] * engine_bundles(config),
-               placement_strategy(config))
+        Demand(
+            f"engine replica {i + 1} of {config.resources.min_replicas}",
+            [engine_bundle(config)] * engine_bundles(config),
+            placement_strategy(config),
+        )
         for i in range(config.resources.min_replicas)
     ]
-    preprocess = [Demand(f"preprocess actor {i + 1}", [{"CPU": PREPROCESS_CPUS}]) for i in range(config.resources.preprocess_concurrency)]
+    preprocess = [
+        Demand(f"preprocess actor {i + 1}", [{"CPU": PREPROCESS_CPUS}])
+        for i in range(config.resources.preprocess_concurrency)
+    ]
     return [*engines, *preprocess, Demand("read task", [{"CPU": READ_TASK_CPUS}])]
 
 
@@ -144,7 +151,9 @@ def _place(nodes: list[dict[str, float]], demand: Demand) -> bool:
 
 
 def _describe(resources: dict[str, float]) -> str:
-    shown = {k: v for k, v in resources.items() if not k.startswith("node:") and k not in ("memory", "object_store_memory")}
+    shown = {
+        k: v for k, v in resources.items() if not k.startswith("node:") and k not in ("memory", "object_store_memory")
+    }
     return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(shown.items())) + "}"
 
 
@@ -153,12 +162,22 @@ def check_schedulable(config: JobConfig, nodes: list[dict[str, float]], can_add:
     `can_add` (nodes the autoscaler may start). Totals, not what is free now: resources other jobs
     hold now are waited for (and caught by the stall watch if they never come)."""
     free = [dict(n) for n in [*nodes, *can_add]]
-    for demand in sorted(graph_demand(config), key=lambda d: -sum(b.get("CPU", 0) + 100 * b.get("GPU", 0) for b in d.bundles)):
+    for demand in sorted(
+        graph_demand(config), key=lambda d: -sum(b.get("CPU", 0) + 100 * b.get("GPU", 0) for b in d.bundles)
+    ):
         if _place(free, demand):
             continue
-        need = demand.bundles[0] if len(demand.bundles) == 1 else f"{len(demand.bundles)} x {_describe(demand.bundles[0])} ({demand.strategy})"
+        need = (
+            demand.bundles[0]
+            if len(demand.bundles) == 1
+            else f"{len(demand.bundles)} x {_describe(demand.bundles[0])} ({demand.strategy})"
+        )
         offered = "; ".join(_describe(n) for n in nodes) or "none"
-        added = f"; its autoscaler may add {'; '.join(_describe(n) for n in can_add)}" if can_add else "; it has no autoscaler that could add nodes"
+        added = (
+            f"; its autoscaler may add {'; '.join(_describe(n) for n in can_add)}"
+            if can_add
+            else "; it has no autoscaler that could add nodes"
+        )
         demands = graph_demand(config)
         total_cpus = sum(b.get("CPU", 0) for d in demands for b in d.bundles)
         raise Unschedulable(
@@ -196,6 +215,7 @@ def cluster_capacity() -> tuple[list[dict[str, float]], list[dict[str, float]]]:
 
 # -- Storage on a cluster -----------------------------------------------------------------------
 
+
 def check_cluster_paths(config: JobConfig, nodes: int) -> None:
     """On more than one node, every node reads the input and the models and writes the output
     itself: a local path would be each node's own disk (outputs scattered, models missing)."""
@@ -211,7 +231,8 @@ def check_cluster_paths(config: JobConfig, nodes: int) -> None:
         **{f"lora.adapters.{name}": path for name, path in (config.lora.adapters if config.lora else {}).items()},
     }
     local = {
-        name: path for name, path in paths.items()
+        name: path
+        for name, path in paths.items()
         if path and is_local(path) and not any((_local_path(path).rstrip("/") + "/").startswith(m) for m in mounts)
     }
     if local:
@@ -225,4 +246,4 @@ def check_cluster_paths(config: JobConfig, nodes: int) -> None:
 
 
 def _local_path(path: str) -> str:
-    return path[len("file://"):] if path.startswith("file://") else path
+    return path[len("file://") :] if path.startswith("file://") else path

@@ -73,8 +73,12 @@ def ray_init(verbose: bool = False, address: Optional[str] = None) -> tuple[Opti
             # warns that it did on every run: the job's own Ray is on 127.0.0.1 only
             logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
             ray.init(
-                address="local", num_cpus=local_ray_cpus(), logging_level=logging.WARNING,
-                log_to_driver=verbose, _node_ip_address="127.0.0.1", include_dashboard=False,
+                address="local",
+                num_cpus=local_ray_cpus(),
+                logging_level=logging.WARNING,
+                log_to_driver=verbose,
+                _node_ip_address="127.0.0.1",
+                include_dashboard=False,
             )
         _spend_the_restart_warning()  # Ray prints it once per process: a Ray this job started
     node = ray._private.worker._global_node
@@ -139,7 +143,9 @@ def start_cost(clock: StartClock, engines: list[EngineStart], verdict: Optional[
         phase("engine actor start", m.get("graph_started"), max(first.init_started_at, m.get("graph_started", 0.0)))
         phase("import vllm", first.init_started_at, first.vllm_imported_at)
         core = first.engine_core_started_at
-        if core is not None:  # a process's start time is known to about a second (the kernel's boot time is whole seconds)
+        if (
+            core is not None
+        ):  # a process's start time is known to about a second (the kernel's boot time is whole seconds)
             core = min(max(core, first.vllm_imported_at), first.engine_ready_at)
             phase("engine arguments and EngineCore spawn", first.vllm_imported_at, core)
             phase("EngineCore start: model load, KV cache, warm-up", core, first.engine_ready_at)
@@ -155,5 +161,7 @@ def start_cost(clock: StartClock, engines: list[EngineStart], verdict: Optional[
     first_commit, generating = m.get("first_commit"), m.get("generating")
     return StartCost(
         to_first_commit_seconds=round(first_commit - t0, 3) if first_commit else None,
-        generation_started_s=round(generating - t0, 3) if generating else None, phases=phases, engine_starts=engines,
+        generation_started_s=round(generating - t0, 3) if generating else None,
+        phases=phases,
+        engine_starts=engines,
     )

@@ -57,7 +57,8 @@ class ClusterWatch:
                 actors.append(f"actor {actor.get('ActorClassName') or actor['ActorID'][:8]} ({actor['State']})")
         groups = [
             f"placement group {group_id[:8]} {group.get('bundles')} ({group.get('strategy')})"
-            for group_id, group in ray.util.placement_group_table().items() if group.get("state") == "PENDING"
+            for group_id, group in ray.util.placement_group_table().items()
+            if group.get("state") == "PENDING"
         ]
         return sorted(actors, key=lambda actor: not (self.engine_actor and self.engine_actor in actor)) + groups
 
@@ -122,8 +123,12 @@ class StallWatch(threading.Thread):
             last_look = time.time()
             try:
                 failure = self.look(time.time() - self.last)
-            except Exception as exc:  # a GCS or storage call that failed (a loaded or shrinking cluster): look again next round
-                logging.getLogger("specbatch").warning("job watch: cannot look at the job (%s: %s)", type(exc).__name__, exc)
+            except (
+                Exception
+            ) as exc:  # a GCS or storage call that failed (a loaded or shrinking cluster): look again next round
+                logging.getLogger("specbatch").warning(
+                    "job watch: cannot look at the job (%s: %s)", type(exc).__name__, exc
+                )
                 continue
             if failure is not None:
                 self._interrupt(failure)

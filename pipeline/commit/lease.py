@@ -70,7 +70,9 @@ def owner_status_here(lease: Lease) -> Optional[str]:
         started, status = process.create_time(), process.status()
     except psutil.NoSuchProcess:
         return "gone"
-    if status == psutil.STATUS_ZOMBIE or (lease.pid_started_at is not None and abs(started - lease.pid_started_at) >= 1.0):
+    if status == psutil.STATUS_ZOMBIE or (
+        lease.pid_started_at is not None and abs(started - lease.pid_started_at) >= 1.0
+    ):
         return "gone"
     return status
 
@@ -137,8 +139,10 @@ class OutputLease:
         """Take the lease, waiting for a silent owner elsewhere as the module says; returns the
         lease taken over, if any. LeaseHeld when another run holds it."""
         if not self.atomic:
-            say(f"{self.location.uri}: this store has no conditional writes; the lease is written and read back, "
-                "which narrows, but cannot close, a race between two runs started at the same instant")
+            say(
+                f"{self.location.uri}: this store has no conditional writes; the lease is written and read back, "
+                "which narrows, but cannot close, a race between two runs started at the same instant"
+            )
         watch, held = _Watch(self.config, say), None
         while True:
             before = held
@@ -242,7 +246,9 @@ class _Watch:
         elif is_stale(held, now):
             self.why = f"no heartbeat for {heartbeat_age(held, now):.0f}s: its run is dead"
         elif self.seen is not None and self.seen.owner == held.owner and self.seen.heartbeat_at != held.heartbeat_at:
-            raise LeaseHeld(f"{where}: that run is alive (its heartbeat was renewed while this run waited). {_way_out(held)}")
+            raise LeaseHeld(
+                f"{where}: that run is alive (its heartbeat was renewed while this run waited). {_way_out(held)}"
+            )
         else:
             return self._wait(held, now, where)
         return True
@@ -252,7 +258,8 @@ class _Watch:
         if not self.waits or stale_at > self.started + self.config.wait_seconds:
             waits = (
                 f"a run waits up to lease.wait_seconds ({self.config.wait_seconds:g}s) for a silent lease to go stale"
-                if not self.waits else f"that is after lease.wait_seconds ({self.config.wait_seconds:g}s)"
+                if not self.waits
+                else f"that is after lease.wait_seconds ({self.config.wait_seconds:g}s)"
             )
             raise LeaseHeld(
                 f"{where}: that run is alive as far as its heartbeat tells; its lease goes stale in {stale_at - now:.0f}s, "
@@ -260,8 +267,10 @@ class _Watch:
             )
         if self.seen is None or self.seen.owner != held.owner:
             until = dt.datetime.fromtimestamp(stale_at, dt.timezone.utc).strftime("%H:%M:%S UTC")
-            self.say(f"{where}: waiting until {until} ({stale_at - now:.0f}s) for it to go stale; "
-                     "a heartbeat renewed meanwhile means it is alive, and this run stops")
+            self.say(
+                f"{where}: waiting until {until} ({stale_at - now:.0f}s) for it to go stale; "
+                "a heartbeat renewed meanwhile means it is alive, and this run stops"
+            )
             self.seen = held
         time.sleep(min(self.config.heartbeat_seconds / 2, 5.0, max(0.05, stale_at - now)))
         return False
@@ -278,18 +287,26 @@ def _alive_here(held: Lease, status: str, take_over: bool) -> str:
     taken over at once."""
     stopped = status in ("stopped", "tracing-stop")
     if stopped:
-        what = (f"that run is stopped, not dead: its process {held.pid} on this host ({held.host}) is in state "
-                f"'{status}' (Ctrl-Z or SIGSTOP), and its engines still hold this host's resources")
-        end = (f"`kill -INT {held.pid} && kill -CONT {held.pid}` (it resumes only to stop, as after Ctrl-C: it ends "
-               "its engines and records its attempt as interrupted)")
+        what = (
+            f"that run is stopped, not dead: its process {held.pid} on this host ({held.host}) is in state "
+            f"'{status}' (Ctrl-Z or SIGSTOP), and its engines still hold this host's resources"
+        )
+        end = (
+            f"`kill -INT {held.pid} && kill -CONT {held.pid}` (it resumes only to stop, as after Ctrl-C: it ends "
+            "its engines and records its attempt as interrupted)"
+        )
     else:
         what = f"that run is alive: its process {held.pid} on this host ({held.host}) is {status}"
-        end = (f"`kill -INT {held.pid}` (as Ctrl-C in its terminal: it ends its engines and records its attempt as "
-               "interrupted)")
+        end = (
+            f"`kill -INT {held.pid}` (as Ctrl-C in its terminal: it ends its engines and records its attempt as "
+            "interrupted)"
+        )
     flag = "; --take-over takes a location only from a run that is dead" if take_over else ""
-    return (f"{what}{flag}. Two runs on one output location would duplicate work: wait for it to end, or end it: {end}; "
-            f"`kill -9 {held.pid}` if it has not ended within a minute. Then run the same command again: a run whose "
-            "process has ended here is taken over at once.")
+    return (
+        f"{what}{flag}. Two runs on one output location would duplicate work: wait for it to end, or end it: {end}; "
+        f"`kill -9 {held.pid}` if it has not ended within a minute. Then run the same command again: a run whose "
+        "process has ended here is taken over at once."
+    )
 
 
 def _way_out(held: Lease) -> str:

@@ -85,7 +85,9 @@ class OutputLocation:
 
     # ------------------------------------------------------------------ commit
 
-    def write_files(self, unit_id: str, tables: dict[str, pa.Table], stats: UnitStats, generation: int = 0) -> CommitMarker:
+    def write_files(
+        self, unit_id: str, tables: dict[str, pa.Table], stats: UnitStats, generation: int = 0
+    ) -> CommitMarker:
         """First half of a commit: the unit's files under a fresh token that begins with the
         writer's lease generation (what cleanup tells its own dead commits by). Nothing is visible yet."""
         token = f"g{generation}-{uuid.uuid4().hex[:12]}"
@@ -145,19 +147,27 @@ class OutputLocation:
         files that no marker names (a run that died before its commit) are not among them."""
         return [self.path(m.files[name]) for m in self.markers().values() if name in m.files]
 
-    def stats_files(self, columns: Optional[Sequence[str]] = None, skip_file: Optional[str] = None) -> dict[str, pa.Table]:
+    def stats_files(
+        self, columns: Optional[Sequence[str]] = None, skip_file: Optional[str] = None
+    ) -> dict[str, pa.Table]:
         """Each attempt's stats file (attempt-NNNN -> its rows, oldest attempt first), of `columns`
         only (all: None); a column a file of an older specbatch lacks is nulls."""
         full = arrow_schema(UnitStats)
         schema = pa.schema([full.field(name) for name in columns]) if columns else full
-        files = {posixpath.basename(u)[: -len(".parquet")]: u for u in self.storage.list_files(self.path(STATS), ".parquet")}
+        files = {
+            posixpath.basename(u)[: -len(".parquet")]: u for u in self.storage.list_files(self.path(STATS), ".parquet")
+        }
         files = {name: uri for name, uri in files.items() if name != skip_file}
 
         def read(uri: str) -> pa.Table:
             parquet = pq.ParquetFile(pa.BufferReader(self.storage.read_bytes(uri)))
             present = set(parquet.schema_arrow.names)
-            table = parquet.read(columns=[f.name for f in schema if f.name in present], use_threads=False)  # as Storage.read_parquet
-            return pa.table({f.name: table.column(f.name) if f.name in present else pa.nulls(table.num_rows) for f in schema}).cast(schema)
+            table = parquet.read(
+                columns=[f.name for f in schema if f.name in present], use_threads=False
+            )  # as Storage.read_parquet
+            return pa.table(
+                {f.name: table.column(f.name) if f.name in present else pa.nulls(table.num_rows) for f in schema}
+            ).cast(schema)
 
         return dict(zip(files, self.read_all(read, list(files.values()))))
 
@@ -200,7 +210,9 @@ class OutputLocation:
 
     # ------------------------------------------------------------------ cleanup
 
-    def cleanup(self, committed: Optional[set[str]] = None, since: Optional[float] = None, generation: Optional[int] = None) -> int:
+    def cleanup(
+        self, committed: Optional[set[str]] = None, since: Optional[float] = None, generation: Optional[int] = None
+    ) -> int:
         """Delete files no marker names: a commit that died before its marker, or the files of
         an earlier commit of a unit committed again. Listings tell almost all of it: a unit
         with a marker and files of one token is clean (a commit writes its files before its
@@ -232,7 +244,8 @@ class OutputLocation:
             if dead(token, modified)
         ]
         attempts = [
-            uri for uri in self.storage.list_files(self.path(ATTEMPTS))
+            uri
+            for uri in self.storage.list_files(self.path(ATTEMPTS))
             if uri[len(self.path(ATTEMPTS)) + 1 :].split("/", 1)[0] in committed
         ]
         self.storage.delete_many(doomed + attempts)
@@ -262,11 +275,15 @@ class OutputLocation:
 
     def record_engine_death(self, event: dict) -> None:
         kind = "hung" if event.get("kind") == "hung" else "death"
-        self.storage.write_json(self.path(EVENTS, f"engine-{kind}-{time.time():.3f}-{event['actor_id'][:12]}.json"), event)
+        self.storage.write_json(
+            self.path(EVENTS, f"engine-{kind}-{time.time():.3f}-{event['actor_id'][:12]}.json"), event
+        )
 
     def engine_death_files(self, since: float = 0.0) -> dict[str, float]:
         """The files of engine deaths and hangs recorded after `since` (Unix time): one listing; uri -> when."""
-        times = {u: float(u.rsplit("/", 1)[1].split("-")[2]) for u in self.storage.list_files(self.path(EVENTS), ".json")}
+        times = {
+            u: float(u.rsplit("/", 1)[1].split("-")[2]) for u in self.storage.list_files(self.path(EVENTS), ".json")
+        }
         return {uri: at for uri, at in times.items() if at >= since}
 
     def engine_deaths(self, since: float = 0.0) -> list[dict]:
@@ -380,9 +397,3 @@ def latest_per_unit(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
         return rolled
     latest = {unit: i for i, unit in enumerate(rolled.column("unit_id").to_pylist())}
     return rolled.take(pa.array(sorted(latest.values()), type=pa.int64()))
-
-
-def error_units(stats: pa.Table, retryable_only: bool) -> set[str]:
-    """Units of a stats table with error rows (with `retryable_only`, retryable ones)."""
-    column = "retryable_error_rows" if retryable_only else "error_rows"
-    return {u for u, n in zip(stats.column("unit_id").to_pylist(), stats.column(column).to_pylist()) if n}

@@ -13,10 +13,34 @@ from pipeline.config.base import Section
 
 # Columns every output row has (schemas.OutputRow) or the pipeline adds: a copied column may not take one's name.
 RESERVED_COLUMNS = (
-    "id", "sample_index", "text", "finish_reason", "stop_reason", "parsed", "parse_error", "reasoning", "logprobs",
-    "prompt_logprobs", "prompt_tokens", "generated_tokens", "draft_tokens", "accepted_tokens", "num_drafts",
-    "mean_acceptance_length", "max_tokens_clipped", "model", "drafter", "lora", "source", "row", "unit_id",
-    "attempt", "metadata", "error_kind", "error_field", "error_message",
+    "id",
+    "sample_index",
+    "text",
+    "finish_reason",
+    "stop_reason",
+    "parsed",
+    "parse_error",
+    "reasoning",
+    "logprobs",
+    "prompt_logprobs",
+    "prompt_tokens",
+    "generated_tokens",
+    "draft_tokens",
+    "accepted_tokens",
+    "num_drafts",
+    "mean_acceptance_length",
+    "max_tokens_clipped",
+    "model",
+    "drafter",
+    "lora",
+    "source",
+    "row",
+    "unit_id",
+    "attempt",
+    "metadata",
+    "error_kind",
+    "error_field",
+    "error_message",
 )
 
 

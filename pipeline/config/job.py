@@ -48,7 +48,9 @@ class JobConfig(Section):
             "rendered from templates over the row's columns, and columns copied to the output rows."
         ),
     )
-    model: ModelConfig = Field(description="The target model: model.path, a local folder with config.json or an s3:// URI.")
+    model: ModelConfig = Field(
+        description="The target model: model.path, a local folder with config.json or an s3:// URI."
+    )
     speculative: SpeculativeConfig = Field(
         default_factory=lambda: SpeculativeConfig(enabled=False),
         description=(
@@ -57,8 +59,12 @@ class JobConfig(Section):
             "speculative.drafter is required."
         ),
     )
-    engine: EngineConfig = Field(default_factory=EngineConfig, description="vLLM engine settings; one engine per replica.")
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling defaults; rows override them.")
+    engine: EngineConfig = Field(
+        default_factory=EngineConfig, description="vLLM engine settings; one engine per replica."
+    )
+    sampling: SamplingConfig = Field(
+        default_factory=SamplingConfig, description="Sampling defaults; rows override them."
+    )
     chat: ChatConfig = Field(default_factory=ChatConfig, description="How `messages` rows become prompts.")
     lora: Optional[LoraConfig] = Field(
         None,
@@ -67,9 +73,12 @@ class JobConfig(Section):
             "only at speculative.num_speculative_tokens: 1 (docs/sampling.md)."
         ),
     )
-    resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="Engines, their resources, and work units.")
+    resources: ResourcesConfig = Field(
+        default_factory=ResourcesConfig, description="Engines, their resources, and work units."
+    )
     storage: StorageConfig = Field(
-        default_factory=StorageConfig, description="How storage is reached; credentials come from the environment, never from here."
+        default_factory=StorageConfig,
+        description="How storage is reached; credentials come from the environment, never from here.",
     )
     retries: RetriesConfig = Field(default_factory=RetriesConfig, description="Retries and the circuit breaker.")
     lease: LeaseConfig = Field(default_factory=LeaseConfig, description="One run at a time on an output location.")
@@ -152,7 +161,11 @@ class JobConfig(Section):
         conflicts = speculation_conflicts(self.sampling, cpu_engine=self.resources.cpu_build)
         if conflicts:
             name, why = conflicts[0]
-            fix = "" if "speculative.enabled: false" in why else f"; leave sampling.{name} out, or set speculative.enabled: false"
+            fix = (
+                ""
+                if "speculative.enabled: false" in why
+                else f"; leave sampling.{name} out, or set speculative.enabled: false"
+            )
             raise ValueError(f"sampling.{name} with speculative.enabled: {why}{fix}")
         return self
 

@@ -30,7 +30,9 @@ def load_config(uri: str, overrides: Optional[dict[str, Any]] = None) -> JobConf
     if Path(uri).exists():
         text = Path(uri).read_text()
     elif "://" not in uri:
-        raise ConfigError(f"{uri}: no such config file; give the path of a job YAML (jobs/configs/local.yaml is an example)")
+        raise ConfigError(
+            f"{uri}: no such config file; give the path of a job YAML (jobs/configs/local.yaml is an example)"
+        )
     else:
         try:
             with fsspec.open(uri, "r") as f:
@@ -51,4 +53,3 @@ def load_config(uri: str, overrides: Optional[dict[str, Any]] = None) -> JobConf
     _resolve_relative_paths(data, Path(uri).resolve().parent if Path(uri).exists() else None, uri)
     data.update(overrides or {})
     return parse_config(data, source=uri)
-

@@ -38,12 +38,12 @@ def _comparable(uri: str) -> tuple[str, bool]:
     or `**`. A folder is read recursively."""
     uri = uri.split("?", 1)[0]
     if uri.startswith("file://"):
-        uri = uri[len("file://"):]
+        uri = uri[len("file://") :]
     deep = True
     cut = min((uri.index(c) for c in GLOB_CHARS if c in uri), default=None)
     if cut is not None:
         folder = uri[:cut].rsplit("/", 1)[0] if "/" in uri[:cut] else ""
-        rest = uri[len(folder):].lstrip("/")
+        rest = uri[len(folder) :].lstrip("/")
         deep = "/" in rest or "**" in rest
         uri = folder
     if "://" in uri:
@@ -54,7 +54,7 @@ def _comparable(uri: str) -> tuple[str, bool]:
 
 
 def output_inside_input(input_uri: str, output_uri: str) -> Optional[str]:
-    """"is" or "is inside" when the job's outputs would land where its input is read from
+    """ "is" or "is inside" when the job's outputs would land where its input is read from
     (local paths and URIs alike), else None. A job writes files in output_uri itself
     (_job.json) and Parquet files in its subfolders (outputs/, stats/, ...)."""
     (inp, deep), (out, _) = _comparable(input_uri), _comparable(output_uri)

@@ -25,12 +25,15 @@ class ReplicaRange(Section):
 
 class ResourcesConfig(Section):
     replicas: int | ReplicaRange = Field(
-        1, description="Engine actors, one vLLM engine each: a number, or {min, max} for a pool that grows as nodes join."
+        1,
+        description="Engine actors, one vLLM engine each: a number, or {min, max} for a pool that grows as nodes join.",
     )
     gpus_per_replica: float = Field(
         0, ge=0, description="0 on the CPU build; tensor_parallel_size x pipeline_parallel_size on GPUs."
     )
-    cpus_per_replica: float = Field(1, gt=0, description="CPUs each engine actor reserves; on the CPU build one per engine worker at least.")
+    cpus_per_replica: float = Field(
+        1, gt=0, description="CPUs each engine actor reserves; on the CPU build one per engine worker at least."
+    )
     resources_per_replica: dict[str, float] = Field(
         default_factory=dict,
         description="Custom Ray resources each engine needs, to place engines on some nodes only, e.g. {gpu_node: 1}.",
@@ -52,7 +55,9 @@ class ResourcesConfig(Section):
             "over the copy. auto: when sorting shares at least 5% more of the prompt text than the input's own order."
         ),
     )
-    units_in_flight: int = Field(2, ge=1, description="Units overlapping inside one engine: it stays full across a unit's tail.")
+    units_in_flight: int = Field(
+        2, ge=1, description="Units overlapping inside one engine: it stays full across a unit's tail."
+    )
     preprocess_concurrency: int = Field(1, ge=1, description="CPU actors that validate and tokenize.")
 
     @model_validator(mode="after")
@@ -128,10 +133,15 @@ class RetriesConfig(Section):
         description="A unit in flight at this many engine deaths runs its suspects alone in the engine; one that kills it alone goes to errors/.",
     )
     max_error_fraction: float = Field(
-        0.05, ge=0, le=1, description="Above this share of error rows a finished job is completed_with_errors, not succeeded."
+        0.05,
+        ge=0,
+        le=1,
+        description="Above this share of error rows a finished job is completed_with_errors, not succeeded.",
     )
     breaker_window_units: int = Field(
-        8, ge=1, description="The job stops when the error share of this many units in a row is above max_error_fraction."
+        8,
+        ge=1,
+        description="The job stops when the error share of this many units in a row is above max_error_fraction.",
     )
     breaker_consecutive_units: int = Field(
         3, ge=1, description="The job stops when this many units in a row have retryable (infrastructure) errors."
@@ -141,10 +151,13 @@ class RetriesConfig(Section):
 class LeaseConfig(Section):
     heartbeat_seconds: float = Field(30.0, gt=0, description="How often a run renews its lease on the output location.")
     stale_after_seconds: float = Field(
-        180.0, gt=0, description="A lease not renewed for this long belongs to a dead run, and the next run takes it over."
+        180.0,
+        gt=0,
+        description="A lease not renewed for this long belongs to a dead run, and the next run takes it over.",
     )
     wait_seconds: float = Field(
-        300.0, ge=0,
+        300.0,
+        ge=0,
         description=(
             "How long a run waits for a silent lease of a run on another host to go stale before it gives up (0: "
             "refuse at once). A lease whose owner ran on this host and whose process is gone is taken at once; one "

@@ -41,7 +41,9 @@ class ResponseFormat(Section):
     type: Literal["text", "json_object", "json_schema", "regex", "choice", "grammar"] = Field(
         description="The kind of constraint; text: none. Each of json_schema, regex, choice, grammar needs its own field."
     )
-    json_schema: Optional[JsonSchemaFormat] = Field(None, description="With type json_schema: the schema, OpenAI's shape.")
+    json_schema: Optional[JsonSchemaFormat] = Field(
+        None, description="With type json_schema: the schema, OpenAI's shape."
+    )
     regex: Optional[str] = Field(None, description="With type regex: the regular expression every output matches.")
     choice: Optional[list[str]] = Field(None, description="With type choice: every output is one of these strings.")
     grammar: Optional[str] = Field(None, description="With type grammar: the EBNF grammar every output follows.")
@@ -51,7 +53,9 @@ class ResponseFormat(Section):
         given = [name for name in ("json_schema", "regex", "choice", "grammar") if getattr(self, name) is not None]
         needed = self.type if self.type in ("json_schema", "regex", "choice", "grammar") else None
         if needed and given != [needed]:
-            raise ValueError(f"response_format of type {self.type!r} needs the field {needed!r} and no other constraint")
+            raise ValueError(
+                f"response_format of type {self.type!r} needs the field {needed!r} and no other constraint"
+            )
         if not needed and given:
             raise ValueError(f"response_format of type {self.type!r} takes no {given[0]!r}")
         if self.choice is not None and not self.choice:
@@ -72,20 +76,38 @@ class SamplingConfig(Section):
     their own, the rest as keys of its `sampling` column (a JSON object)."""
 
     max_tokens: int = Field(256, ge=1, description="Tokens generated per sample at most; below engine.max_model_len.")
-    n: int = Field(1, ge=1, le=MAX_SAMPLES, description="Samples per prompt: one output row per (id, sample_index); n > 1 needs temperature > 0.")
-    temperature: float = Field(
-        0.0, ge=0, description="0: greedy. Above 0 with speculation is refused on vLLM's CPU build (gpus_per_replica: 0)."
+    n: int = Field(
+        1,
+        ge=1,
+        le=MAX_SAMPLES,
+        description="Samples per prompt: one output row per (id, sample_index); n > 1 needs temperature > 0.",
     )
-    top_p: float = Field(1.0, gt=0, le=1, description="Sample from the smallest set of tokens whose probabilities add up to top_p.")
+    temperature: float = Field(
+        0.0,
+        ge=0,
+        description="0: greedy. Above 0 with speculation is refused on vLLM's CPU build (gpus_per_replica: 0).",
+    )
+    top_p: float = Field(
+        1.0, gt=0, le=1, description="Sample from the smallest set of tokens whose probabilities add up to top_p."
+    )
     top_k: int = Field(0, ge=-1, description="0 or -1: all tokens.")
     min_p: float = Field(
-        0.0, ge=0, le=1, description="Drop tokens below min_p x the top token's probability; refused with speculation (vLLM refuses it)."
+        0.0,
+        ge=0,
+        le=1,
+        description="Drop tokens below min_p x the top token's probability; refused with speculation (vLLM refuses it).",
     )
     seed: Optional[int] = Field(
-        None, ge=0, description="With n > 1, sample i uses seed + i (vLLM): a row with a seed gives the same samples on a rerun."
+        None,
+        ge=0,
+        description="With n > 1, sample i uses seed + i (vLLM): a row with a seed gives the same samples on a rerun.",
     )
-    repetition_penalty: float = Field(1.0, gt=0, description="Above 1 discourages tokens already in the prompt or the output.")
-    presence_penalty: float = Field(0.0, ge=-2, le=2, description="Taken off the logit of every token already generated.")
+    repetition_penalty: float = Field(
+        1.0, gt=0, description="Above 1 discourages tokens already in the prompt or the output."
+    )
+    presence_penalty: float = Field(
+        0.0, ge=-2, le=2, description="Taken off the logit of every token already generated."
+    )
     frequency_penalty: float = Field(
         0.0, ge=-2, le=2, description="Taken off the logit of a token once per time it was already generated."
     )
@@ -100,11 +122,16 @@ class SamplingConfig(Section):
     skip_special_tokens: bool = Field(True, description="Leave special tokens out of the text.")
     spaces_between_special_tokens: bool = Field(True, description="Put spaces between special tokens in the text.")
     logprobs: Optional[int] = Field(
-        None, ge=0, le=MAX_LOGPROBS,
+        None,
+        ge=0,
+        le=MAX_LOGPROBS,
         description=f"Top-k logprobs of each generated token (0: the chosen token's only) in the `logprobs` column; at most {MAX_LOGPROBS}; null: off.",
     )
     prompt_logprobs: Optional[int] = Field(
-        None, ge=0, le=MAX_LOGPROBS, description="Top-k logprobs of each prompt token in the `prompt_logprobs` column; null: off."
+        None,
+        ge=0,
+        le=MAX_LOGPROBS,
+        description="Top-k logprobs of each prompt token in the `prompt_logprobs` column; null: off.",
     )
     response_format: Optional[ResponseFormat] = Field(
         None, description="Structured output; each output row says whether it parsed (`parsed`, `parse_error`)."
@@ -137,7 +164,9 @@ JOB_ONLY_SAMPLING = ("clip_max_tokens",)
 class ChatConfig(Section):
     """How `messages` rows become prompts."""
 
-    system_prompt: Optional[str] = Field(None, description="Put first in every conversation that has no system message.")
+    system_prompt: Optional[str] = Field(
+        None, description="Put first in every conversation that has no system message."
+    )
     template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Passed to the chat template, e.g. {enable_thinking: false}."
     )
@@ -175,9 +204,11 @@ def speculation_conflicts(sampling: SamplingConfig, cpu_engine: bool) -> list[tu
     if sampling.logit_bias:
         conflicts.append(("logit_bias", "vLLM refuses logit_bias with speculative decoding"))
     if cpu_engine and sampling.temperature > 0:
-        conflicts.append((
-            "temperature",
-            "vLLM's CPU build samples wrongly with speculative decoding at temperature > 0 (outputs off the "
-            "distribution, seeds not repeatable): use temperature 0, or speculative.enabled: false",
-        ))
+        conflicts.append(
+            (
+                "temperature",
+                "vLLM's CPU build samples wrongly with speculative decoding at temperature > 0 (outputs off the "
+                "distribution, seeds not repeatable): use temperature 0, or speculative.enabled: false",
+            )
+        )
     return conflicts

@@ -15,9 +15,12 @@ from schemas.drafter import CHECKS
 
 class StorageConfig(Section):
     endpoint_url: Optional[str] = Field(None, description="S3-compatible endpoint, e.g. http://127.0.0.1:9000.")
-    region: Optional[str] = Field(None, description="The S3 region; null: from the environment (AWS_DEFAULT_REGION, the profile).")
+    region: Optional[str] = Field(
+        None, description="The S3 region; null: from the environment (AWS_DEFAULT_REGION, the profile)."
+    )
     outage_seconds: float = Field(
-        120.0, ge=0,
+        120.0,
+        ge=0,
         description=(
             "How long a store that stops answering is waited for: every storage call retries transient errors "
             "(timeouts, refused connections, throttling) with backoff for this long, then fails the attempt naming "
@@ -26,7 +29,8 @@ class StorageConfig(Section):
         ),
     )
     request_timeout_seconds: float = Field(
-        30.0, gt=0,
+        30.0,
+        gt=0,
         description=(
             "The bound on one attempt at a storage request: S3's connect and read timeouts (the read timeout is how "
             "long the store may stay silent while it answers; it starts once an upload's body is sent, so a large part "
@@ -55,7 +59,9 @@ class StorageConfig(Section):
     def _former_names(cls, data: Any) -> Any:
         if isinstance(data, dict) and "retry_seconds" in data:
             if "outage_seconds" in data:
-                raise ValueError("storage.retry_seconds is the former name of storage.outage_seconds: give only outage_seconds")
+                raise ValueError(
+                    "storage.retry_seconds is the former name of storage.outage_seconds: give only outage_seconds"
+                )
             data = {**data, "outage_seconds": data["retry_seconds"]}
             del data["retry_seconds"]
         return data
@@ -82,7 +88,9 @@ class StorageConfig(Section):
 
 class ModelConfig(Section):
     path: str = Field(description=f"The target model. {MODEL_URI_HELP}")
-    tokenizer: Optional[str] = Field(None, description="Defaults to the model path; a local folder or a URI like model.path.")
+    tokenizer: Optional[str] = Field(
+        None, description="Defaults to the model path; a local folder or a URI like model.path."
+    )
     served_names: list[str] = Field(
         default_factory=list,
         description=(
@@ -118,7 +126,8 @@ class GuardConfig(Section):
     min_acceptance_rate: Optional[float] = Field(None, ge=0, le=1, description="Accepted / draft tokens.")
     min_mean_acceptance_length: Optional[float] = Field(ACCEPTANCE_FLOOR, ge=1, description="1 + accepted / drafts.")
     min_tokens_per_target_pass: Optional[float] = Field(
-        ACCEPTANCE_FLOOR, ge=1,
+        ACCEPTANCE_FLOOR,
+        ge=1,
         description=(
             "Generated tokens per target decode pass: what speculation saved, counting the drafts a grammar cut "
             "(vLLM's acceptance counters leave them out: a `choice` constraint reads acceptance 1.000 while saving nothing)."
@@ -135,7 +144,11 @@ class GuardConfig(Section):
 
     @model_validator(mode="after")
     def _a_floor(self):
-        if self.min_acceptance_rate is None and self.min_mean_acceptance_length is None and self.min_tokens_per_target_pass is None:
+        if (
+            self.min_acceptance_rate is None
+            and self.min_mean_acceptance_length is None
+            and self.min_tokens_per_target_pass is None
+        ):
             raise ValueError(
                 "speculative.guard needs a floor: set speculative.guard.min_mean_acceptance_length (e.g. "
                 f"{ACCEPTANCE_FLOOR}), speculative.guard.min_tokens_per_target_pass or speculative.guard.min_acceptance_rate, "
@@ -152,7 +165,8 @@ class ProbeConfig(Section):
     rows: int = Field(64, ge=0, description="Rows probed; 0 turns the probe off.")
     min_mean_acceptance_length: float = Field(ACCEPTANCE_FLOOR, ge=1, description="The floor: 1 + accepted / drafts.")
     min_tokens_per_target_pass: float = Field(
-        ACCEPTANCE_FLOOR, ge=1,
+        ACCEPTANCE_FLOOR,
+        ge=1,
         description=(
             "The floor on generated tokens per target decode pass, which counts the drafts a grammar cut "
             "(vLLM's acceptance counters do not)."
@@ -168,23 +182,29 @@ class TrialConfig(Section):
     for the rest. A job with fewer than four times `units` units to run, or whose rest would
     not pay back engine starts (`payback_starts`), skips it and says why."""
 
-    units: int = Field(4, ge=1, description="Units measured with each setting (one engine's; at least engine units in flight).")
+    units: int = Field(
+        4, ge=1, description="Units measured with each setting (one engine's; at least engine units in flight)."
+    )
     min_seconds: float = Field(
-        20.0, ge=0,
+        20.0,
+        ge=0,
         description=(
             "Engine seconds each setting is measured for, at least (after `units` units, more units until then, "
             "up to a quarter of the job's rows): a few short units measure the host's noise more than the setting."
         ),
     )
     margin: float = Field(
-        0.05, ge=0, le=1,
+        0.05,
+        ge=0,
+        le=1,
         description=(
             "How much faster speculation off must measure before the job turns speculation off (0.05: 5%), and "
             "speculation before it is turned back on: run-to-run spread of one setting on a shared machine."
         ),
     )
     payback_starts: float = Field(
-        5.0, ge=0,
+        5.0,
+        ge=0,
         description=(
             "The trial measures off only when the rest of the job is at least this many engine starts of generation per "
             "engine, and turns speculation back on only when that saves more than a start; 0 measures and follows the "
@@ -305,7 +325,9 @@ class EngineConfig(Section):
     )
     max_num_seqs: int = Field(256, ge=1, description="Sequences one engine runs at once (vLLM's max_num_seqs).")
     max_num_batched_tokens: Optional[int] = Field(
-        None, ge=16, description="Tokens one engine step takes at most (vLLM's max_num_batched_tokens); null: vLLM's default."
+        None,
+        ge=16,
+        description="Tokens one engine step takes at most (vLLM's max_num_batched_tokens); null: vLLM's default.",
     )
     tensor_parallel_size: int = Field(
         1,
@@ -331,7 +353,8 @@ class EngineConfig(Section):
     )
     seed: int = Field(0, description="The engine's random seed.")
     cpu_kv_cache_gib: float = Field(
-        1.0, gt=0,
+        1.0,
+        gt=0,
         description=(
             "KV cache on vLLM's CPU build, GiB (vLLM's kv_cache_memory_bytes; VLLM_CPU_KVCACHE_SPACE, when set in the "
             "environment, wins). vLLM fills it at every engine start: 1 GiB costs a few seconds there."

@@ -1,7 +1,7 @@
 """The job's Ray Data graph, over the units left to run:
 
-    UnitDatasource (one read task per unit) -> Preprocessor (CPU: validate, chat template,
-    tokenize) -> EngineStage actor pool (one vLLM engine each; commits each unit)
+UnitDatasource (one read task per unit) -> Preprocessor (CPU: validate, chat template,
+tokenize) -> EngineStage actor pool (one vLLM engine each; commits each unit)
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # the engine actor's module imports Ray's metrics: a run impo
     import ray.data
 
     from pipeline.graph.engine_stage import EngineActorArgs
+
 
 def build_dataset(
     config: JobConfig, units: list[WorkUnit], engines: EngineActorArgs, duplicates: Sequence[DuplicateId] = ()
@@ -45,11 +46,18 @@ def build_dataset(
     resources = config.resources
     # One read task (one block) per unit, so no extra split either. Reads are I/O-bound and few
     # run at once (cluster.READS_PER_ENGINE).
-    ds = ray.data.read_datasource(UnitDatasource(units, storage, RowShape.for_job(config)), override_num_blocks=len(units), num_cpus=READ_TASK_CPUS,
-                                 concurrency=read_concurrency(config))
+    ds = ray.data.read_datasource(
+        UnitDatasource(units, storage, RowShape.for_job(config)),
+        override_num_blocks=len(units),
+        num_cpus=READ_TASK_CPUS,
+        concurrency=read_concurrency(config),
+    )
     ds = ds.map_batches(
         Preprocessor,
-        fn_constructor_kwargs={"settings": PreprocessSettings.for_job(config, duplicates), "storage": storage},  # a tokenizer in storage: copied on the actor's node
+        fn_constructor_kwargs={
+            "settings": PreprocessSettings.for_job(config, duplicates),
+            "storage": storage,
+        },  # a tokenizer in storage: copied on the actor's node
         batch_format="pyarrow",
         batch_size=None,
         compute=ActorPoolStrategy(size=resources.preprocess_concurrency),

@@ -85,8 +85,9 @@ class EngineStage:
         imported = time.time()
         self.processes = EngineProcesses()
         self.clock = EngineClock(self.config.retries.engine_stall_seconds)
-        self.engine = held_until_stopped(start_engine(self.config, self.processes, self.vllm_classes,
-                                                      [self.clock.stat_logger_factory()]))
+        self.engine = held_until_stopped(
+            start_engine(self.config, self.processes, self.vllm_classes, [self.clock.stat_logger_factory()])
+        )
         ready = time.time()
         self.stopped = False
         atexit.register(_stop_at_exit, weakref.ref(self))
@@ -94,12 +95,16 @@ class EngineStage:
         self.disabled_by_guard = engines.disabled_by_guard
         context = ray.get_runtime_context()
         self.where = {"actor_id": context.get_actor_id() or "driver", "node_id": context.get_node_id()}
-        self.requests = EngineRequests(self.engine, self.location, lora_requests(self.config), self.processes.end, **self.where)
+        self.requests = EngineRequests(
+            self.engine, self.location, lora_requests(self.config), self.processes.end, **self.where
+        )
         self.metrics = ReplicaMetrics(engines.job_id, self.where["actor_id"])
         tokenizer = self.engine.get_tokenizer()
         self.drafter_id = engines.drafter_id
         self.identity = Identity(
-            engines.model_id, engines.drafter_id, lambda token_id: tokenizer.decode([token_id]),
+            engines.model_id,
+            engines.drafter_id,
+            lambda token_id: tokenizer.decode([token_id]),
             reasoning_parser(self.config.chat.reasoning_parser, tokenizer),
         )
         engine_core = [p for p in self.processes.seen.values() if "EngineCore" in process_title(p)]
@@ -157,7 +162,14 @@ class EngineStage:
         finally:
             await self.trial.leave(arm, started, engine_seconds, len(todo), out.generated_tokens if out else 0)
         stats = unit_stats(
-            unit, len(rows), out, self.config.speculative, self.where, started, engine_seconds, self.disabled_by_guard,
+            unit,
+            len(rows),
+            out,
+            self.config.speculative,
+            self.where,
+            started,
+            engine_seconds,
+            self.disabled_by_guard,
         )
         stats.trial_arm = arm
         if not await self._verdict_passed():  # the probe refused the drafter: nothing is committed
@@ -206,7 +218,10 @@ class EngineStage:
         result = probe_result(self.config, figures(finished, seconds), claim.near_limit_rows)
         rejected = refusal(self.config, result)
         verdict = ProbeVerdict(
-            result=result, refusal=str(rejected) if rejected else None, started_at=started, actor_id=self.where["actor_id"]
+            result=result,
+            refusal=str(rejected) if rejected else None,
+            started_at=started,
+            actor_id=self.where["actor_id"],
         )
         await self.board.post.remote(verdict)
 
@@ -236,13 +251,22 @@ class EngineStage:
         began = time.time()
         self.clock = EngineClock(self.config.retries.engine_stall_seconds)
         loggers = [self.clock.stat_logger_factory()]
-        self.engine = held_until_stopped(await asyncio.to_thread(start_engine, self.config, self.processes, self.vllm_classes, loggers))
-        self.requests = EngineRequests(self.engine, self.location, lora_requests(self.config), self.processes.end, **self.where)
+        self.engine = held_until_stopped(
+            await asyncio.to_thread(start_engine, self.config, self.processes, self.vllm_classes, loggers)
+        )
+        self.requests = EngineRequests(
+            self.engine, self.location, lora_requests(self.config), self.processes.end, **self.where
+        )
         self.identity = dataclasses.replace(self.identity, drafter_id=self.drafter_id if speculative else None)
         ready = time.time()
         if self.board is not None:  # the job's engine starts count this one
             start = self.start.model_copy(
-                update={"init_started_at": began, "vllm_imported_at": began, "engine_ready_at": ready, "engine_core_started_at": None}
+                update={
+                    "init_started_at": began,
+                    "vllm_imported_at": began,
+                    "engine_ready_at": ready,
+                    "engine_core_started_at": None,
+                }
             )
             await self.board.check_in.remote(start)
         return ready - began

@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Optional
 from ray.exceptions import RayActorError
 
 from pipeline.config import JobConfig
-from pipeline.speculation.trial import ArmClock, arm_wants_more, decide, setting_text, worth_a_trial, worth_measuring_off
+from pipeline.speculation.trial import (
+    ArmClock,
+    arm_wants_more,
+    decide,
+    setting_text,
+    worth_a_trial,
+    worth_measuring_off,
+)
 from pipeline.stages.metrics import ReplicaMetrics
 from schemas import HeadUnits, TrialVerdict, utc_timestamp
 from schemas.board import TrialPlan
@@ -41,7 +48,11 @@ class EngineTrial:
     stops its engine before Ray ends the actor's processes, would not run when Ray drops it."""
 
     def __init__(
-        self, config: JobConfig, plan: Optional[TrialPlan], board: Optional[ActorHandle], metrics: ReplicaMetrics,
+        self,
+        config: JobConfig,
+        plan: Optional[TrialPlan],
+        board: Optional[ActorHandle],
+        metrics: ReplicaMetrics,
         start_seconds: float,
     ):
         self.config, self.plan, self.board, self.metrics = config, plan, board, metrics
@@ -62,7 +73,9 @@ class EngineTrial:
             try:
                 arm = None if self.done else await self._next_arm(restart)
             except RayActorError as exc:  # the board went with a lost node: the units go on, the trial ends here
-                logger.warning("speculation trial: the job board is gone (%s); this engine keeps its setting", type(exc).__name__)
+                logger.warning(
+                    "speculation trial: the job board is gone (%s); this engine keeps its setting", type(exc).__name__
+                )
                 self.done, arm = True, None
             self.in_flight += 1
             return arm
@@ -111,7 +124,9 @@ class EngineTrial:
         if verdict is None or verdict.result is None:
             return None
         rows_left = self.plan.rows - 2 * self.config.speculative.trial.units * self.plan.unit_rows
-        return worth_a_trial(self.config, verdict.result.tokens_per_second, rows_left, self.plan.engines, self.start_seconds)
+        return worth_a_trial(
+            self.config, verdict.result.tokens_per_second, rows_left, self.plan.engines, self.start_seconds
+        )
 
     async def _follow(self, restart: Restart) -> None:
         verdict = await self.board.trial_verdict.remote()

@@ -30,7 +30,12 @@ READ_ROWS = 65536
 
 
 def write_grouped_copy(
-    storage: Storage, output_uri: str, files: list[InputFile], order: np.ndarray, kinds: np.ndarray, rows_per_unit: int,
+    storage: Storage,
+    output_uri: str,
+    files: list[InputFile],
+    order: np.ndarray,
+    kinds: np.ndarray,
+    rows_per_unit: int,
     shape: RowShape,
 ) -> list[InputFile]:
     """Writes the copy (an earlier, unrecorded copy goes first) and returns its files in order,
@@ -44,15 +49,25 @@ def write_grouped_copy(
     for unit in plan_units(files, READ_ROWS):
         rows = slice(first_row_of[unit.source] + unit.first_row, first_row_of[unit.source] + unit.first_row + unit.rows)
         touched = np.unique(file_of_row[rows])
-        refs = _split.options(num_returns=len(touched)).remote(storage, unit, shape, file_of_row[rows], position_of_row[rows], touched)
+        refs = _split.options(num_returns=len(touched)).remote(
+            storage, unit, shape, file_of_row[rows], position_of_row[rows], touched
+        )
         for f, ref in zip(touched, refs if len(touched) > 1 else [refs]):
             pieces[f].append(ref)
     uris = [storage.join(folder, f"{i:05d}.{KINDS[kind]}.parquet") for i, kind in enumerate(file_kinds)]
-    written = ray.get([_write.remote(storage, uri, rows_per_unit, *file_pieces) for uri, file_pieces in zip(uris, pieces)])
+    written = ray.get(
+        [_write.remote(storage, uri, rows_per_unit, *file_pieces) for uri, file_pieces in zip(uris, pieces)]
+    )
     listed = storage.list_details(folder, ".parquet")
     return [
-        InputFile(uri=uri, size=listed[uri]["size"], version=listed[uri]["version"], rows=rows,
-                  text_column=KINDS[kind], metadata_type=metadata_type)
+        InputFile(
+            uri=uri,
+            size=listed[uri]["size"],
+            version=listed[uri]["version"],
+            rows=rows,
+            text_column=KINDS[kind],
+            metadata_type=metadata_type,
+        )
         for uri, kind, (rows, metadata_type) in zip(uris, file_kinds, written)
     ]
 
@@ -77,8 +92,14 @@ def _destinations(order: np.ndarray, kinds: np.ndarray, rows_per_unit: int) -> t
 
 
 @ray.remote
-def _split(storage: Storage, unit: WorkUnit, shape: RowShape, dest: np.ndarray, position: np.ndarray, touched: np.ndarray):
-    table = read_unit(storage, unit, shape).drop_columns(["unit_id", "unit_rows", "text_column"]).append_column("position", pa.array(position))
+def _split(
+    storage: Storage, unit: WorkUnit, shape: RowShape, dest: np.ndarray, position: np.ndarray, touched: np.ndarray
+):
+    table = (
+        read_unit(storage, unit, shape)
+        .drop_columns(["unit_id", "unit_rows", "text_column"])
+        .append_column("position", pa.array(position))
+    )
     by_file = np.argsort(dest, kind="stable")
     table, dest = table.take(pa.array(by_file)), dest[by_file]
     bounds = np.searchsorted(dest, touched, side="left"), np.searchsorted(dest, touched, side="right")

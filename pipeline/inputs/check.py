@@ -68,7 +68,13 @@ COLUMN_CHECKS = {
     "top_p": (lambda t: pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_null(t), "float"),
     "seed": (lambda t: pa.types.is_integer(t) or pa.types.is_null(t), "integer"),
     "n": (lambda t: pa.types.is_integer(t) or pa.types.is_null(t), "integer"),
-    "stop": (lambda t: pa.types.is_null(t) or (pa.types.is_list(t) and (_is_string(t.value_type) or pa.types.is_null(t.value_type))), "list<string>"),
+    "stop": (
+        lambda t: (
+            pa.types.is_null(t)
+            or (pa.types.is_list(t) and (_is_string(t.value_type) or pa.types.is_null(t.value_type)))
+        ),
+        "list<string>",
+    ),
     "response_format": (lambda t: _is_string(t) or pa.types.is_null(t), "string (JSON text)"),
     "sampling": (lambda t: _is_string(t) or pa.types.is_null(t), "string (JSON text of an object)"),
     "lora": (lambda t: _is_string(t) or pa.types.is_null(t), "string (an adapter name of lora.adapters)"),
@@ -91,7 +97,10 @@ def inspect_inputs(
 
 
 def inspect_listed(
-    input_uri: str, listed: dict[str, dict], storage: Storage, known: Optional[list[InputFile]] = None,
+    input_uri: str,
+    listed: dict[str, dict],
+    storage: Storage,
+    known: Optional[list[InputFile]] = None,
     shape: Optional[RowShape] = None,
 ) -> InputReport:
     """`inspect_inputs` of the files `listed` (uri -> size and version, as Storage lists them)."""
@@ -115,7 +124,8 @@ def inspect_listed(
         problems.append(f"column 'metadata' has different types across files ({by_file})")
     if problems:
         raise InputError(
-            f"input {input_uri!r} refused:\n  " + "\n  ".join(problems)
+            f"input {input_uri!r} refused:\n  "
+            + "\n  ".join(problems)
             + "\nFix these files (the input contract: docs/contracts.md, 'Input'), or move them out of input_uri."
         )
     return InputReport(files, sum(f.rows for f in files), footers_read=len(todo))

@@ -77,12 +77,16 @@ def _file_hashes(storage: Storage, file: InputFile, shape: RowShape) -> tuple[np
         with storage.open_ranged(file.uri, size=file.size) as f:
             parquet = pq.ParquetFile(f, pre_buffer=False)
             columns = shape.source_columns(parquet.schema_arrow.names, ["id"])
-            return [shape.apply(pa.Table.from_batches([b])).select(["id"])
-                    for b in parquet.iter_batches(BATCH_ROWS, columns=columns, use_threads=False)]
+            return [
+                shape.apply(pa.Table.from_batches([b])).select(["id"])
+                for b in parquet.iter_batches(BATCH_ROWS, columns=columns, use_threads=False)
+            ]
 
     tables = storage.retrying(f"read {file.uri}", read)
     ids = pa.concat_tables(tables).column("id").combine_chunks() if tables else pa.array([], pa.string())
-    valid = pc.fill_null(pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(ids)), 0), False).to_numpy(zero_copy_only=False)
+    valid = pc.fill_null(pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(ids)), 0), False).to_numpy(
+        zero_copy_only=False
+    )
     values = pc.fill_null(ids, "").to_numpy(zero_copy_only=False)
     hashes = np.stack([pd.util.hash_array(values, hash_key=key, categorize=False) for key in HASH_KEYS], axis=1)
     return hashes.astype(np.uint64), valid

@@ -115,7 +115,9 @@ def converted_base(uri: str, size: int, version: str, unsupported: str = "refuse
     """`<stem>-<hash of the URI>-<hash of URI, size, version>`: the first two name the source,
     the last its content (and, with unsupported_requests: errors, that setting: its
     conversion holds rows the other one refuses)."""
-    content = identity_hash(uri, size, version) if unsupported == "refuse" else identity_hash(uri, size, version, unsupported)
+    content = (
+        identity_hash(uri, size, version) if unsupported == "refuse" else identity_hash(uri, size, version, unsupported)
+    )
     return f"{short_name(uri)}-{identity_hash(uri)[:8]}-{content[:12]}"
 
 
@@ -193,7 +195,9 @@ class _FileConversion:
             sink.close(keep)
 
 
-def _convert_file(storage: Storage, uri: str, info: dict, folder: str, unsupported: str) -> tuple[list[str], list[str], int]:
+def _convert_file(
+    storage: Storage, uri: str, info: dict, folder: str, unsupported: str
+) -> tuple[list[str], list[str], int]:
     """Convert one JSONL file -> (converted URIs, problems (the first LISTED_PROBLEMS), count of
     problems). Nothing is kept unless every line converts (or, with unsupported_requests:
     errors, becomes its error row)."""
@@ -203,9 +207,15 @@ def _convert_file(storage: Storage, uri: str, info: dict, folder: str, unsupport
     if conversion.count:
         return [], conversion.problems, conversion.count
     sinks = conversion.sinks
-    marker = {"source": uri, "size": info["size"], "version": info["version"], "lines": conversion.lines,
-              "files": {k: posixpath.basename(s.uri) for k, s in sinks.items()}, "rows": {k: s.rows for k, s in sinks.items()},
-              "unsupported_lines": conversion.unsupported}
+    marker = {
+        "source": uri,
+        "size": info["size"],
+        "version": info["version"],
+        "lines": conversion.lines,
+        "files": {k: posixpath.basename(s.uri) for k, s in sinks.items()},
+        "rows": {k: s.rows for k, s in sinks.items()},
+        "unsupported_lines": conversion.unsupported,
+    }
     storage.write_json(storage.join(folder, f"{base}.json"), marker)
     return sorted(s.uri for s in sinks.values()), [], 0
 
@@ -277,7 +287,9 @@ def convert_batch_files(
         else:
             todo.append((uri, info))
     with ThreadPoolExecutor(PARALLEL_FILES) as pool:
-        results = list(pool.map(lambda item: _convert_file(storage, item[0], item[1], scratch or folder, unsupported), todo))
+        results = list(
+            pool.map(lambda item: _convert_file(storage, item[0], item[1], scratch or folder, unsupported), todo)
+        )
     problems, count = [], 0
     for (uri, _), (files, file_problems, file_count) in zip(todo, results):
         converted[uri] = files
@@ -285,12 +297,18 @@ def convert_batch_files(
         count += file_count
     if count:
         shown = problems[:LISTED_PROBLEMS]
-        head = f"{count} problem{'s' if count > 1 else ''}" + (f", the first {len(shown)}" if count > len(shown) else "")
+        head = f"{count} problem{'s' if count > 1 else ''}" + (
+            f", the first {len(shown)}" if count > len(shown) else ""
+        )
         raise InputError(
-            f"OpenAI batch input {input_uri!r} refused ({head}):\n  " + "\n  ".join(shown)
+            f"OpenAI batch input {input_uri!r} refused ({head}):\n  "
+            + "\n  ".join(shown)
             + "\nFix these lines (each a request of OpenAI's batch format with a custom_id unique in its file) and run again"
-            + (", or set unsupported_requests: errors to run the rest and get each such line back as an error line."
-               if unsupported == "refuse" else ".")
+            + (
+                ", or set unsupported_requests: errors to run the rest and get each such line back as an error line."
+                if unsupported == "refuse"
+                else "."
+            )
         )
     return [u for uri in sources for u in converted[uri]]
 
@@ -310,11 +328,14 @@ def inspect_job_inputs(
             f"input_uri {config.input_uri!r}: its JSONL files hold no request; point input_uri at files with request lines"
         )
     now, names = {_source_key(u) for u in converted}, {posixpath.basename(u) for u in converted}
-    replaced = sorted(f.uri for f in known or [] if _source_key(f.uri) in now and posixpath.basename(f.uri) not in names)
+    replaced = sorted(
+        f.uri for f in known or [] if _source_key(f.uri) in now and posixpath.basename(f.uri) not in names
+    )
     if replaced:
         raise InputError(
             f"OpenAI batch files (or unsupported_requests) changed since this job started at {config.output_uri} (their earlier conversions: "
-            + ", ".join(replaced) + "). Use a new output_uri, or rerun with --restart to start over."
+            + ", ".join(replaced)
+            + "). Use a new output_uri, or rerun with --restart to start over."
         )
     with ThreadPoolExecutor(PARALLEL_FILES) as pool:
         reports = list(pool.map(lambda uri: inspect_inputs(uri, storage, known), converted))

@@ -22,12 +22,21 @@ def row_schema(kind: str) -> pa.Schema:
     """The prompt row contract of a converted file: `messages` for chat lines, `prompt` for
     completion lines (a file has one of the two)."""
     text = pa.field("messages", MESSAGES) if kind == "chat" else pa.field("prompt", pa.string())
-    return pa.schema([
-        pa.field("id", pa.string(), nullable=False), text,
-        pa.field("max_tokens", pa.int64()), pa.field("temperature", pa.float64()), pa.field("top_p", pa.float64()),
-        pa.field("seed", pa.int64()), pa.field("n", pa.int64()), pa.field("stop", pa.list_(pa.string())),
-        pa.field("response_format", pa.string()), pa.field("sampling", pa.string()), pa.field("metadata", pa.string()),
-    ])
+    return pa.schema(
+        [
+            pa.field("id", pa.string(), nullable=False),
+            text,
+            pa.field("max_tokens", pa.int64()),
+            pa.field("temperature", pa.float64()),
+            pa.field("top_p", pa.float64()),
+            pa.field("seed", pa.int64()),
+            pa.field("n", pa.int64()),
+            pa.field("stop", pa.list_(pa.string())),
+            pa.field("response_format", pa.string()),
+            pa.field("sampling", pa.string()),
+            pa.field("metadata", pa.string()),
+        ]
+    )
 
 
 # ---------------------------------------------------------------- the body of a request line
@@ -75,7 +84,13 @@ IGNORED_FIELDS = ("model", "user", "metadata", "store")
 # Accepted only at their default value (null is always the default).
 DEFAULT_ONLY = {"stream": False, "echo": False, "best_of": 1}
 CHAT_ROLES = ("system", "developer", "user", "assistant")
-STRUCTURED_KINDS = {"json": "json_schema", "json_object": "json_object", "regex": "regex", "choice": "choice", "grammar": "grammar"}
+STRUCTURED_KINDS = {
+    "json": "json_schema",
+    "json_object": "json_object",
+    "regex": "regex",
+    "choice": "choice",
+    "grammar": "grammar",
+}
 
 
 class LineProblem(ValueError):
@@ -115,7 +130,9 @@ def _messages(value: Any) -> list[dict]:
             for j, part in enumerate(content):
                 kind = part.get("type") if isinstance(part, dict) else None
                 if kind != "text" or not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
-                    raise LineProblem(f"{where}.content[{j}]", f"type {json.dumps(kind)} is not supported (text parts only)")
+                    raise LineProblem(
+                        f"{where}.content[{j}]", f"type {json.dumps(kind)} is not supported (text parts only)"
+                    )
                 texts.append(part["text"])
             content = "\n".join(texts)  # as vLLM's server joins text parts
         if not isinstance(content, str):
@@ -130,8 +147,14 @@ def _response_format(value: Any, field: str = "body.response_format") -> Optiona
     if not isinstance(value, dict):
         raise LineProblem(field, "expected an object with a type")
     kind = value.get("type")
-    expected = {"text": (), "json_object": (), "json_schema": ("json_schema",), "regex": ("regex",),
-                "choice": ("choice",), "grammar": ("grammar",)}
+    expected = {
+        "text": (),
+        "json_object": (),
+        "json_schema": ("json_schema",),
+        "regex": ("regex",),
+        "choice": ("choice",),
+        "grammar": ("grammar",),
+    }
     if kind not in expected:
         raise LineProblem(f"{field}.type", f"{json.dumps(kind)} is not supported (one of {', '.join(expected)})")
     extra = set(value) - {"type", *expected[kind]}
@@ -165,7 +188,7 @@ def _structured_outputs(value: Any) -> dict:
         raise LineProblem(f"{field}.{sorted(unknown)[0]}", "not supported")
     if len(given) != 1:
         raise LineProblem(field, f"expected exactly one of {', '.join(STRUCTURED_KINDS)}")
-    (key, spec), = given.items()
+    ((key, spec),) = given.items()
     if key == "json":
         spec = json.loads(spec) if isinstance(spec, str) else spec
         return _response_format({"type": "json_schema", "json_schema": {"schema": spec}}, field)
@@ -238,15 +261,20 @@ def _shared_body(body: dict, row: dict, sampling: dict) -> None:
         row["stop"] = stop or None
     if "response_format" in body and "structured_outputs" in body:
         raise LineProblem("body.structured_outputs", "give response_format or structured_outputs, not both")
-    fmt = (_response_format(body.pop("response_format")) if "response_format" in body
-           else _structured_outputs(body.pop("structured_outputs")) if "structured_outputs" in body else None)
+    fmt = (
+        _response_format(body.pop("response_format"))
+        if "response_format" in body
+        else _structured_outputs(body.pop("structured_outputs"))
+        if "structured_outputs" in body
+        else None
+    )
     row["response_format"] = json.dumps(fmt, sort_keys=True) if fmt else None
     for name in list(body):
         if name in SHARED_FIELDS:
             where, type_name = SHARED_FIELDS[name]
             value = _typed(body, name, type_name)
             if where.startswith("sampling."):
-                sampling[where[len("sampling."):]] = value
+                sampling[where[len("sampling.") :]] = value
             else:
                 row[where] = value
         elif name not in IGNORED_FIELDS:
@@ -259,8 +287,13 @@ def unsupported_row(request: dict, custom_id: str, problem: LineProblem, line: i
     its metadata."""
     url = request.get("url")
     body = request.get("body") if isinstance(request.get("body"), dict) else {}
-    meta = {"url": url if url in URLS else None, "model": body.get("model") if isinstance(body.get("model"), str) else None,
-            "file": file, "line": line, UNSUPPORTED: {"field": problem.field, "message": str(problem)}}
+    meta = {
+        "url": url if url in URLS else None,
+        "model": body.get("model") if isinstance(body.get("model"), str) else None,
+        "file": file,
+        "line": line,
+        UNSUPPORTED: {"field": problem.field, "message": str(problem)},
+    }
     return URLS.get(url, "completions"), {"id": custom_id, "metadata": json.dumps(meta, sort_keys=True)}
 
 
@@ -284,6 +317,11 @@ def convert_request(request: Any, line: int, file: str) -> tuple[str, dict]:
     (_chat_body if kind == "chat" else _completion_body)(body, row, sampling)
     _shared_body(body, row, sampling)
     row["sampling"] = json.dumps(sampling, sort_keys=True) if sampling else None
-    meta = {"url": url, "model": body.get("model") if isinstance(body.get("model"), str) else None, "file": file, "line": line}
+    meta = {
+        "url": url,
+        "model": body.get("model") if isinstance(body.get("model"), str) else None,
+        "file": file,
+        "line": line,
+    }
     row["metadata"] = json.dumps(meta, sort_keys=True)
     return kind, row

@@ -67,8 +67,10 @@ def _file_keys(storage: Storage, file: InputFile, shape: RowShape) -> tuple[np.n
         with storage.open_ranged(file.uri, size=file.size) as f:
             parquet = pq.ParquetFile(f, pre_buffer=False)
             columns = shape.source_columns(parquet.schema_arrow.names, [file.text_column, "lora"])
-            return [_batch_keys(shape.apply(pa.Table.from_batches([batch])), file.text_column)
-                    for batch in parquet.iter_batches(BATCH_ROWS, columns=columns, use_threads=False)]
+            return [
+                _batch_keys(shape.apply(pa.Table.from_batches([batch])), file.text_column)
+                for batch in parquet.iter_batches(BATCH_ROWS, columns=columns, use_threads=False)
+            ]
 
     parts = storage.retrying(f"read {file.uri}", read)
     lengths = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.uint32)
@@ -86,7 +88,7 @@ def _batch_keys(table: pa.Table, text_column: str) -> tuple[np.ndarray, np.ndarr
         values = pc.binary_slice(text, 0, int(size)).to_numpy(zero_copy_only=False)
         hashes[:, level] = pd.util.hash_array(values, categorize=False).astype(np.uint32)
         if lengths.size == 0 or size >= lengths.max():
-            hashes[:, level + 1:] = hashes[:, level:level + 1]  # longer prefixes are the whole key
+            hashes[:, level + 1 :] = hashes[:, level : level + 1]  # longer prefixes are the whole key
             break
     return lengths, hashes
 
@@ -151,7 +153,10 @@ def grouping_pays(sharing: PrefixSharing) -> tuple[bool, str]:
     share = gain / sharing.prompt_chars if sharing.prompt_chars else 0.0
     if share >= PAYS:
         return True, f"sorted by prefix, rows share {share:.0%} more of the prompt text than in the input's order"
-    return False, f"sorted by prefix, rows would share only {share:.0%} more of the prompt text than in the input's order (below {PAYS:.0%})"
+    return (
+        False,
+        f"sorted by prefix, rows would share only {share:.0%} more of the prompt text than in the input's order (below {PAYS:.0%})",
+    )
 
 
 def rows_per_grouped_file(rows_per_unit: int) -> int:

@@ -62,7 +62,9 @@ class RowShape:
     def for_job(cls, config) -> "RowShape":
         return cls(config.rows)
 
-    def __reduce__(self):  # to Ray's tasks and actors: the config, compiled again there (a Jinja2 template does not pickle)
+    def __reduce__(
+        self,
+    ):  # to Ray's tasks and actors: the config, compiled again there (a Jinja2 template does not pickle)
         return RowShape, (self.rows,)
 
     # ------------------------------------------------------------ what a file must have, and gives
@@ -71,8 +73,11 @@ class RowShape:
         """The row layout's text columns ("prompt", "messages") a file with these columns gives."""
         if self.rows.templated:
             return [self.rows.templated]
-        return [kind for kind, name in (("prompt", self.rows.prompt_column), ("messages", self.rows.messages_column))
-                if name in names]
+        return [
+            kind
+            for kind, name in (("prompt", self.rows.prompt_column), ("messages", self.rows.messages_column))
+            if name in names
+        ]
 
     def missing(self, names: Sequence[str]) -> list[str]:
         """The columns the `rows` section names that a file lacks, each with the setting that names it."""
@@ -85,8 +90,12 @@ class RowShape:
     def source_columns(self, names: Sequence[str], layout: Sequence[str]) -> list[str]:
         """The file's columns (of `names`) to read for the layout's columns `layout`."""
         rows = self.rows
-        sources = {"id": [rows.id_column], "prompt": [rows.prompt_column], "messages": [rows.messages_column],
-                   "copied": rows.copy_columns}
+        sources = {
+            "id": [rows.id_column],
+            "prompt": [rows.prompt_column],
+            "messages": [rows.messages_column],
+            "copied": rows.copy_columns,
+        }
         if rows.templated:  # the template makes the row's text: neither text column is read
             sources.update(prompt=[], messages=[])
             sources[rows.templated] = self.template_columns
@@ -115,7 +124,9 @@ class RowShape:
             columns["template_field"] = pa.array(fields, pa.string())
         if rows.copy_columns and all(c in names for c in rows.copy_columns):
             copied = [plain_column(table.column(c)).combine_chunks() for c in rows.copy_columns]
-            columns["copied"] = pa.StructArray.from_arrays(copied, fields=[pa.field(c, a.type) for c, a in zip(rows.copy_columns, copied)])
+            columns["copied"] = pa.StructArray.from_arrays(
+                copied, fields=[pa.field(c, a.type) for c, a in zip(rows.copy_columns, copied)]
+            )
         return pa.table(columns)
 
     def render(self, table: pa.Table) -> tuple[list, list, list]:

@@ -106,13 +106,17 @@ def _read_rows(storage: Storage, unit: WorkUnit, shape: RowShape) -> pa.Table:
             wanted = shape.source_columns(names, LAYOUT)
         table = parquet.read_row_groups(groups, columns=wanted).slice(unit.first_row - (offset or 0), unit.rows)
     if table.num_rows != unit.rows:
-        raise IOError(f"{unit.source}: unit {unit.unit_id} expected {unit.rows} rows from row {unit.first_row}, read {table.num_rows}")
+        raise IOError(
+            f"{unit.source}: unit {unit.unit_id} expected {unit.rows} rows from row {unit.first_row}, read {table.num_rows}"
+        )
     if not grouped_copy:
         table = shape.apply(table)
     names = table.column_names
     columns = {}
     for field in UNIT_COLUMNS:
-        columns[field.name] = table.column(field.name).cast(field.type) if field.name in names else pa.nulls(unit.rows, field.type)
+        columns[field.name] = (
+            table.column(field.name).cast(field.type) if field.name in names else pa.nulls(unit.rows, field.type)
+        )
     columns["metadata"] = table.column("metadata") if "metadata" in names else pa.nulls(unit.rows)
     columns.update((c, table.column(c)) for c in SHAPE_COLUMNS if c in names)
     n = unit.rows
@@ -137,5 +141,7 @@ def unit_of(batch: pa.Table) -> tuple[str, str, int]:
     units = batch.column("unit_id").unique().to_pylist()
     expected = batch.column("unit_rows")[0].as_py() if batch.num_rows else 0
     if len(units) != 1 or batch.num_rows != expected:
-        raise RuntimeError(f"a block holds {batch.num_rows} rows of units {units[:3]}, expected one whole unit of {expected}")
+        raise RuntimeError(
+            f"a block holds {batch.num_rows} rows of units {units[:3]}, expected one whole unit of {expected}"
+        )
     return units[0], batch.column("source")[0].as_py(), min(batch.column("row").to_pylist())

@@ -35,7 +35,13 @@ def chained_inputs(
     files = set(first.committed_files("outputs"))
     if not files:
         raise InputError(f"input_uri {config.input_uri}: job {manifest.job_id} committed no output rows to read")
-    listed = {uri: info for uri, info in storage.list_details(first.path("outputs"), ".parquet").items() if uri in files}
+    listed = {
+        uri: info for uri, info in storage.list_details(first.path("outputs"), ".parquet").items() if uri in files
+    }
     report = inspect_listed(config.input_uri, listed, storage, known, RowShape.for_job(config))
-    return report, InputJob(job_id=manifest.job_id, output_uri=first.uri, status=manifest.status,
-                            results_fingerprint=manifest.results_fingerprint)
+    return report, InputJob(
+        job_id=manifest.job_id,
+        output_uri=first.uri,
+        status=manifest.status,
+        results_fingerprint=manifest.results_fingerprint,
+    )

@@ -44,7 +44,9 @@ class Pace:
 
     def __init__(self, window: int):
         self.window = max(1, window)
-        self.units: deque[tuple[float, int, float, float]] = deque(maxlen=self.window + 1)  # (committed, rows, in engine from, to)
+        self.units: deque[tuple[float, int, float, float]] = deque(
+            maxlen=self.window + 1
+        )  # (committed, rows, in engine from, to)
         self.units_taken = 0
 
     def add(self, committed_at: float, rows: int, engine_from: float, engine_to: float) -> None:
@@ -55,7 +57,12 @@ class Pace:
         new, self.units_taken = len(unit_stats) - self.units_taken, len(unit_stats)
         for row in reversed(list(islice(reversed(unit_stats.values()), min(new, self.window + 1)))):
             start = row["started_at"]
-            self.add(start + max(row["wall_seconds"], row["engine_seconds"]), row["rows"], start, start + row["engine_seconds"])
+            self.add(
+                start + max(row["wall_seconds"], row["engine_seconds"]),
+                row["rows"],
+                start,
+                start + row["engine_seconds"],
+            )
 
     def units_to_go(self) -> int:
         """Units still to commit before there is a pace."""
@@ -98,7 +105,11 @@ class Pace:
             return f"ETA {eta:,.0f}s"
         to_go = max(1, self.units_to_go())
         if units_left < to_go:  # fewer than a window: every unit left is in an engine slot already
-            return "no ETA: the last unit is running" if units_left == 1 else f"no ETA: the last {units_left} units are running"
+            return (
+                "no ETA: the last unit is running"
+                if units_left == 1
+                else f"no ETA: the last {units_left} units are running"
+            )
         return "ETA after the next unit" if to_go == 1 else f"ETA after {to_go} more units"
 
 
@@ -107,12 +118,15 @@ def commit_window(replicas: int, units_in_flight: int) -> int:
     return max(1, replicas) * max(1, units_in_flight)
 
 
-def progress_line(done: int, total: int, engine_rate: float, wall_rate: float, acceptance: Optional[float],
-                  eta_text: str) -> str:
+def progress_line(
+    done: int, total: int, engine_rate: float, wall_rate: float, acceptance: Optional[float], eta_text: str
+) -> str:
     accepting = f", acceptance {acceptance:.2f}" if acceptance is not None else ""
     share = f"{done / total:.0%}" if total else "-"
-    return (f"{done:,}/{total:,} rows ({share}), {engine_rate:,.0f} tok/s engine, {wall_rate:,.0f} tok/s wall"
-            f"{accepting}, {eta_text}")
+    return (
+        f"{done:,}/{total:,} rows ({share}), {engine_rate:,.0f} tok/s engine, {wall_rate:,.0f} tok/s wall"
+        f"{accepting}, {eta_text}"
+    )
 
 
 def print_progress(line: str, finished: bool) -> None:
@@ -127,32 +141,46 @@ def summary(manifest: JobManifest) -> list[str]:
     """The job's end, as lines a person reads."""
     t, attempt = manifest.totals, manifest.attempts[-1] if manifest.attempts else None
     lines = [f"job {manifest.job_id} {manifest.status}"]
-    lines.append(f"  rows      {t.output_rows + t.error_rows:,} of {t.input_rows:,} done: {t.output_rows:,} generated, "
-                 f"{t.error_rows:,} failed")
+    lines.append(
+        f"  rows      {t.output_rows + t.error_rows:,} of {t.input_rows:,} done: {t.output_rows:,} generated, "
+        f"{t.error_rows:,} failed"
+    )
     prefill = f" ({prefill_text(t.prompt_tokens, t.cached_prompt_tokens)})" if t.prompt_tokens else ""
-    lines.append(f"  tokens    {t.generated_tokens:,} generated from {t.prompt_tokens:,} prompt tokens{prefill}, in {t.units:,} units")
+    lines.append(
+        f"  tokens    {t.generated_tokens:,} generated from {t.prompt_tokens:,} prompt tokens{prefill}, in {t.units:,} units"
+    )
     if t.generated_tokens:
-        share = f"; engines busy {t.engine_busy_share:.0%} of the billed time" if t.engine_busy_share is not None else ""
+        share = (
+            f"; engines busy {t.engine_busy_share:.0%} of the billed time" if t.engine_busy_share is not None else ""
+        )
         attempts = f" in {len(manifest.attempts)} attempts" if len(manifest.attempts) > 1 else ""
-        lines.append(f"  speed     {t.engine_tokens_per_second:,.0f} tok/s of engine time, {t.tokens_per_second:,.0f} tok/s of "
-                     f"wall time ({t.wall_seconds:,.1f} s of generation{attempts}){share}")
+        lines.append(
+            f"  speed     {t.engine_tokens_per_second:,.0f} tok/s of engine time, {t.tokens_per_second:,.0f} tok/s of "
+            f"wall time ({t.wall_seconds:,.1f} s of generation{attempts}){share}"
+        )
     if attempt and attempt.added and attempt.number > 1:
         a = attempt.added
-        lines.append(f"  this run  added {a.rows:,} rows ({a.output_rows:,} generated, {a.error_rows:,} failed) in {a.units:,} "
-                     f"units, {a.generated_tokens:,} tokens generated from {a.prompt_tokens:,} prompt tokens; "
-                     f"{a.new_input_files:,} new input file{'s' if a.new_input_files != 1 else ''}")
+        lines.append(
+            f"  this run  added {a.rows:,} rows ({a.output_rows:,} generated, {a.error_rows:,} failed) in {a.units:,} "
+            f"units, {a.generated_tokens:,} tokens generated from {a.prompt_tokens:,} prompt tokens; "
+            f"{a.new_input_files:,} new input file{'s' if a.new_input_files != 1 else ''}"
+        )
     start = attempt.start if attempt else None
     if start and start.to_first_commit_seconds is not None:
         lines.append(f"  start     {start_line(start)}")
     if t.mean_acceptance_length is not None:
         per_pass = f", {t.tokens_per_target_pass:.2f} tokens per target pass" if t.tokens_per_target_pass else ""
-        lines.append(f"  drafts    acceptance rate {t.acceptance_rate:.3f}, mean acceptance length {t.mean_acceptance_length:.2f}"
-                     f"{per_pass}")
+        lines.append(
+            f"  drafts    acceptance rate {t.acceptance_rate:.3f}, mean acceptance length {t.mean_acceptance_length:.2f}"
+            f"{per_pass}"
+        )
     if manifest.probe:
         p = manifest.probe
         measured = f"{p.mean_acceptance_length:.2f}" if p.mean_acceptance_length is not None else "none"
-        lines.append(f"  probe     {'passed' if p.passed else 'refused'}: mean acceptance length {measured} on {p.rows} rows "
-                     f"(floor {p.floor})")
+        lines.append(
+            f"  probe     {'passed' if p.passed else 'refused'}: mean acceptance length {measured} on {p.rows} rows "
+            f"(floor {p.floor})"
+        )
     if manifest.speculation:
         lines.append(f"  verdict   {verdict_text(manifest.speculation)}")
     return lines
@@ -161,8 +189,10 @@ def summary(manifest: JobManifest) -> list[str]:
 def prefill_text(prompt_tokens: int, cached_prompt_tokens: int) -> str:
     """The prompt tokens vLLM's prefix cache served and those the engines computed in prefill,
     e.g. "1,200 from the prefix cache, 40%; 1,800 computed"."""
-    return (f"{cached_prompt_tokens:,} from the prefix cache, {cached_prompt_tokens / prompt_tokens:.0%}; "
-            f"{prompt_tokens - cached_prompt_tokens:,} computed")
+    return (
+        f"{cached_prompt_tokens:,} from the prefix cache, {cached_prompt_tokens / prompt_tokens:.0%}; "
+        f"{prompt_tokens - cached_prompt_tokens:,} computed"
+    )
 
 
 def start_line(start: StartCost) -> str:
@@ -170,8 +200,12 @@ def start_line(start: StartCost) -> str:
     start of generation, the start-up phases from the driver's process start."""
     first = start.to_first_commit_seconds
     began = start.generation_started_s
-    when = (f"first unit committed {first - began:.1f} s into generation ({first:.1f} s after the process started, "
-            f"generation at {began:.1f} s)" if began is not None else f"first unit committed {first:.1f} s after the process started")
+    when = (
+        f"first unit committed {first - began:.1f} s into generation ({first:.1f} s after the process started, "
+        f"generation at {began:.1f} s)"
+        if began is not None
+        else f"first unit committed {first:.1f} s after the process started"
+    )
     starts = len(start.engine_starts)
     longest = max(start.phases, key=lambda p: p.seconds, default=None)
     most = f"; longest phase: {longest.name} {longest.seconds:.1f} s" if longest else ""

@@ -11,7 +11,7 @@ import atexit
 import enum
 import logging
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import pyarrow as pa
 
@@ -111,10 +111,14 @@ class AttemptProgress:
         wall_rate = self.tokens / (now_ - began) if now_ > began else 0.0
         acceptance = self.accepted / self.drafted if self.drafted else None
         eta = self.pace.eta_text(self.total_rows - done, len(self.attempt.plan.todo) - len(self.unit_stats))
-        print_progress(progress_line(done, self.total_rows, engine_rate, wall_rate, acceptance, eta), done >= self.total_rows)
+        print_progress(
+            progress_line(done, self.total_rows, engine_rate, wall_rate, acceptance, eta), done >= self.total_rows
+        )
 
 
-def run_graph(dataset: ray.data.Dataset, todo: list[WorkUnit], progress: AttemptProgress, board: ActorHandle) -> GraphOutcome:
+def run_graph(
+    dataset: ray.data.Dataset, todo: list[WorkUnit], progress: AttemptProgress, board: ActorHandle
+) -> GraphOutcome:
     """Iterates one graph to its outcome. Nodes that leave are noted in `_job.json` when
     seen. Stops with what the job watch found (pipeline/job/watch.py: SchedulingStalled,
     JobStalled, EnginesKeepFailing), DrafterRejected, or LeaseLost (an engine refused to
@@ -123,29 +127,13 @@ def run_graph(dataset: ray.data.Dataset, todo: list[WorkUnit], progress: Attempt
     watch = ClusterWatch(engine_actor_label())
     losses = NodeLosses(attempt, watch, todo)
     stall = StallWatch(AttemptLooks(attempt, board, watch, todo), lost=lambda: attempt.lease.lost is not None)
-    last_look = time.time()
     attempt.clock.mark("graph_started")
     stall.start()
     # closed in `finally`, as Ray Data asks of an iterator held by name: its executor stops
     # then, not when a traceback that holds the frame lets go (the engines: _stop_engines)
     batches = iter(dataset.iter_batches(batch_format="pyarrow", batch_size=None))
     try:
-        for stats in batches:
-            if not stats.num_rows:  # a unit an engine did not commit: the probe refused the drafter
-                _raise_a_refusal(attempt, board)
-            stall.progress()
-            if "first_commit" not in attempt.clock.marks:  # the board's figures go to _job.json at the first commit
-                attempt.clock.mark("first_commit")
-                _record_board(attempt, board)
-            if time.time() - last_look > WATCH_SECONDS:
-                losses.note()
-                last_look = time.time()
-            _record_trial_verdict(attempt, board)
-            if progress.observe(stats):
-                return GraphOutcome.SPECULATION_OFF
-        _raise_a_refusal(attempt, board)  # Ray Data may drop the refused units' empty batches
-        losses.note()
-        return GraphOutcome.FINISHED
+        return _take_batches(batches, progress, board, stall, losses)
     except StallInterrupt:
         stall.stop()
         attempt.lease.still_ours()  # the heartbeat found another owner: stop now, not at the next unit
@@ -164,6 +152,30 @@ def run_graph(dataset: ray.data.Dataset, todo: list[WorkUnit], progress: Attempt
         stall.stop()
         batches.close()
         _end_graph(attempt, board)
+
+
+def _take_batches(
+    batches: Iterator[pa.Table], progress: AttemptProgress, board: ActorHandle, stall: StallWatch, losses: NodeLosses
+) -> GraphOutcome:
+    """Each batch of stats rows the engines send back, to the graph's end or until the guard
+    turns speculation off."""
+    attempt, last_look = progress.attempt, time.time()
+    for stats in batches:
+        if not stats.num_rows:  # a unit an engine did not commit: the probe refused the drafter
+            _raise_a_refusal(attempt, board)
+        stall.progress()
+        if "first_commit" not in attempt.clock.marks:  # the board's figures go to _job.json at the first commit
+            attempt.clock.mark("first_commit")
+            _record_board(attempt, board)
+        if time.time() - last_look > WATCH_SECONDS:
+            losses.note()
+            last_look = time.time()
+        _record_trial_verdict(attempt, board)
+        if progress.observe(stats):
+            return GraphOutcome.SPECULATION_OFF
+    _raise_a_refusal(attempt, board)  # Ray Data may drop the refused units' empty batches
+    losses.note()
+    return GraphOutcome.FINISHED
 
 
 def _raise_a_refusal(attempt: GraphAttempt, board: ActorHandle) -> None:
@@ -201,7 +213,10 @@ class NodeLosses:
             committed = location.committed_units()
             for node, address in new.items():
                 known[node] = NodeLoss(
-                    time=utc_timestamp(), node_id=node, address=address, recovery="ray-data-retried",
+                    time=utc_timestamp(),
+                    node_id=node,
+                    address=address,
+                    recovery="ray-data-retried",
                     units_not_committed=sum(1 for u in self.todo if u.unit_id not in committed),
                 )
                 record.node_losses.append(known[node])
@@ -222,7 +237,9 @@ class NodeLosses:
                 f"{lost} Ray nodes lost in this attempt (retries.max_node_losses = "
                 f"{self.attempt.config.retries.max_node_losses}); the last one failed the dataset: {plain_text(str(exc))[:500]}"
             ) from exc
-        log.warning("%d node(s) lost; rebuilding the graph over the units not committed yet", len(self.watch.lost_nodes()))
+        log.warning(
+            "%d node(s) lost; rebuilding the graph over the units not committed yet", len(self.watch.lost_nodes())
+        )
 
 
 def _stop_engines(board: ActorHandle) -> None:
@@ -259,8 +276,12 @@ def _wait_for_engine_exits() -> None:
         return
     ended, _ = ray.wait(_EXITING, num_returns=len(_EXITING), timeout=ENGINE_EXIT_SECONDS)
     if len(ended) < len(_EXITING):
-        log.warning("%d of %d engine actors had not exited %d s after they were asked to; Ray ends them",
-                    len(_EXITING) - len(ended), len(_EXITING), ENGINE_EXIT_SECONDS)
+        log.warning(
+            "%d of %d engine actors had not exited %d s after they were asked to; Ray ends them",
+            len(_EXITING) - len(ended),
+            len(_EXITING),
+            ENGINE_EXIT_SECONDS,
+        )
 
 
 def _read_board(board: ActorHandle) -> Optional[BoardReading]:

@@ -35,20 +35,25 @@ class GroupingPlan:
         return self.record.grouped and not self.record.files
 
 
-
 def _setting(config: JobConfig) -> str:
     value = config.resources.group_prefixes
     return value if isinstance(value, str) else str(value).lower()
 
 
 def plan_grouping(
-    config: JobConfig, location: OutputLocation, previous: Optional[JobManifest], input_files: list[InputFile], committed: set[str]
+    config: JobConfig,
+    location: OutputLocation,
+    previous: Optional[JobManifest],
+    input_files: list[InputFile],
+    committed: set[str],
 ) -> GroupingPlan:
     setting = _setting(config)
     recorded = previous.grouping if previous else None
     if committed:  # the units committed so far decide: a resume keeps their plan
         if recorded is None:  # begun by a specbatch without grouping: its units are the input's
-            return GroupingPlan(PrefixGrouping(setting=setting, grouped=False, reason="the job began before rows were grouped"))
+            return GroupingPlan(
+                PrefixGrouping(setting=setting, grouped=False, reason="the job began before rows were grouped")
+            )
         if setting != "auto" and (setting == "true") != recorded.grouped:
             raise GroupingChanged(
                 f"resources.group_prefixes: {setting}, but {location.uri} holds units of job {previous.job_id} planned "
@@ -72,7 +77,9 @@ def plan_grouping(
 def refuse_a_lost_copy(location: OutputLocation, recorded: PrefixGrouping) -> None:
     """Units left to run over a grouped copy whose files are gone or rewritten (one listing)."""
     folders = {f.uri.rsplit("/", 1)[0] for f in recorded.files}
-    listed = {uri: info for folder in folders for uri, info in location.storage.list_details(folder, ".parquet").items()}
+    listed = {
+        uri: info for folder in folders for uri, info in location.storage.list_details(folder, ".parquet").items()
+    }
     lost = [f.uri for f in recorded.files if (listed.get(f.uri) or {}).get("size") != f.size]
     if lost:
         raise GroupingChanged(

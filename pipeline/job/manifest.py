@@ -13,7 +13,16 @@ from pipeline.inputs.units import WorkUnit
 from pipeline.config import JobConfig
 from pipeline.job.plan import JobPlan, results_fingerprint
 from schemas import (
-    LAYOUT_VERSION, Attempt, AttemptAdded, InputFile, JobManifest, JobTotals, Lease, ProbeResult, Versions, utc_timestamp,
+    LAYOUT_VERSION,
+    Attempt,
+    AttemptAdded,
+    InputFile,
+    JobManifest,
+    JobTotals,
+    Lease,
+    ProbeResult,
+    Versions,
+    utc_timestamp,
 )
 
 
@@ -85,7 +94,9 @@ def close_killed_attempt(previous: JobManifest, dead_owner: Optional[Lease]) -> 
     last.status = "killed"
     last.error = "ended without closing its attempt (killed driver or lost node); closed by the next attempt"
     if dead_owner is not None and dead_owner.attempt == last.number:
-        last.ended_at = dt.datetime.fromtimestamp(dead_owner.heartbeat_at, dt.timezone.utc).isoformat(timespec="seconds")
+        last.ended_at = dt.datetime.fromtimestamp(dead_owner.heartbeat_at, dt.timezone.utc).isoformat(
+            timespec="seconds"
+        )
         started = dt.datetime.fromisoformat(last.started_at).timestamp()
         last.wall_seconds = max(0.0, dead_owner.heartbeat_at - started)
 
@@ -94,8 +105,11 @@ def added_by(unit_stats: list[dict], files: list[InputFile], previous: Optional[
     """What an attempt added: the stats rows of the units it committed, and its new input files."""
     before = {(f.uri, f.size, f.version) for f in previous.input_files} if previous else set()
     return AttemptAdded(
-        units=len(unit_stats), rows=sum(r["rows"] for r in unit_stats), output_rows=sum(r["output_rows"] for r in unit_stats),
-        error_rows=sum(r["error_rows"] for r in unit_stats), prompt_tokens=sum(r["prompt_tokens"] for r in unit_stats),
+        units=len(unit_stats),
+        rows=sum(r["rows"] for r in unit_stats),
+        output_rows=sum(r["output_rows"] for r in unit_stats),
+        error_rows=sum(r["error_rows"] for r in unit_stats),
+        prompt_tokens=sum(r["prompt_tokens"] for r in unit_stats),
         generated_tokens=sum(r["generated_tokens"] for r in unit_stats),
         new_input_files=sum((f.uri, f.size, f.version) not in before for f in files),
     )

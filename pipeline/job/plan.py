@@ -17,7 +17,7 @@ from typing import Optional
 import pyarrow as pa
 
 from pipeline.commit.lease import LeaseHeld
-from pipeline.commit.outputs import LayoutMismatch, ManifestInvalid, OutputLocation, error_units
+from pipeline.commit.outputs import LayoutMismatch, ManifestInvalid, OutputLocation
 from pipeline.inputs.units import WorkUnit, plan_units
 from pipeline.config import ConfigError, JobConfig
 from pipeline.inputs import InputError, InputReport
@@ -30,6 +30,7 @@ from pipeline.job.preflight import check_before_engines
 from pipeline.speculation.drafter_check import DrafterMismatch, check_drafter
 from pipeline.speculation.probe import DrafterRejected
 from pipeline.speculation.trial import head_units
+from pipeline.stages.stats import error_units
 from pipeline.storage import Storage, is_local
 from pipeline.storage.model_cache import remote_files
 from schemas import HeadUnits, IdCheck, InputJob, JobManifest, ModelFingerprint
@@ -62,9 +63,13 @@ def model_fingerprint(
         if config_name not in listed:
             raise FileNotFoundError(f"{where}: no {config_name} in it ({expected}; models are never read from a hub)")
         config = json.loads(storage.read_bytes(f"{path.rstrip('/')}/{config_name}"))
-        files = {name: f"{info['size']}:{info['etag']}" for name, info in listed.items() if name.endswith(MODEL_FILE_SUFFIXES)}
+        files = {
+            name: f"{info['size']}:{info['etag']}"
+            for name, info in listed.items()
+            if name.endswith(MODEL_FILE_SUFFIXES)
+        }
     else:
-        root = Path(path[len("file://"):] if path.startswith("file://") else path)
+        root = Path(path[len("file://") :] if path.startswith("file://") else path)
         config_file = root / config_name
         if not root.exists():
             raise FileNotFoundError(f"{where}: no such directory ({expected})")
@@ -97,8 +102,17 @@ class ResultsChanged(ValueError):
 
 # What a run refuses before it starts, with exit 2 (`specbatch: refused: ...`; the dry run says the same).
 REFUSALS = (
-    ConfigError, InputError, DrafterMismatch, DrafterRejected, ResultsChanged, GroupingChanged, LayoutMismatch,
-    ManifestInvalid, LeaseHeld, FileNotFoundError, TooManyDuplicateIds,
+    ConfigError,
+    InputError,
+    DrafterMismatch,
+    DrafterRejected,
+    ResultsChanged,
+    GroupingChanged,
+    LayoutMismatch,
+    ManifestInvalid,
+    LeaseHeld,
+    FileNotFoundError,
+    TooManyDuplicateIds,
 )
 
 
@@ -155,7 +169,11 @@ def _changes(before: dict, after: dict) -> list[str]:
 
 
 def _refuse_changes(
-    config: JobConfig, previous: JobManifest, target: ModelFingerprint, drafter: Optional[ModelFingerprint], location: OutputLocation
+    config: JobConfig,
+    previous: JobManifest,
+    target: ModelFingerprint,
+    drafter: Optional[ModelFingerprint],
+    location: OutputLocation,
 ) -> None:
     """A location holding results of other settings is refused, naming what changed; one
     where nothing was committed yet is not (the earlier attempt left nothing to mix with)."""
@@ -163,7 +181,10 @@ def _refuse_changes(
     if previous.results_fingerprint == results_fingerprint(config, target, drafter):
         return
     if not location.committed_units():
-        log.info("settings changed since attempt %d, which committed nothing: starting with the new ones", len(previous.attempts))
+        log.info(
+            "settings changed since attempt %d, which committed nothing: starting with the new ones",
+            len(previous.attempts),
+        )
         return
     before = results_decisive(JobConfig.model_validate(previous.config), previous.model, previous.drafter)
     what = "; ".join(_changes(before, now)) or "the settings that decide the results"
@@ -183,7 +204,8 @@ def _refuse_changed_inputs(config: JobConfig, previous: JobManifest, inputs: Inp
     ]
     if changed:
         raise ResultsChanged(
-            f"input files changed since job {previous.job_id} started at {config.output_uri}: " + "; ".join(changed)
+            f"input files changed since job {previous.job_id} started at {config.output_uri}: "
+            + "; ".join(changed)
             + ". Use a new output_uri, or rerun with --restart to start over."
         )
 
@@ -221,7 +243,9 @@ class JobPlan:
     again: set[str]  # committed units that run again (their error rows)
     todo: list[WorkUnit]
     input_job: Optional[InputJob] = None  # a chained job: the job whose outputs are its input (pipeline/job/chain.py)
-    head: Optional[HeadUnits] = None  # the job's first rows in smaller units, for its trial (pipeline/speculation/trial.py)
+    head: Optional[HeadUnits] = (
+        None  # the job's first rows in smaller units, for its trial (pipeline/speculation/trial.py)
+    )
 
     @property
     def attempt_number(self) -> int:
@@ -229,7 +253,10 @@ class JobPlan:
 
 
 def plan_job(
-    config: JobConfig, job_id: Optional[str] = None, restart: bool = False, retry_errors: bool = False,
+    config: JobConfig,
+    job_id: Optional[str] = None,
+    restart: bool = False,
+    retry_errors: bool = False,
     scratch: Optional[str] = None,
 ) -> JobPlan:
     """The plan of a run: the previous run's manifest (a resume is refused if the results
@@ -238,16 +265,7 @@ def plan_job(
     `scratch` instead, for a dry run)."""
     storage = Storage.from_config(config.storage)
     location = OutputLocation(storage, config.output_uri)
-    _refuse_a_file(location)
-    previous = None if restart else location.job_manifest()
-    target = model_fingerprint(config.model.path, storage, field="model.path")
-    _refuse_missing_tokenizer(config)
-    drafter = (
-        model_fingerprint(config.speculative.drafter, storage, field="speculative.drafter")
-        if config.speculative.enabled else None
-    )
-    if previous:
-        _refuse_changes(config, previous, target, drafter, location)
+    previous, target, drafter = _previous_and_models(config, location, restart)
     known = previous.input_files if previous else None
     chained = chained_inputs(config, storage, known)  # input_uri names a finished job's output location
     inputs = chained[0] if chained else inspect_job_inputs(config, storage, known, scratch)
@@ -264,8 +282,40 @@ def plan_job(
     if todo and grouping.record.files:
         refuse_a_lost_copy(location, grouping.record)
     job_id = previous.job_id if previous else job_id or _new_job_id(config)
-    return JobPlan(location, previous, job_id, target, drafter, inputs, grouping, ids, units, committed, done, again, todo,
-                   chained[1] if chained else None, head)
+    return JobPlan(
+        location,
+        previous,
+        job_id,
+        target,
+        drafter,
+        inputs,
+        grouping,
+        ids,
+        units,
+        committed,
+        done,
+        again,
+        todo,
+        chained[1] if chained else None,
+        head,
+    )
+
+
+def _previous_and_models(
+    config: JobConfig, location: OutputLocation, restart: bool
+) -> tuple[Optional[JobManifest], ModelFingerprint, Optional[ModelFingerprint]]:
+    """The previous run's manifest (none with `restart`) and the models' fingerprints; a resume
+    is refused when the models changed."""
+    _refuse_a_file(location)
+    previous = None if restart else location.job_manifest()
+    target = model_fingerprint(config.model.path, location.storage, field="model.path")
+    _refuse_missing_tokenizer(config)
+    drafter = None
+    if config.speculative.enabled:
+        drafter = model_fingerprint(config.speculative.drafter, location.storage, field="speculative.drafter")
+    if previous:
+        _refuse_changes(config, previous, target, drafter, location)
+    return previous, target, drafter
 
 
 def _check_ids(config: JobConfig, storage: Storage, inputs: InputReport, previous: Optional[JobManifest]) -> IdCheck:
@@ -293,7 +343,7 @@ def _refuse_missing_tokenizer(config: JobConfig) -> None:
     path = config.model.tokenizer
     if not path or not is_local(path):
         return
-    root = Path(path[len("file://"):] if path.startswith("file://") else path)
+    root = Path(path[len("file://") :] if path.startswith("file://") else path)
     if not root.is_dir():
         raise FileNotFoundError(
             f"model.tokenizer: {path}: {'not a directory' if root.exists() else 'no such directory'} (a local folder "

@@ -53,7 +53,9 @@ def check_before_engines(config: JobConfig, inputs: InputReport, storage: Storag
                 "tokenizer with one (model.tokenizer), add a chat_template to its tokenizer_config.json, or give "
                 "rendered `prompt` text instead."
             )
-        _render_first_row(tokenizer, tokenizer_path, file, storage, config.chat.template_kwargs, RowShape.for_job(config))
+        _render_first_row(
+            tokenizer, tokenizer_path, file, storage, config.chat.template_kwargs, RowShape.for_job(config)
+        )
 
 
 def _check_structured_and_reasoning(config: JobConfig, tokenizer: PreTrainedTokenizerBase) -> None:
@@ -102,7 +104,9 @@ def first_row_text(storage: Storage, file: InputFile, shape: RowShape) -> Any:
         with storage.open_ranged(file.uri, size=file.size) as f:
             parquet = pq.ParquetFile(f)
             columns = shape.source_columns(parquet.schema_arrow.names, [file.text_column])
-            return next(parquet.iter_batches(batch_size=1, columns=columns, use_threads=False), None)  # as Storage.read_parquet
+            return next(
+                parquet.iter_batches(batch_size=1, columns=columns, use_threads=False), None
+            )  # as Storage.read_parquet
 
     batch = storage.retrying(f"read {file.uri}", first_row)
     if batch is None or not batch.num_rows:
@@ -111,7 +115,12 @@ def first_row_text(storage: Storage, file: InputFile, shape: RowShape) -> Any:
 
 
 def _render_first_row(
-    tokenizer: PreTrainedTokenizerBase, tokenizer_path: str, file: InputFile, storage: Storage, template_kwargs: dict, shape: RowShape
+    tokenizer: PreTrainedTokenizerBase,
+    tokenizer_path: str,
+    file: InputFile,
+    storage: Storage,
+    template_kwargs: dict,
+    shape: RowShape,
 ) -> None:
     uri, kind = file.uri, file.text_column
     value = first_row_text(storage, file, shape)

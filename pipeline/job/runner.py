@@ -27,7 +27,14 @@ from pipeline.config import JobConfig
 from pipeline.inputs.units import WorkUnit, plan_units
 from pipeline.job.console import print_line, say
 from pipeline.job.graph_run import AttemptProgress, GraphOutcome, run_graph
-from pipeline.job.manifest import added_by, close_killed_attempt, finished_status, new_manifest, plain_text, plan_summary
+from pipeline.job.manifest import (
+    added_by,
+    close_killed_attempt,
+    finished_status,
+    new_manifest,
+    plain_text,
+    plan_summary,
+)
 from pipeline.job.plan import (
     JobPlan,
     RunOptions,
@@ -153,7 +160,9 @@ class JobAttempt:
                 committed = self.location.committed_units()
             missing = [u.unit_id for u in plan.units if u.unit_id not in committed]
             if missing:
-                raise RuntimeError(f"{len(missing)} of {len(plan.units)} units were not committed (e.g. {missing[0]}); rerun to finish them")
+                raise RuntimeError(
+                    f"{len(missing)} of {len(plan.units)} units were not committed (e.g. {missing[0]}); rerun to finish them"
+                )
             record.status = self.manifest.status = "succeeded"
         except KeyboardInterrupt:
             record.status = self.manifest.status = "interrupted"
@@ -183,7 +192,11 @@ class JobAttempt:
             return None
         if previous and speculation_turned_off(previous.guard_events):
             return previous.probe
-        if previous and previous.probe and previous.results_fingerprint == results_fingerprint(config, plan.target, plan.drafter):
+        if (
+            previous
+            and previous.probe
+            and previous.results_fingerprint == results_fingerprint(config, plan.target, plan.drafter)
+        ):
             kept = rejudged(config, previous.probe)
             rejected = refusal(config, kept)
             if rejected:
@@ -191,8 +204,10 @@ class JobAttempt:
             return kept
         rows, near_limit_rows = job_probe_rows(config, plan.location.storage, plan.todo)
         if rows:
-            say(self.options.progress,
-                f"drafter probe: {len(rows)} rows of the input, measured on the job's first engine before any unit commits")
+            say(
+                self.options.progress,
+                f"drafter probe: {len(rows)} rows of the input, measured on the job's first engine before any unit commits",
+            )
         self.probe_rows = (rows, near_limit_rows)
         return None
 
@@ -205,14 +220,22 @@ class JobAttempt:
         plan, started = self.plan, time.time()
         grouping = plan.grouping
         grouping.record.files = write_grouped_copy(
-            self.location.storage, self.location.uri, plan.inputs.files, grouping.order, grouping.kinds,
-            self.config.resources.rows_per_unit, RowShape.for_job(self.config),
+            self.location.storage,
+            self.location.uri,
+            plan.inputs.files,
+            grouping.order,
+            grouping.kinds,
+            self.config.resources.rows_per_unit,
+            RowShape.for_job(self.config),
         )
         grouping.record.sources = [f.uri for f in plan.inputs.files]
         grouping.order = grouping.kinds = None
         plan.units = plan.todo = plan_units(grouping.record.files, self.config.resources.rows_per_unit, plan.head)
-        say(self.options.progress, f"grouped {plan.inputs.rows:,} rows by shared prompt prefix in {time.time() - started:.1f} s "
-            f"({grouping.record.reason}): {len(grouping.record.files)} file(s) under {self.location.uri}/_grouped/")
+        say(
+            self.options.progress,
+            f"grouped {plan.inputs.rows:,} rows by shared prompt prefix in {time.time() - started:.1f} s "
+            f"({grouping.record.reason}): {len(grouping.record.files)} file(s) under {self.location.uri}/_grouped/",
+        )
         self.clock.mark("grouped")
 
     def _join_cluster(self) -> str:
@@ -246,7 +269,9 @@ class JobAttempt:
         self._skip_a_trial_too_small(self._drafter_id() is not None and not disabled)
         while todo:
             config, engines = self._next_graph(disabled, probe_rows, todo, progress)
-            outcome = run_graph(build_dataset(config, todo, engines, self.plan.ids.duplicates), todo, progress, engines.board)
+            outcome = run_graph(
+                build_dataset(config, todo, engines, self.plan.ids.duplicates), todo, progress, engines.board
+            )
             probe_rows = ([], 0)  # judged by this graph, or refused (and then the job has stopped)
             if outcome is GraphOutcome.FINISHED:
                 return
@@ -278,7 +303,9 @@ class JobAttempt:
             trial = trial_plan(config, sum(u.rows for u in todo), self.plan.head)
         board = start_board(*probe_rows)
         target = model_id(self.plan.target)
-        return config, engine_stage.EngineActorArgs(target, drafter, manifest.job_id, disabled, board, self.lease.fence, trial)
+        return config, engine_stage.EngineActorArgs(
+            target, drafter, manifest.job_id, disabled, board, self.lease.fence, trial
+        )
 
     def _skip_a_trial_too_small(self, speculating: bool) -> None:
         """A job of too few units skips the speculation trial before any engine, and says why."""
@@ -348,10 +375,14 @@ class JobAttempt:
         for unit, marker in location.markers(not_recorded).items():
             if marker.stats.lease_owner == owner:
                 self.unit_stats[unit] = marker.stats.model_dump()
-        taken = f"run {lost.owner.owner} (attempt {lost.owner.attempt})" if lost.owner else "nobody (its lease was removed)"
+        taken = (
+            f"run {lost.owner.owner} (attempt {lost.owner.attempt})" if lost.owner else "nobody (its lease was removed)"
+        )
         record.status = "fenced"
-        record.error = (f"lost the output location to {taken} while it ran: it committed {len(self.unit_stats)} units under "
-                        "its own lease, then stopped")
+        record.error = (
+            f"lost the output location to {taken} while it ran: it committed {len(self.unit_stats)} units under "
+            "its own lease, then stopped"
+        )
         record.processed_rows = sum(r["rows"] for r in self.unit_stats.values())
         self._end_record()
         self.write_stats()
@@ -365,4 +396,3 @@ class JobAttempt:
         if self.plan.todo:
             deaths = self.location.engine_deaths(since=self.started)
             record.engine_deaths = [EngineDeath.model_validate(e) for e in deaths]
-

@@ -76,8 +76,11 @@ class AttemptLooks:
 
         replicas = ray.get(self.board.read_progress.remote(), timeout=30)
         progress = JobProgress(
-            attempt=self.attempt.record.number, written_at=time.time(), generating_since=self.attempt.started,
-            last_commit_at=last_commit if self.attempt.unit_stats else None, replicas=replicas,
+            attempt=self.attempt.record.number,
+            written_at=time.time(),
+            generating_since=self.attempt.started,
+            last_commit_at=last_commit if self.attempt.unit_stats else None,
+            replicas=replicas,
         )
         self.attempt.location.write_progress(progress.model_dump(mode="json"))
         return replicas
@@ -127,26 +130,40 @@ def probe_refusal(attempt: GraphAttempt, board: ActorHandle) -> Optional[Drafter
 def generating(replica: ReplicaProgress, window_seconds: float) -> bool:
     """The replica reports, holds requests, and its engine made a step within the window."""
     now = time.time()
-    return (now - replica.reported_at < REPORT_STALE_SECONDS and replica.requests_in_flight > 0
-            and replica.last_output_at is not None and now - replica.last_output_at < window_seconds)
+    return (
+        now - replica.reported_at < REPORT_STALE_SECONDS
+        and replica.requests_in_flight > 0
+        and replica.last_output_at is not None
+        and now - replica.last_output_at < window_seconds
+    )
 
 
 def failure_line(event: dict) -> str:
     where = f"engine replica {event['actor_id'][:8]} on node {event['node_id'][:8]}"
     rows = sum(len(r) for r in event.get("rows_in_flight", {}).values())
     if event.get("kind") == "hung":
-        return (f"{where} hung: no step for {event['seconds_without_progress']:.1f} s (limit "
-                f"{event['stall_limit_seconds']:.1f} s) with {rows} rows of {len(event['units'])} units in it; its processes "
-                "were killed and the engine is replaced, its units run again")
-    return f"{where} died ({event['error'][:200]}) with {rows} rows of {len(event['units'])} units in it; it is replaced"
+        return (
+            f"{where} hung: no step for {event['seconds_without_progress']:.1f} s (limit "
+            f"{event['stall_limit_seconds']:.1f} s) with {rows} rows of {len(event['units'])} units in it; its processes "
+            "were killed and the engine is replaced, its units run again"
+        )
+    return (
+        f"{where} died ({event['error'][:200]}) with {rows} rows of {len(event['units'])} units in it; it is replaced"
+    )
 
 
-def stalled_message(config: JobConfig, idle_seconds: float, not_committed: list[str], replicas: list[ReplicaProgress]) -> str:
+def stalled_message(
+    config: JobConfig, idle_seconds: float, not_committed: list[str], replicas: list[ReplicaProgress]
+) -> str:
     now = time.time()
-    engines = "; ".join(
-        f"replica {r.actor_id[:8]}: {r.requests_in_flight} requests, last step "
-        f"{_ago(now, r.last_output_at)}, last report {now - r.reported_at:.0f} s ago" for r in replicas[:6]
-    ) or "none has reported (no engine actor started, or none reached its first unit)"
+    engines = (
+        "; ".join(
+            f"replica {r.actor_id[:8]}: {r.requests_in_flight} requests, last step "
+            f"{_ago(now, r.last_output_at)}, last report {now - r.reported_at:.0f} s ago"
+            for r in replicas[:6]
+        )
+        or "none has reported (no engine actor started, or none reached its first unit)"
+    )
     return (
         f"no unit committed for {idle_seconds / 60:.1f} minutes (retries.stall_minutes = {config.retries.stall_minutes:g}) "
         f"and no engine is generating: the attempt waited for {len(not_committed)} units "
@@ -163,6 +180,8 @@ def _ago(now: float, at: Optional[float]) -> str:
 def _job_gauge():
     from ray.util.metrics import Gauge
 
-    return Gauge("specbatch_seconds_since_last_commit",
-                 "Seconds since the driver heard a unit of the job committed (since generation began, before the first).",
-                 ("job_id",))
+    return Gauge(
+        "specbatch_seconds_since_last_commit",
+        "Seconds since the driver heard a unit of the job committed (since generation began, before the first).",
+        ("job_id",),
+    )

@@ -61,9 +61,14 @@ def specbatch_version() -> str:
 def calibration_key(config: JobConfig, target: ModelFingerprint, drafter: ModelFingerprint) -> CalibrationKey:
     engine = config.engine
     return CalibrationKey(
-        target=model_identity(target), drafter=model_identity(drafter), accelerator=config.resources.accelerator,
-        dtype=engine.dtype, max_num_seqs=engine.max_num_seqs, tensor_parallel_size=engine.tensor_parallel_size,
-        max_model_len=engine.max_model_len, specbatch=specbatch_version(),
+        target=model_identity(target),
+        drafter=model_identity(drafter),
+        accelerator=config.resources.accelerator,
+        dtype=engine.dtype,
+        max_num_seqs=engine.max_num_seqs,
+        tensor_parallel_size=engine.tensor_parallel_size,
+        max_model_len=engine.max_model_len,
+        specbatch=specbatch_version(),
     )
 
 
@@ -83,7 +88,9 @@ def save_calibration(
     """Writes the calibration for its key (a later one for the same key replaces it); returns its URI."""
     uri = entry_uri(store, key, storage)
     stored = StoredCalibration(
-        key=key, stored_at=utc_timestamp(), config_uri=config_uri,
+        key=key,
+        stored_at=utc_timestamp(),
+        config_uri=config_uri,
         report=report,
     )
     storage.write_bytes(uri, (stored.model_dump_json(indent=2) + "\n").encode())
@@ -128,12 +135,22 @@ def find_calibration(storage: Storage, store: str, key: CalibrationKey) -> Calib
 
 
 def differences(measured: CalibrationKey, job: CalibrationKey) -> str:
-    names = {"max_num_seqs": "engine.max_num_seqs", "dtype": "engine.dtype", "tensor_parallel_size": "engine.tensor_parallel_size",
-             "max_model_len": "engine.max_model_len", "accelerator": "resources.accelerator", "specbatch": "specbatch"}
-    return ", ".join(
-        f"{label} {getattr(measured, name)} (this job: {getattr(job, name)})"
-        for name, label in names.items() if getattr(measured, name) != getattr(job, name)
-    ) or "the same settings"
+    names = {
+        "max_num_seqs": "engine.max_num_seqs",
+        "dtype": "engine.dtype",
+        "tensor_parallel_size": "engine.tensor_parallel_size",
+        "max_model_len": "engine.max_model_len",
+        "accelerator": "resources.accelerator",
+        "specbatch": "specbatch",
+    }
+    return (
+        ", ".join(
+            f"{label} {getattr(measured, name)} (this job: {getattr(job, name)})"
+            for name, label in names.items()
+            if getattr(measured, name) != getattr(job, name)
+        )
+        or "the same settings"
+    )
 
 
 @dataclass
@@ -159,7 +176,9 @@ def job_calibration(
     own = read_calibration(location)
     if own is not None:
         folder = location.storage.join(location.uri, "calibration")
-        return JobCalibration(own, f"the calibration of {own.measured_at} in {folder}", location.storage.join(folder, "calibration.json"))
+        return JobCalibration(
+            own, f"the calibration of {own.measured_at} in {folder}", location.storage.join(folder, "calibration.json")
+        )
     return JobCalibration(None, lookup.describe())
 
 
@@ -181,8 +200,10 @@ def calibrated_setting(config: JobConfig, calibration: JobCalibration) -> tuple[
     Without a calibration the configured depth stays, and the line says why."""
     spec, report = config.speculative, calibration.report
     if report is None:
-        return config, (f"speculation k={spec.num_speculative_tokens}: speculative.depth_from is calibration, but "
-                        f"{calibration.where}: the configured depth runs")
+        return config, (
+            f"speculation k={spec.num_speculative_tokens}: speculative.depth_from is calibration, but "
+            f"{calibration.where}: the configured depth runs"
+        )
     if report.recommended_schedule:
         schedule = [tuple(r) for r in report.recommended_schedule]
         update = {"depth_schedule": schedule, "num_speculative_tokens": max(k for *_, k in schedule)}
@@ -192,8 +213,10 @@ def calibrated_setting(config: JobConfig, calibration: JobCalibration) -> tuple[
     else:
         update = {"depth_schedule": None, "num_speculative_tokens": report.recommended_depth}
         setting = f"k={report.recommended_depth}"
-    return (config.model_copy(update={"speculative": spec.model_copy(update=update)}),
-            f"speculation {setting}: recommended by {calibration.where}")
+    return (
+        config.model_copy(update={"speculative": spec.model_copy(update=update)}),
+        f"speculation {setting}: recommended by {calibration.where}",
+    )
 
 
 def read_any_calibration(storage: Storage, uri: str) -> Optional[CalibrationReport]:

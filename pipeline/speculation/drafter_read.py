@@ -62,7 +62,11 @@ def read_target(target_path: str, target_name: Optional[str] = None) -> TargetIn
 
     model_dir = Path(target_path)
     raw = _read_config(model_dir, "target")
-    cfg = {**raw["text_config"], "model_type": raw.get("model_type")} if "text_config" in raw and "hidden_size" not in raw else raw
+    cfg = (
+        {**raw["text_config"], "model_type": raw.get("model_type")}
+        if "text_config" in raw and "hidden_size" not in raw
+        else raw
+    )
     where = f"target {target_path}"
     return TargetInfo(
         path=str(target_path),
@@ -86,7 +90,9 @@ def _speculators_view(raw: dict, where: str) -> dict:
     """The config vLLM builds from the speculators format
     (vllm/transformers_utils/configs/speculators/algos.py: update_eagle3)."""
     if raw.get("speculators_model_type") != "eagle3":
-        raise DrafterMismatch(f"{where}: speculators_model_type is {raw.get('speculators_model_type')!r}, expected 'eagle3'")
+        raise DrafterMismatch(
+            f"{where}: speculators_model_type is {raw.get('speculators_model_type')!r}, expected 'eagle3'"
+        )
     layer = raw.get("transformer_layer_config")
     if not isinstance(layer, dict):
         raise DrafterMismatch(f"{where}: speculators format without a transformer_layer_config mapping")
@@ -99,7 +105,9 @@ def _speculators_view(raw: dict, where: str) -> dict:
     view["fc_norm"] = raw.get("fc_norm", False)
     view["norm_output"] = raw.get("norm_output", False)
     model_type = view.get("model_type", "llama")
-    view["architectures"] = [{"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"}.get(model_type, f"Eagle3<{model_type}>")]
+    view["architectures"] = [
+        {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"}.get(model_type, f"Eagle3<{model_type}>")
+    ]
     if raw.get("eagle_aux_hidden_state_layer_ids"):
         view["eagle_aux_hidden_state_layer_ids"] = raw["eagle_aux_hidden_state_layer_ids"]
     return view
@@ -181,7 +189,9 @@ def _aux_states_expected(view: dict, weights: Optional[_Weights], target_hidden:
     name = weights.find(r"fc\.weight") if weights else None
     if name is not None:
         shape, _ = weights.slice_info(name)
-        return shape[1] // target_hidden if len(shape) == 2 and target_hidden and shape[1] % target_hidden == 0 else None
+        return (
+            shape[1] // target_hidden if len(shape) == 2 and target_hidden and shape[1] % target_hidden == 0 else None
+        )
     if view.get("num_aux_hidden_states"):
         return int(view["num_aux_hidden_states"])
     ids = (view.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
@@ -218,7 +228,10 @@ def read_drafter(drafter_path: str, target_layers: int) -> DrafterInfo:
     return DrafterInfo(
         path=str(drafter_path),
         format=fmt,
-        architectures=[a if a.startswith("Eagle3") or a.endswith("Eagle3") else f"Eagle3{a}" for a in view.get("architectures") or []],
+        architectures=[
+            a if a.startswith("Eagle3") or a.endswith("Eagle3") else f"Eagle3{a}"
+            for a in view.get("architectures") or []
+        ],
         eagle_version="3.1" if fc_norm and norm_output else "3",
         fc_norm=fc_norm,
         norm_output=norm_output,

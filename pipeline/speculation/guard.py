@@ -35,7 +35,9 @@ class AcceptanceGuard:
         """One unit-stats row (schemas.UnitStats as a dict); an event when the guard fires."""
         if not row["num_drafts"]:
             return None
-        acceptance = Acceptance(row["num_drafts"], row["draft_tokens"], row["accepted_tokens"], row["accepted_per_position"])
+        acceptance = Acceptance(
+            row["num_drafts"], row["draft_tokens"], row["accepted_tokens"], row["accepted_per_position"]
+        )
         tokens = (row.get("generated_tokens", 0), row.get("samples", 0))  # a row of a stats file before they were kept
         self.window.append((row["unit_id"], acceptance, tokens))
         if len(self.window) < self.config.window_units:
@@ -99,7 +101,10 @@ def depth_at(config: JobConfig, concurrency: int) -> int:
 
 
 def speculation_verdict(
-    config: JobConfig, totals: JobTotals, events: list[GuardEvent], calibration: Optional[JobCalibration] = None,
+    config: JobConfig,
+    totals: JobTotals,
+    events: list[GuardEvent],
+    calibration: Optional[JobCalibration] = None,
     trial: Optional[TrialVerdict] = None,
 ) -> Optional[SpeculationVerdict]:
     """Did speculation pay over the committed units? None when the job did not speculate. Its
@@ -112,9 +117,7 @@ def speculation_verdict(
     spec = config.speculative
     if not spec.enabled:
         return None
-    guard = spec.guard
-    floor = guard.min_mean_acceptance_length if guard and guard.min_mean_acceptance_length else spec.probe.min_mean_acceptance_length
-    tpp_floor = guard.min_tokens_per_target_pass if guard and guard.min_tokens_per_target_pass else spec.probe.min_tokens_per_target_pass
+    floor, tpp_floor = _floors(config)
     mal, tpp = totals.mean_acceptance_length, totals.tokens_per_target_pass
     measured = _measured(config, calibration, trial)
     flags = _below_floors(mal, tpp, floor, tpp_floor, decides=measured.speedup is None)
@@ -142,17 +145,40 @@ def speculation_verdict(
     )
 
 
-def _below_floors(mal: Optional[float], tpp: Optional[float], floor: float, tpp_floor: float, decides: bool) -> list[str]:
+def _floors(config: JobConfig) -> tuple[float, Optional[float]]:
+    """The mean acceptance length and tokens per target pass a job is held to: the guard's, else the probe's."""
+    spec = config.speculative
+    guard, probe = spec.guard, spec.probe
+    floor = (
+        guard.min_mean_acceptance_length
+        if guard and guard.min_mean_acceptance_length
+        else probe.min_mean_acceptance_length
+    )
+    tpp_floor = (
+        guard.min_tokens_per_target_pass
+        if guard and guard.min_tokens_per_target_pass
+        else probe.min_tokens_per_target_pass
+    )
+    return floor, tpp_floor
+
+
+def _below_floors(
+    mal: Optional[float], tpp: Optional[float], floor: float, tpp_floor: float, decides: bool
+) -> list[str]:
     """The flag of the first floor the units that speculated are below; it says speculation cost
     more than it saved only when it `decides` that (nothing measured speculation against off)."""
     cost = ": speculation cost more than it saved" if decides else ""
     if mal is not None and mal < floor:
-        return [f"mean acceptance length {mal:.2f} over the units that speculated is below the floor {floor}{cost} "
-                "(a drafter trained for another base model looks like this)"]
+        return [
+            f"mean acceptance length {mal:.2f} over the units that speculated is below the floor {floor}{cost} "
+            "(a drafter trained for another base model looks like this)"
+        ]
     if mal is not None and tpp is not None and tpp < tpp_floor:
-        return [f"{tpp:.2f} tokens per target pass over the units that speculated, below the floor {tpp_floor}, while "
-                f"vLLM's mean acceptance length reads {mal:.2f}{cost} (a grammar that cuts the drafts looks like this: "
-                "vLLM's counters leave the cut drafts out)"]
+        return [
+            f"{tpp:.2f} tokens per target pass over the units that speculated, below the floor {tpp_floor}, while "
+            f"vLLM's mean acceptance length reads {mal:.2f}{cost} (a grammar that cuts the drafts looks like this: "
+            "vLLM's counters leave the cut drafts out)"
+        ]
     return []
 
 
@@ -160,8 +186,14 @@ class Measured:
     """What measured speculation against off: its `source`, the speed over off's (None: not
     measured), the flag it raises and `detail`, which names it or says why there is none."""
 
-    def __init__(self, source: str, detail: str, speedup: Optional[float] = None, flag: Optional[str] = None,
-                 uri: Optional[str] = None):
+    def __init__(
+        self,
+        source: str,
+        detail: str,
+        speedup: Optional[float] = None,
+        flag: Optional[str] = None,
+        uri: Optional[str] = None,
+    ):
         self.source, self.detail, self.speedup, self.flag, self.uri = source, detail, speedup, flag, uri
 
 
@@ -170,10 +202,14 @@ def _measured(config: JobConfig, calibration: Optional[JobCalibration], trial: O
         if trial.speedup_vs_off < 1:
             slower = f"the speculation trial measured it slower than off: it cost more than it saved ({trial.reason})"
             return Measured("trial", trial.reason, trial.speedup_vs_off, slower)
-        return Measured("trial", trial.reason, trial.speedup_vs_off, trial.reason if trial.outcome == "turned-off" else None)
+        return Measured(
+            "trial", trial.reason, trial.speedup_vs_off, trial.reason if trial.outcome == "turned-off" else None
+        )
     no_trial = trial.reason if trial is not None else "the job ran no speculation trial"
-    how = ("`specbatch calibrate` on this job's config measures one for every later job of these models and settings, "
-           "or `specbatch pilot`")
+    how = (
+        "`specbatch calibrate` on this job's config measures one for every later job of these models and settings, "
+        "or `specbatch pilot`"
+    )
     if calibration is None or calibration.report is None:
         where = calibration.where if calibration is not None else "no calibration was looked for"
         return Measured("none", f"{no_trial}; {where}: {how}")
@@ -182,12 +218,18 @@ def _measured(config: JobConfig, calibration: Optional[JobCalibration], trial: O
     depth = depth_at(config, top)
     row = next((r for r in report.rows if r.concurrency == top and r.depth == depth), None)
     if row is None or row.speedup_vs_off is None:
-        return Measured("none", f"{no_trial}; {calibration.where} did not measure depth {depth} at {top} sequences "
-                                f"against off: {how}")
-    detail = (f"{calibration.where} measured depth {depth} at {top} sequences at once at {row.speedup_vs_off:.2f}x "
-              "the speed of speculation off")
+        return Measured(
+            "none",
+            f"{no_trial}; {calibration.where} did not measure depth {depth} at {top} sequences against off: {how}",
+        )
+    detail = (
+        f"{calibration.where} measured depth {depth} at {top} sequences at once at {row.speedup_vs_off:.2f}x "
+        "the speed of speculation off"
+    )
     flag = f"{detail}: it cost more than it saved (apply the calibrated depth: speculative.depth_from: calibration)"
-    return Measured("calibration", detail, row.speedup_vs_off, flag if row.speedup_vs_off < 1 else None, calibration.uri)
+    return Measured(
+        "calibration", detail, row.speedup_vs_off, flag if row.speedup_vs_off < 1 else None, calibration.uri
+    )
 
 
 def verdict_text(verdict: SpeculationVerdict) -> str:

@@ -22,7 +22,9 @@ def concurrency_sample(prompts: Sequence[Any], concurrency: Optional[int]) -> li
     return list(prompts[: max(2 * concurrency, 8)])
 
 
-def generate_at_concurrency(llm, token_prompts: list, params: list, concurrency: Optional[int], loras: Optional[list] = None) -> list:
+def generate_at_concurrency(
+    llm, token_prompts: list, params: list, concurrency: Optional[int], loras: Optional[list] = None
+) -> list:
     """Outputs in prompt order, with at most `concurrency` requests in the engine: a new one is
     added as soon as one finishes, as in an offline job's steady state. None: all at once.
     `loras`: each prompt's LoRARequest (None: the base model)."""
@@ -44,7 +46,10 @@ def generate_at_concurrency(llm, token_prompts: list, params: list, concurrency:
 
 
 def measure_depth(
-    config: JobConfig, depth: Optional[int], prompts: Sequence[dict[str, Any]], repeats: int = 1,
+    config: JobConfig,
+    depth: Optional[int],
+    prompts: Sequence[dict[str, Any]],
+    repeats: int = 1,
     concurrencies: Sequence[Optional[int]] = (None,),
 ) -> list[dict[str, Any]]:
     """Runs in a fresh process: one engine at this depth (0 = off), a warm-up, then per
@@ -59,8 +64,11 @@ def measure_depth(
     engine_started = time.perf_counter()
     llm = LLM(**engine_kwargs(config, speculative=depth != 0, num_speculative_tokens=depth or None))
     engine_start_seconds = time.perf_counter() - engine_started
-    llm.generate([TokensPrompt(prompt_token_ids=p["prompt_token_ids"]) for p in prompts[:WARMUP_PROMPTS]],
-                 SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)
+    llm.generate(
+        [TokensPrompt(prompt_token_ids=p["prompt_token_ids"]) for p in prompts[:WARMUP_PROMPTS]],
+        SamplingParams(max_tokens=4, temperature=0.0),
+        use_tqdm=False,
+    )
     adapters = lora_requests(config)
     results = [_measure_at(llm, prompts, concurrency, repeats, adapters) for concurrency in concurrencies]
     for result in results:
@@ -69,7 +77,9 @@ def measure_depth(
     return results
 
 
-def _measure_at(llm, prompts: Sequence[dict[str, Any]], concurrency: Optional[int], repeats: int, adapters: dict) -> dict[str, Any]:
+def _measure_at(
+    llm, prompts: Sequence[dict[str, Any]], concurrency: Optional[int], repeats: int, adapters: dict
+) -> dict[str, Any]:
     """The sample at one concurrency, `repeats` times, each row on its own adapter (`adapters`:
     LoRARequest by name); the fastest run is kept (the others were disturbed by something else)."""
     from vllm.inputs import TokensPrompt
@@ -82,7 +92,9 @@ def _measure_at(llm, prompts: Sequence[dict[str, Any]], concurrency: Optional[in
     best = None
     for _ in range(repeats):
         started = time.perf_counter()
-        outputs = generate_at_concurrency(llm, token_prompts, params, concurrency, [adapters.get(p.get("lora")) for p in sample])
+        outputs = generate_at_concurrency(
+            llm, token_prompts, params, concurrency, [adapters.get(p.get("lora")) for p in sample]
+        )
         seconds = time.perf_counter() - started
         if best is None or seconds < best[0]:
             best = (seconds, outputs)

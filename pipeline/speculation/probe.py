@@ -53,10 +53,14 @@ def near_limit(row: dict[str, Any], config: JobConfig) -> bool:
     (docs/acceptance-near-length-limit.md): such a row says nothing about the drafter and pulls
     down the acceptance of the rows beside it."""
     k = config.speculative.num_speculative_tokens
-    return len(row["prompt_token_ids"]) + json.loads(row["sampling"])["max_tokens"] + 2 * k > config.engine.max_model_len
+    return (
+        len(row["prompt_token_ids"]) + json.loads(row["sampling"])["max_tokens"] + 2 * k > config.engine.max_model_len
+    )
 
 
-def probe_rows(config: JobConfig, storage: Storage, units: Sequence[WorkUnit], n: int) -> tuple[list[dict[str, Any]], int]:
+def probe_rows(
+    config: JobConfig, storage: Storage, units: Sequence[WorkUnit], n: int
+) -> tuple[list[dict[str, Any]], int]:
     """Up to `n` rows prepared as the job prepares them, from up to PROBE_UNITS units spread
     evenly over `units`, none near the length limit; rows the job would refuse are left out.
     Returns (rows, near-limit rows met on the way)."""
@@ -156,7 +160,9 @@ def run_probe(config: JobConfig, rows: Sequence[dict[str, Any]], near_limit_rows
     options = engine_task_options(config)
     group = getattr(options.get("scheduling_strategy"), "placement_group", None)
     try:
-        result = ray.get(probe_task.options(**options).remote(config.model_dump(mode="json"), list(rows), near_limit_rows))
+        result = ray.get(
+            probe_task.options(**options).remote(config.model_dump(mode="json"), list(rows), near_limit_rows)
+        )
     finally:
         if group is not None:  # the devices go back before the job's engines ask for them
             ray.util.remove_placement_group(group)
@@ -174,7 +180,9 @@ def job_probe_rows(config: JobConfig, storage: Storage, units: Sequence[WorkUnit
     if near_limit_rows:
         log.warning(
             "drafter probe skipped: all %d rows read end within 2k tokens of engine.max_model_len, where vLLM stops "
-            "drafting; raise max_model_len by %d for speculation to pay", near_limit_rows, 2 * config.speculative.num_speculative_tokens,
+            "drafting; raise max_model_len by %d for speculation to pay",
+            near_limit_rows,
+            2 * config.speculative.num_speculative_tokens,
         )
         return [], near_limit_rows
     raise DrafterMismatch(
@@ -193,8 +201,10 @@ def probe_job_input(
     from pipeline.inputs import inspect_inputs
 
     if units is None:
-        units = plan_units(inspect_inputs(config.input_uri, storage, shape=RowShape.for_job(config)).files,
-                           config.resources.rows_per_unit)
+        units = plan_units(
+            inspect_inputs(config.input_uri, storage, shape=RowShape.for_job(config)).files,
+            config.resources.rows_per_unit,
+        )
     rows, near_limit_rows = job_probe_rows(config, storage, units)
     if not rows:
         return None
@@ -208,10 +218,19 @@ def probe_job_input(
 def rejudged(config: JobConfig, result: ProbeResult) -> ProbeResult:
     """An earlier probe's figures against today's floor (a resume may have lowered it)."""
     probe = config.speculative.probe
-    passed = _passes(result.mean_acceptance_length, result.tokens_per_target_pass, probe.min_mean_acceptance_length,
-                     probe.min_tokens_per_target_pass)
-    return result.model_copy(update={"floor": probe.min_mean_acceptance_length, "passed": passed,
-                                     "tokens_per_target_floor": probe.min_tokens_per_target_pass})
+    passed = _passes(
+        result.mean_acceptance_length,
+        result.tokens_per_target_pass,
+        probe.min_mean_acceptance_length,
+        probe.min_tokens_per_target_pass,
+    )
+    return result.model_copy(
+        update={
+            "floor": probe.min_mean_acceptance_length,
+            "passed": passed,
+            "tokens_per_target_floor": probe.min_tokens_per_target_pass,
+        }
+    )
 
 
 def refusal(config: JobConfig, result: ProbeResult) -> Optional[DrafterRejected]:
@@ -229,7 +248,8 @@ def refusal(config: JobConfig, result: ProbeResult) -> Optional[DrafterRejected]
             result,
         )
     measured = (
-        "it drafted nothing" if mal is None
+        "it drafted nothing"
+        if mal is None
         else f"mean acceptance length {mal:.2f} (acceptance rate {result.acceptance_rate:.3f})"
     )
     return DrafterRejected(

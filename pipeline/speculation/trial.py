@@ -45,8 +45,13 @@ def trial_concurrency(config: JobConfig) -> int:
 
 
 def skipped(config: JobConfig, reason: str, **figures) -> TrialVerdict:
-    return TrialVerdict(outcome="skipped", reason=f"speculation {setting_text(config)}: trial skipped: {reason}",
-                        setting=setting_text(config), concurrency=trial_concurrency(config), **figures)
+    return TrialVerdict(
+        outcome="skipped",
+        reason=f"speculation {setting_text(config)}: trial skipped: {reason}",
+        setting=setting_text(config),
+        concurrency=trial_concurrency(config),
+        **figures,
+    )
 
 
 def head_units(config: JobConfig, job_rows: int) -> Optional[HeadUnits]:
@@ -63,7 +68,9 @@ def head_units(config: JobConfig, job_rows: int) -> Optional[HeadUnits]:
     return head if config.resources.rows_per_unit > rows and job_rows >= head.rows else None
 
 
-def too_few_units(config: JobConfig, todo_units: int, todo_rows: int, head: Optional[HeadUnits]) -> Optional[TrialVerdict]:
+def too_few_units(
+    config: JobConfig, todo_units: int, todo_rows: int, head: Optional[HeadUnits]
+) -> Optional[TrialVerdict]:
     """The driver's check before any engine: a trial of 2 x trial.units units in a job of a few
     units. The skip says how many rows a trial needs: MIN_UNITS_PER_TRIAL_UNIT x trial.units units
     of the job's first units (its head units, when it has them)."""
@@ -100,14 +107,19 @@ class ArmClock:
         seconds = max(self.seconds(), 1e-9)
         tokens = sum(u[3] for u in self.units)
         return TrialArm(
-            setting=self.setting, units=len(self.units), rows=sum(u[2] for u in self.units), generated_tokens=tokens,
-            seconds=round(seconds, 3), tokens_per_second=round(tokens / seconds, 1),
+            setting=self.setting,
+            units=len(self.units),
+            rows=sum(u[2] for u in self.units),
+            generated_tokens=tokens,
+            seconds=round(seconds, 3),
+            tokens_per_second=round(tokens / seconds, 1),
             unit_tokens_per_second=[round(u[3] / u[1], 1) if u[1] > 0 else 0.0 for u in self.units],
         )
 
 
-def arm_wants_more(config: JobConfig, entered: int, clock: ArmClock, job_rows: int, unit_rows: int,
-                   max_units: Optional[int] = None) -> bool:
+def arm_wants_more(
+    config: JobConfig, entered: int, clock: ArmClock, job_rows: int, unit_rows: int, max_units: Optional[int] = None
+) -> bool:
     """Whether the next unit joins the arm being measured: until it has trial.units units, then
     until its units spent trial.min_seconds in the engine, but never past a quarter of the job's
     rows. A unit of 4 rows at 4 sequences took 0.6-0.9 s here and unit rates spread by 25%
@@ -128,8 +140,9 @@ def rest_seconds(arm: TrialArm, rows_left: int, engines: int) -> float:
     return rows_left * (arm.generated_tokens / arm.rows) / arm.tokens_per_second / max(engines, 1)
 
 
-def worth_a_trial(config: JobConfig, probed_tokens_per_second: float, rows_left: int, engines: int,
-                  start_seconds: float) -> Optional[TrialVerdict]:
+def worth_a_trial(
+    config: JobConfig, probed_tokens_per_second: float, rows_left: int, engines: int, start_seconds: float
+) -> Optional[TrialVerdict]:
     """Before the trial, from the drafter probe's rate (its rows at once, with the drafter) and
     rows x max_tokens (at most what is left to generate): the skipped verdict when even that
     cannot pay back an engine start, so that a small job skips the trial without measuring."""
@@ -139,7 +152,9 @@ def worth_a_trial(config: JobConfig, probed_tokens_per_second: float, rows_left:
     return _too_short(config, rest, start_seconds)
 
 
-def worth_measuring_off(config: JobConfig, on: TrialArm, rows_left: int, engines: int, start_seconds: float) -> Optional[TrialVerdict]:
+def worth_measuring_off(
+    config: JobConfig, on: TrialArm, rows_left: int, engines: int, start_seconds: float
+) -> Optional[TrialVerdict]:
     """After the speculation arm: None when the off arm is worth an engine start, else the
     skipped verdict saying why. `rows_left`: the job's rows after this arm and an off arm like it."""
     return _too_short(config, rest_seconds(on, rows_left, engines), start_seconds, speculation=on)
@@ -153,11 +168,14 @@ def _too_short(config: JobConfig, rest: float, start_seconds: float, **figures) 
         config,
         f"the rest of the job is about {rest:.0f} s of generation per engine, too short to pay back an engine start of "
         f"{start_seconds:.0f} s ({payback:g} starts at least: speculative.trial.payback_starts)",
-        engine_start_seconds=round(start_seconds, 3), **figures,
+        engine_start_seconds=round(start_seconds, 3),
+        **figures,
     )
 
 
-def decide(config: JobConfig, on: TrialArm, off: TrialArm, rows_left: int, engines: int, start_seconds: float) -> TrialVerdict:
+def decide(
+    config: JobConfig, on: TrialArm, off: TrialArm, rows_left: int, engines: int, start_seconds: float
+) -> TrialVerdict:
     """After both arms, with the engine off: speculation back on when it measured faster than off
     by more than the margin and the rest of the job saves more than the engine start it costs."""
     margin = config.speculative.trial.margin
@@ -165,18 +183,31 @@ def decide(config: JobConfig, on: TrialArm, off: TrialArm, rows_left: int, engin
     speedup = on.tokens_per_second / off.tokens_per_second if off.tokens_per_second > 0 else 0.0
     saving = rest_seconds(off, rows_left, engines) - rest_seconds(on, rows_left, engines)
     setting, concurrency = setting_text(config), trial_concurrency(config)
-    measured = (f"speculation {setting}: {speedup:.2f}x of off at {concurrency} sequences on this job's first "
-                f"{on.units} + {off.units} units")
+    measured = (
+        f"speculation {setting}: {speedup:.2f}x of off at {concurrency} sequences on this job's first "
+        f"{on.units} + {off.units} units"
+    )
     if speedup >= 1 + margin and saving > restart:
         outcome, reason = "kept", f"{measured}: kept"
     elif speedup >= 1 + margin:
         outcome = "turned-off"
-        reason = (f"{measured}: turned off: the rest of the job would save about {saving:.0f} s, less than the "
-                  f"{start_seconds:.0f} s engine start that turning it back on costs")
+        reason = (
+            f"{measured}: turned off: the rest of the job would save about {saving:.0f} s, less than the "
+            f"{start_seconds:.0f} s engine start that turning it back on costs"
+        )
     else:
         outcome = "turned-off"
-        reason = f"{measured}: turned off" + ("" if speedup < 1 else f" (not {1 + margin:.2f}x or more: within the margin)")
+        reason = f"{measured}: turned off" + (
+            "" if speedup < 1 else f" (not {1 + margin:.2f}x or more: within the margin)"
+        )
     return TrialVerdict(
-        outcome=outcome, reason=reason, setting=setting, concurrency=concurrency, speculation=on, off=off,
-        speedup_vs_off=round(speedup, 3), margin=margin, engine_start_seconds=round(start_seconds, 3),
+        outcome=outcome,
+        reason=reason,
+        setting=setting,
+        concurrency=concurrency,
+        speculation=on,
+        off=off,
+        speedup_vs_off=round(speedup, 3),
+        margin=margin,
+        engine_start_seconds=round(start_seconds, 3),
     )

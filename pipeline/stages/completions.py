@@ -21,16 +21,24 @@ def logprob_entries(token_ids, positions, k: int, decode: Callable[[int], str]) 
             entries.append({"token_id": token_id, "token": decode(token_id), "logprob": None, "top_logprobs": []})
             continue
         chosen = position.get(token_id)
-        ranked = sorted(((t, lp) for t, lp in position.items() if lp.rank is not None and lp.rank <= k), key=lambda e: e[1].rank)
-        entries.append({
-            "token_id": token_id,
-            "token": chosen.decoded_token if chosen and chosen.decoded_token is not None else decode(token_id),
-            "logprob": chosen.logprob if chosen else None,
-            "top_logprobs": [
-                {"token_id": t, "token": lp.decoded_token if lp.decoded_token is not None else decode(t), "logprob": lp.logprob}
-                for t, lp in ranked
-            ],
-        })
+        ranked = sorted(
+            ((t, lp) for t, lp in position.items() if lp.rank is not None and lp.rank <= k), key=lambda e: e[1].rank
+        )
+        entries.append(
+            {
+                "token_id": token_id,
+                "token": chosen.decoded_token if chosen and chosen.decoded_token is not None else decode(token_id),
+                "logprob": chosen.logprob if chosen else None,
+                "top_logprobs": [
+                    {
+                        "token_id": t,
+                        "token": lp.decoded_token if lp.decoded_token is not None else decode(t),
+                        "logprob": lp.logprob,
+                    }
+                    for t, lp in ranked
+                ],
+            }
+        )
     return entries
 
 
@@ -43,7 +51,9 @@ def reasoning_parser(name: Optional[str], tokenizer):
     from vllm.reasoning import ReasoningParserManager
 
     if name not in ReasoningParserManager.list_registered():
-        raise KeyError(f"{name!r} is not one of vLLM's reasoning parsers: {', '.join(sorted(ReasoningParserManager.list_registered()))}")
+        raise KeyError(
+            f"{name!r} is not one of vLLM's reasoning parsers: {', '.join(sorted(ReasoningParserManager.list_registered()))}"
+        )
     return ReasoningParserManager.get_reasoning_parser(name)(tokenizer)
 
 
@@ -55,7 +65,9 @@ def split_reasoning(parser, text: str) -> tuple[Optional[str], str]:
     return reasoning, content or ""
 
 
-def output_rows(result, sampling: dict[str, Any], decode: Callable[[int], str], reasoning_parser=None) -> tuple[list[dict], Acceptance]:
+def output_rows(
+    result, sampling: dict[str, Any], decode: Callable[[int], str], reasoning_parser=None
+) -> tuple[list[dict], Acceptance]:
     """The rows of one finished request (without the columns every row of the unit shares) and
     its acceptance over every sample: vLLM keeps speculative-decoding metrics per sample."""
     rows, total = [], Acceptance()
@@ -71,21 +83,23 @@ def output_rows(result, sampling: dict[str, Any], decode: Callable[[int], str], 
         logprobs = None
         if sampling.get("logprobs") is not None and completion.logprobs is not None:
             logprobs = logprob_entries(completion.token_ids, completion.logprobs, sampling["logprobs"], decode)
-        rows.append({
-            "sample_index": completion.index,
-            "text": text,
-            "finish_reason": completion.finish_reason or "unknown",
-            "stop_reason": None if completion.stop_reason is None else str(completion.stop_reason),
-            "parsed": parsed,
-            "parse_error": parse_error,
-            "reasoning": reasoning,
-            "logprobs": logprobs,
-            "prompt_logprobs": prompt_logprobs if completion.index == 0 else None,  # once per prompt
-            "prompt_tokens": len(prompt_ids),
-            "generated_tokens": len(completion.token_ids),
-            "draft_tokens": acceptance.draft_tokens,
-            "accepted_tokens": acceptance.accepted_tokens,
-            "num_drafts": acceptance.num_drafts,
-            "mean_acceptance_length": acceptance.mean_acceptance_length or 1.0,
-        })
+        rows.append(
+            {
+                "sample_index": completion.index,
+                "text": text,
+                "finish_reason": completion.finish_reason or "unknown",
+                "stop_reason": None if completion.stop_reason is None else str(completion.stop_reason),
+                "parsed": parsed,
+                "parse_error": parse_error,
+                "reasoning": reasoning,
+                "logprobs": logprobs,
+                "prompt_logprobs": prompt_logprobs if completion.index == 0 else None,  # once per prompt
+                "prompt_tokens": len(prompt_ids),
+                "generated_tokens": len(completion.token_ids),
+                "draft_tokens": acceptance.draft_tokens,
+                "accepted_tokens": acceptance.accepted_tokens,
+                "num_drafts": acceptance.num_drafts,
+                "mean_acceptance_length": acceptance.mean_acceptance_length or 1.0,
+            }
+        )
     return rows, total

@@ -33,8 +33,15 @@ class EngineHung(RuntimeError):
 
 
 class EngineRequests:
-    def __init__(self, engine, location: OutputLocation, lora_requests: dict[str, Any], end_engine: Callable[[], Any],
-                 actor_id: str, node_id: str):
+    def __init__(
+        self,
+        engine,
+        location: OutputLocation,
+        lora_requests: dict[str, Any],
+        end_engine: Callable[[], Any],
+        actor_id: str,
+        node_id: str,
+    ):
         self.engine, self.location, self.lora_requests = engine, location, lora_requests
         self.end_engine = end_engine  # ends the dead engine's processes (pipeline/stages/engine.EngineProcesses)
         self.actor_id, self.node_id = actor_id, node_id
@@ -111,10 +118,15 @@ class EngineRequests:
         as a dead one is, its processes' stacks (`stacks()`, taken before they are killed) in
         the event."""
         exc = EngineHung(f"the engine made no step for {seconds:.1f} s with requests in it (limit {limit:.1f} s)")
-        await self._engine_died(exc, hang={"seconds_without_progress": round(seconds, 1), "stall_limit_seconds": round(limit, 1)},
-                                stacks=stacks)
+        await self._engine_died(
+            exc,
+            hang={"seconds_without_progress": round(seconds, 1), "stall_limit_seconds": round(limit, 1)},
+            stacks=stacks,
+        )
 
-    async def _engine_died(self, exc: BaseException, hang: Optional[dict] = None, stacks: Optional[Callable[[], str]] = None) -> None:
+    async def _engine_died(
+        self, exc: BaseException, hang: Optional[dict] = None, stacks: Optional[Callable[[], str]] = None
+    ) -> None:
         """Record the death (or hang) and each unit's suspects, then end the process: nothing
         of the units in flight is committed, and Ray restarts the actor and retries them."""
         if self.dying:  # another request of this actor is already recording it
@@ -148,13 +160,17 @@ class EngineRequests:
             finally:
                 os._exit(1)
 
-    async def _generate_isolated(self, unit_id: str, rows: list[dict], todo: list[int], suspects: dict) -> dict[int, Any]:
+    async def _generate_isolated(
+        self, unit_id: str, rows: list[dict], todo: list[int], suspects: dict
+    ) -> dict[int, Any]:
         """Rows that were not in flight at the unit's last engine death run as usual; its
         suspects run alone in the engine, half of them at a time, so that the next death
         narrows them down. A suspect that killed the engine alone is not run again."""
         if suspects["alone"]:
             (culprit,) = suspects["rows"]
-            crash = EngineCrash(f"the engine died or hung each time this row was in it, the last time alone (unit {unit_id})")
+            crash = EngineCrash(
+                f"the engine died or hung each time this row was in it, the last time alone (unit {unit_id})"
+            )
             results = await self._generate_all(unit_id, rows, [i for i in todo if i != culprit])
             return {**results, **({culprit: crash} if culprit in todo else {})}
         suspect_rows = [i for i in todo if i in set(suspects["rows"])]

@@ -86,8 +86,12 @@ def engine_stacks(pids: list[int]) -> str:
     parts = []
     for pid in pids:
         try:
-            done = subprocess.run([spy, "dump", "--nonblocking", "--pid", str(pid)], capture_output=True, text=True,
-                                  timeout=STACKS_TIMEOUT_SECONDS)
+            done = subprocess.run(
+                [spy, "dump", "--nonblocking", "--pid", str(pid)],
+                capture_output=True,
+                text=True,
+                timeout=STACKS_TIMEOUT_SECONDS,
+            )
             text = done.stdout if done.returncode == 0 else f"py-spy failed ({done.returncode}): {done.stderr.strip()}"
         except (OSError, subprocess.TimeoutExpired) as exc:
             text = f"py-spy could not run: {exc}"

@@ -86,7 +86,8 @@ def check_model(metadata: Any, served_names: tuple[str, ...]) -> None:
     model = json.loads(text).get("model") if isinstance(text, str) and '"model"' in text else None
     if model is not None and model not in served_names:
         raise RowError(
-            "model_not_found", "body.model",
+            "model_not_found",
+            "body.model",
             f"The model `{model}` does not exist: this job serves {served_names[1]!r} ({served_names[0]}); name it in "
             "model.served_names to serve the line with it",
         )
@@ -115,16 +116,22 @@ class PreprocessSettings:
     structured_backend: str = "auto"
     lora_adapters: tuple[str, ...] = ()
     served_names: tuple[str, ...] | None = None  # OpenAI batch input: what a line's body.model may name
-    duplicates: tuple[tuple[str, int, str, int], ...] = ()  # (source, row, first source, first row): the plan's id check
+    duplicates: tuple[
+        tuple[str, int, str, int], ...
+    ] = ()  # (source, row, first source, first row): the plan's id check
 
     @classmethod
     def for_job(cls, config: JobConfig, duplicates: Sequence[Any] = ()) -> "PreprocessSettings":
         """The job's, in one place: the preprocess actors, the probe, the dry run and calibrate
         prepare a row alike (its adapter included)."""
         return cls(
-            tokenizer_path=config.model.tokenizer or config.model.path, max_model_len=config.engine.max_model_len,
-            sampling=config.sampling.model_dump(), chat=config.chat.model_dump(), speculation=config.speculation,
-            structured_backend=structured_backend(config), lora_adapters=tuple(sorted(config.lora.adapters)) if config.lora else (),
+            tokenizer_path=config.model.tokenizer or config.model.path,
+            max_model_len=config.engine.max_model_len,
+            sampling=config.sampling.model_dump(),
+            chat=config.chat.model_dump(),
+            speculation=config.speculation,
+            structured_backend=structured_backend(config),
+            lora_adapters=tuple(sorted(config.lora.adapters)) if config.lora else (),
             served_names=config.model.names if config.input_format == "openai_batch" else None,
             duplicates=tuple((d.source, d.row, d.first_source, d.first_row) for d in duplicates),
         )
@@ -189,15 +196,23 @@ class Preprocessor:
             except ValueError as exc:
                 self.formats_checked[key] = str(exc)
         if self.formats_checked[key] is not None:
-            raise RowError("invalid_response_format", "response_format", f"vLLM cannot compile it: {self.formats_checked[key]}")
+            raise RowError(
+                "invalid_response_format", "response_format", f"vLLM cannot compile it: {self.formats_checked[key]}"
+            )
 
     def prepare(self, row: dict[str, Any], text_column: str) -> dict[str, Any]:
-        if row.get("template_error"):  # rows.prompt_template or messages_template could not render it (pipeline/inputs/shape.py)
+        if row.get(
+            "template_error"
+        ):  # rows.prompt_template or messages_template could not render it (pipeline/inputs/shape.py)
             raise RowError("template_error", row["template_field"], row["template_error"])
         lora = row.get("lora")
         if lora is not None and lora not in self.lora_adapters:
             close = closest(lora, self.lora_adapters)
-            known = f"did you mean {close!r}?" if close else f"the job's lora.adapters: {sorted(self.lora_adapters) or 'none'}"
+            known = (
+                f"did you mean {close!r}?"
+                if close
+                else f"the job's lora.adapters: {sorted(self.lora_adapters) or 'none'}"
+            )
             raise RowError("invalid_lora", "lora", f"no LoRA adapter {lora!r} ({known})")
         sampling = resolve(row, self.sampling, self.sampling_values)
         if self.speculation and sampling is not self.sampling:
@@ -225,7 +240,12 @@ class Preprocessor:
             )
         values["max_tokens"] = min(values["max_tokens"], room)
         values["min_tokens"] = min(values["min_tokens"], values["max_tokens"])
-        return {"prompt_token_ids": token_ids, "sampling": json.dumps(values), "max_tokens_clipped": clipped, "lora": lora}
+        return {
+            "prompt_token_ids": token_ids,
+            "sampling": json.dumps(values),
+            "max_tokens_clipped": clipped,
+            "lora": lora,
+        }
 
     def check_unique(self, row: dict[str, Any]) -> None:
         """A row whose id an earlier row of the job has (the plan's id check, pipeline/inputs/ids.py)."""
@@ -233,10 +253,14 @@ class Preprocessor:
         if earlier is None:
             return
         source, first = earlier
-        where = (f"in {source} (rows {first} and {row['row']})" if source == row["source"]
-                 else f"in {source} (row {first}) and {row['source']} (row {row['row']})")
+        where = (
+            f"in {source} (rows {first} and {row['row']})"
+            if source == row["source"]
+            else f"in {source} (row {first}) and {row['source']} (row {row['row']})"
+        )
         raise RowError(
-            "duplicate_id", "id",
+            "duplicate_id",
+            "id",
             f"id {row['id']!r} appears twice {where}; row {first} of {source} is generated, this one is not: "
             "give it an id of its own",
         )

@@ -72,7 +72,9 @@ def resolve(row: dict[str, Any], defaults: SamplingConfig, default_values: dict[
         error = exc.errors()[0]
         if not error["loc"]:  # a rule across parameters (n > 1 at temperature 0): name what the row set
             fields = ", ".join(f for f, _ in overrides.values())
-            raise RowError("invalid_sampling", fields, f"{fields}: {error['msg'].removeprefix('Value error, ')}") from None
+            raise RowError(
+                "invalid_sampling", fields, f"{fields}: {error['msg'].removeprefix('Value error, ')}"
+            ) from None
         key = str(error["loc"][0])
         field, _ = overrides.get(key, (f"sampling.{key}", None))
         inner = ".".join(str(p) for p in error["loc"][1:])
@@ -98,7 +100,11 @@ def sampling_params(values: dict[str, Any], **extra):
     v = dict(values)
     response_format = v.pop("response_format", None)
     return SamplingParams(
-        **{k: value for k, value in v.items() if k not in ("logit_bias", "allowed_token_ids", "stop", "stop_token_ids", "bad_words")},
+        **{
+            k: value
+            for k, value in v.items()
+            if k not in ("logit_bias", "allowed_token_ids", "stop", "stop_token_ids", "bad_words")
+        },
         stop=v["stop"] or None,
         stop_token_ids=v["stop_token_ids"] or None,
         bad_words=v["bad_words"] or None,

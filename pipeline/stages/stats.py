@@ -125,8 +125,10 @@ def speculated(speculative: Optional[bool], num_drafts: int, depth_schedule: Opt
 
 def speculated_units(stats: pa.Table) -> pa.Table:
     """The rows of the units that speculated (`speculated`); a column an older file lacks is null."""
-    columns = [stats.column(c).to_pylist() if c in stats.column_names else [None] * stats.num_rows
-               for c in ("speculative", "num_drafts", "depth_schedule")]
+    columns = [
+        stats.column(c).to_pylist() if c in stats.column_names else [None] * stats.num_rows
+        for c in ("speculative", "num_drafts", "depth_schedule")
+    ]
     return stats.filter(pa.array([speculated(*unit) for unit in zip(*columns)], type=pa.bool_()))
 
 
@@ -144,15 +146,31 @@ def totals_from_stats(stats: pa.Table, input_rows: int, wall_seconds: float, rep
     job of 100k units is not turned into 100k Python dicts. Acceptance and tokens per target
     pass are those of the units that speculated (`speculated`). `replicas`: the engines billed
     for `wall_seconds`, for the busy share."""
-    total = _sums(stats, (
-        "rows", "output_rows", "error_rows", "samples", "retryable_error_rows", "clipped_rows", "prompt_tokens",
-        "cached_prompt_tokens", "generated_tokens",
-    ))
-    drafting = _sums(speculated_units(stats), ("samples", "generated_tokens", "num_drafts", "draft_tokens", "accepted_tokens"))
+    total = _sums(
+        stats,
+        (
+            "rows",
+            "output_rows",
+            "error_rows",
+            "samples",
+            "retryable_error_rows",
+            "clipped_rows",
+            "prompt_tokens",
+            "cached_prompt_tokens",
+            "generated_tokens",
+        ),
+    )
+    drafting = _sums(
+        speculated_units(stats), ("samples", "generated_tokens", "num_drafts", "draft_tokens", "accepted_tokens")
+    )
     acceptance = Acceptance(drafting["num_drafts"], drafting["draft_tokens"], drafting["accepted_tokens"])
     generated = total["generated_tokens"]
     timed = stats.num_rows and {"actor_id", "started_at", "engine_seconds"} <= set(stats.column_names)
-    busy = busy_seconds(zip(*(stats.column(c).to_pylist() for c in ("actor_id", "started_at", "engine_seconds")))) if timed else 0.0
+    busy = (
+        busy_seconds(zip(*(stats.column(c).to_pylist() for c in ("actor_id", "started_at", "engine_seconds"))))
+        if timed
+        else 0.0
+    )
     return JobTotals(
         input_rows=input_rows,
         output_rows=total["output_rows"],
@@ -183,3 +201,9 @@ def billed_replicas(config: JobConfig, stats: pa.Table) -> int:
         return resources.max_replicas
     ran = len(set(stats.column("actor_id").to_pylist()))
     return max(resources.min_replicas, min(resources.max_replicas, ran))
+
+
+def error_units(stats: pa.Table, retryable_only: bool) -> set[str]:
+    """Units of a stats table with error rows (with `retryable_only`, retryable ones)."""
+    column = "retryable_error_rows" if retryable_only else "error_rows"
+    return {u for u, n in zip(stats.column("unit_id").to_pylist(), stats.column(column).to_pylist()) if n}

@@ -81,7 +81,9 @@ def parse_check(fmt: dict[str, Any] | None, text: str) -> tuple[Optional[bool], 
             return False, f"not JSON: {exc}"
         if kind == "json_object":
             return (True, None) if isinstance(value, dict) else (False, f"a JSON {type(value).__name__}, not an object")
-        error = next(iter(_json_validator(json.dumps(fmt["json_schema"]["schema"], sort_keys=True)).iter_errors(value)), None)
+        error = next(
+            iter(_json_validator(json.dumps(fmt["json_schema"]["schema"], sort_keys=True)).iter_errors(value)), None
+        )
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "(root)"
             return False, f"does not follow the schema at {where}: {error.message}"

@@ -45,8 +45,15 @@ class Identity:
 
 def error_row(row: dict, stage: str, kind: str, field: Optional[str], message: str, retryable: bool = False) -> dict:
     return ErrorRow(
-        id=row["id"], source=row["source"], row=row["row"], stage=stage, error_kind=kind, field=field,
-        message=message, retryable=retryable, unit_id=row["unit_id"],
+        id=row["id"],
+        source=row["source"],
+        row=row["row"],
+        stage=stage,
+        error_kind=kind,
+        field=field,
+        message=message,
+        retryable=retryable,
+        unit_id=row["unit_id"],
     ).model_dump()
 
 
@@ -60,9 +67,13 @@ def request_error(row: dict, result: Any) -> Optional[dict]:
     if any(c.finish_reason == "error" for c in result.outputs):
         # vLLM ended the request itself, e.g. "grammar rejected tokens": its text is not an output.
         return error_row(
-            row, "generate", "RequestFailed", None,
+            row,
+            "generate",
+            "RequestFailed",
+            None,
             "vLLM ended the request with finish_reason 'error' (its engine log says why, e.g. a grammar that "
-            "rejected a token)", retryable=True,
+            "rejected a token)",
+            retryable=True,
         )
     return None
 
@@ -84,8 +95,14 @@ def collect(unit_id: str, rows: list[dict], results: dict[int, Any], who: Identi
         out.cached_prompt_tokens += result.num_cached_tokens or 0  # once per request, as its prompt, whatever its n
         out.generated_tokens += sum(sample["generated_tokens"] for sample in samples)
         shared = dict(
-            id=row["id"], max_tokens_clipped=bool(row["max_tokens_clipped"]), model=who.model_id,
-            drafter=who.drafter_id, lora=row.get("lora"), source=row["source"], row=row["row"], unit_id=unit_id,
+            id=row["id"],
+            max_tokens_clipped=bool(row["max_tokens_clipped"]),
+            model=who.model_id,
+            drafter=who.drafter_id,
+            lora=row.get("lora"),
+            source=row["source"],
+            row=row["row"],
+            unit_id=unit_id,
         )
         out.outputs += [{**sample, **shared} for sample in samples]
         out.output_index += [i] * len(samples)
@@ -94,19 +111,35 @@ def collect(unit_id: str, rows: list[dict], results: dict[int, Any], who: Identi
 
 
 def unit_stats(
-    unit: tuple[str, str, int], rows: int, out: UnitResults, spec: SpeculativeConfig, where: dict[str, str],
-    started: float, engine_seconds: float, disabled_by_guard: bool,
+    unit: tuple[str, str, int],
+    rows: int,
+    out: UnitResults,
+    spec: SpeculativeConfig,
+    where: dict[str, str],
+    started: float,
+    engine_seconds: float,
+    disabled_by_guard: bool,
 ) -> UnitStats:
     unit_id, source, first_row = unit
     errors = out.errors
     return UnitStats(
-        unit_id=unit_id, source=source, first_row=first_row, **where,
-        rows=rows, output_rows=out.generated_rows, error_rows=len(errors), samples=len(out.outputs),
+        unit_id=unit_id,
+        source=source,
+        first_row=first_row,
+        **where,
+        rows=rows,
+        output_rows=out.generated_rows,
+        error_rows=len(errors),
+        samples=len(out.outputs),
         retryable_error_rows=sum(e["retryable"] for e in errors),
         clipped_rows=sum(1 for o in out.outputs if o["max_tokens_clipped"] and o["sample_index"] == 0),
         first_error=f"{errors[0]['error_kind']}: {errors[0]['id']}" if errors else None,
-        prompt_tokens=out.prompt_tokens, cached_prompt_tokens=out.cached_prompt_tokens, generated_tokens=out.generated_tokens,
-        started_at=started, wall_seconds=0.0, engine_seconds=engine_seconds,
+        prompt_tokens=out.prompt_tokens,
+        cached_prompt_tokens=out.cached_prompt_tokens,
+        generated_tokens=out.generated_tokens,
+        started_at=started,
+        wall_seconds=0.0,
+        engine_seconds=engine_seconds,
         tokens_per_second=out.generated_tokens / engine_seconds if engine_seconds > 0 else 0.0,
         speculative=spec.enabled,
         num_speculative_tokens=spec.num_speculative_tokens if spec.enabled else 0,

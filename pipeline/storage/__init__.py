@@ -5,4 +5,12 @@ model cache (model_cache.py)."""
 from pipeline.storage.retry import TRANSIENT_ERRORS, StorageUnavailable, is_transient
 from pipeline.storage.store import PreconditionFailed, Storage, is_local, json_bytes
 
-__all__ = ["TRANSIENT_ERRORS", "PreconditionFailed", "Storage", "StorageUnavailable", "is_local", "is_transient", "json_bytes"]
+__all__ = [
+    "TRANSIENT_ERRORS",
+    "PreconditionFailed",
+    "Storage",
+    "StorageUnavailable",
+    "is_local",
+    "is_transient",
+    "json_bytes",
+]

@@ -65,7 +65,7 @@ def remote_files(uri: str, storage: Storage) -> dict[str, dict[str, Any]]:
     base = uri.rstrip("/")
     found = storage.list_details(base)
     files = {
-        full[len(base) + 1:]: {"size": info["size"], "etag": info["version"]}
+        full[len(base) + 1 :]: {"size": info["size"], "etag": info["version"]}
         for full, info in found.items()
         if full.startswith(base + "/") and not full.endswith("/")
     }
@@ -78,7 +78,7 @@ def localize(uri: str, storage: Optional[Storage] = None, *, weights: bool = Tru
     """A local folder holding the model at `uri`: the path itself when it is local, else this
     node's cache entry, copied first when missing or stale. `weights=False`: without weights."""
     if is_local(uri):
-        return uri[len("file://"):] if uri.startswith("file://") else uri
+        return uri[len("file://") :] if uri.startswith("file://") else uri
     storage = storage or Storage()
     files = remote_files(uri, storage)
     full = _entry(uri, storage, "")
@@ -158,8 +158,14 @@ def _copy(uri: str, storage: Storage, staging: Path, files: dict[str, dict[str, 
     free = shutil.disk_usage(staging).free
     if needed > free:
         raise OSError(f"model cache {staging.parent}: {uri} needs {needed / 1e9:.1f} GB, {free / 1e9:.1f} GB free")
-    log.info("model cache: copying %s (%d files, %.2f GB; %d kept from the previous copy) to %s",
-             uri, len(files) - len(reused), needed / 1e9, len(reused), staging.parent)
+    log.info(
+        "model cache: copying %s (%d files, %.2f GB; %d kept from the previous copy) to %s",
+        uri,
+        len(files) - len(reused),
+        needed / 1e9,
+        len(reused),
+        staging.parent,
+    )
     fs, root = storage.fs(uri.rstrip("/"))
     for name, info in sorted(files.items()):
         target = staging / name

@@ -69,7 +69,9 @@ class StorageUnavailable(RuntimeError):
     store, operation, key = "", "", ""
 
 
-def gave_up(store: str, what: str, silent_seconds: float, outage_seconds: float, last: BaseException) -> StorageUnavailable:
+def gave_up(
+    store: str, what: str, silent_seconds: float, outage_seconds: float, last: BaseException
+) -> StorageUnavailable:
     operation, _, key = what.partition(" ")
     down = StorageUnavailable(
         f"storage unavailable: {store} has not answered for {silent_seconds:.0f}s, over storage.outage_seconds "

@@ -29,6 +29,7 @@ from pipeline.storage.retry import call_deadline, describe_store, retrying, s3_c
 log = logging.getLogger("specbatch.storage")
 T = TypeVar("T")
 
+
 class PreconditionFailed(RuntimeError):
     """A conditional write or delete found the object changed since its version was read, or
     present where it was to be created."""
@@ -53,13 +54,18 @@ class Storage:
     region: Optional[str] = None
     outage_seconds: float = 120.0  # how long a silent store is waited for (pipeline/storage/retry.py)
     request_timeout_seconds: float = 30.0  # the bound on one attempt at a call
-    model_cache_dir: Optional[str] = None  # where models from object storage are copied (pipeline/storage/model_cache.py)
+    model_cache_dir: Optional[str] = (
+        None  # where models from object storage are copied (pipeline/storage/model_cache.py)
+    )
 
     @classmethod
     def from_config(cls, config: StorageConfig) -> "Storage":
         return cls(
-            endpoint_url=config.endpoint_url, region=config.region, outage_seconds=config.outage_seconds,
-            request_timeout_seconds=config.request_timeout_seconds, model_cache_dir=config.model_cache_dir,
+            endpoint_url=config.endpoint_url,
+            region=config.region,
+            outage_seconds=config.outage_seconds,
+            request_timeout_seconds=config.request_timeout_seconds,
+            model_cache_dir=config.model_cache_dir,
         )
 
     def retrying(self, what: str, operation: Callable[[], T]) -> T:
@@ -90,7 +96,11 @@ class Storage:
     def _deadline(self, fs: fsspec.AbstractFileSystem, body_bytes: int = 0) -> dict[str, float]:
         """The whole call's deadline, as fsspec takes it (it cancels the call then), on a store
         whose calls are coroutines."""
-        return {"timeout": call_deadline(self.request_timeout_seconds, body_bytes)} if isinstance(fs, AsyncFileSystem) else {}
+        return (
+            {"timeout": call_deadline(self.request_timeout_seconds, body_bytes)}
+            if isinstance(fs, AsyncFileSystem)
+            else {}
+        )
 
     def join(self, base: str, *parts: str) -> str:
         return posixpath.join(base.rstrip("/"), *parts)
@@ -172,7 +182,9 @@ class Storage:
             try:
                 reply = self.retrying(
                     f"write {uri}",
-                    lambda: fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **condition, **self._deadline(fs, len(data))),
+                    lambda: fs.call_s3(
+                        "put_object", Bucket=bucket, Key=key, Body=data, **condition, **self._deadline(fs, len(data))
+                    ),
                 )
             except Exception as exc:
                 if _precondition_failed(exc):
@@ -192,7 +204,8 @@ class Storage:
             bucket, key, _ = fs.split_path(path)
             try:
                 self.retrying(
-                    f"delete {uri}", lambda: fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=version, **self._deadline(fs)),
+                    f"delete {uri}",
+                    lambda: fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=version, **self._deadline(fs)),
                 )
             except FileNotFoundError:
                 return  # gone: a retried delete whose first try landed, its reply lost
@@ -240,7 +253,8 @@ class Storage:
         found = self.retrying(f"list {uri}", lambda: fs.find(path, detail=True) if fs.exists(path) else {})
         return {
             self._unstrip(uri, p): {"size": int(info.get("size") or 0), "version": _version_of(info)}
-            for p, info in sorted(found.items()) if p.endswith(suffix)
+            for p, info in sorted(found.items())
+            if p.endswith(suffix)
         }
 
     def write_json(self, uri: str, doc: Any) -> None:
@@ -277,8 +291,12 @@ class Storage:
         if "s3" in fs.protocol:
             listing = lambda: self._s3_keys(fs, path.rstrip("/") + "/", modified=True)  # noqa: E731
         else:
-            listing = lambda: [(p, _modified_of(i)) for p, i in fs.find(path, detail=True).items()] if fs.exists(path) else []  # noqa: E731
-        return {self._unstrip(uri, p): m for p, m in sorted(self.retrying(f"list {uri}", listing)) if p.endswith(suffix)}
+            listing = lambda: (
+                [(p, _modified_of(i)) for p, i in fs.find(path, detail=True).items()] if fs.exists(path) else []
+            )  # noqa: E731
+        return {
+            self._unstrip(uri, p): m for p, m in sorted(self.retrying(f"list {uri}", listing)) if p.endswith(suffix)
+        }
 
     def _s3_keys(self, fs, prefix: str, modified: bool = False) -> list:
         """Keys under prefix, or (key, LastModified) pairs with `modified`."""

@@ -16,14 +16,18 @@ from pipeline.tools.cost import per_million
 from schemas.report import CalibrationRow
 
 
-def calibration_rows(measured: Sequence[dict[str, Any]], gpus_per_replica: float, price: Optional[float]) -> list[CalibrationRow]:
+def calibration_rows(
+    measured: Sequence[dict[str, Any]], gpus_per_replica: float, price: Optional[float]
+) -> list[CalibrationRow]:
     """Figures per depth and concurrency; at each concurrency the row with the highest tokens/s
     per GPU (ties: the shallower depth), i.e. the lowest cost per million tokens, is recommended."""
     off_rate = {m["concurrency"]: m["generated_tokens"] / m["seconds"] for m in measured if m["depth"] == 0}
     rows = []
     for m in sorted(measured, key=lambda m: (m["concurrency"], m.get("schedule") is not None, m["depth"])):
         rate = m["generated_tokens"] / m["seconds"]
-        acceptance = Acceptance(m["num_drafts"], m["draft_tokens"], m["accepted_tokens"], list(m["accepted_per_position"]))
+        acceptance = Acceptance(
+            m["num_drafts"], m["draft_tokens"], m["accepted_tokens"], list(m["accepted_per_position"])
+        )
         dollars = price * gpus_per_replica * m["seconds"] / 3600 if price is not None else None
         off = off_rate.get(m["concurrency"])
         rows.append(
@@ -89,8 +93,10 @@ def schedule_from(best: dict[int, int], max_num_seqs: int) -> Optional[list[tupl
 
 def config_snippet(depth: int, schedule: Optional[list[tuple[int, int, int]]] = None) -> str:
     if schedule:
-        return (f"speculative:\n  enabled: true\n  num_speculative_tokens: {max(k for _, _, k in schedule)}\n"
-                f"  depth_schedule: {schedule_yaml(schedule)}\n")
+        return (
+            f"speculative:\n  enabled: true\n  num_speculative_tokens: {max(k for _, _, k in schedule)}\n"
+            f"  depth_schedule: {schedule_yaml(schedule)}\n"
+        )
     if depth == 0:
         return "speculative:\n  enabled: false\n"
     return f"speculative:\n  enabled: true\n  num_speculative_tokens: {depth}\n"
@@ -112,7 +118,9 @@ def apply_depth(text: str, depth: int, schedule: Optional[list[tuple[int, int, i
     if schedule:
         spec["num_speculative_tokens"] = max(k for _, _, k in schedule)
         spec["depth_schedule"] = [list(r) for r in schedule]
-        updates.update(num_speculative_tokens=str(spec["num_speculative_tokens"]), depth_schedule=schedule_yaml(schedule))
+        updates.update(
+            num_speculative_tokens=str(spec["num_speculative_tokens"]), depth_schedule=schedule_yaml(schedule)
+        )
     elif depth > 0:
         spec["num_speculative_tokens"] = depth
         updates["num_speculative_tokens"] = str(depth)

@@ -37,8 +37,11 @@ def check_cluster(address: str, wait_seconds: float = 60.0) -> tuple[bool, str]:
     started, job = time.time(), None
     while job is None:
         try:
-            job = client.submit_job(entrypoint="python -c pass", submission_id=f"specbatch-check-{uuid.uuid4().hex[:12]}",
-                                    entrypoint_num_cpus=0)
+            job = client.submit_job(
+                entrypoint="python -c pass",
+                submission_id=f"specbatch-check-{uuid.uuid4().hex[:12]}",
+                entrypoint_num_cpus=0,
+            )
         except RuntimeError as exc:
             if NO_AGENT not in str(exc):
                 return False, f"the head at {address} refused a job: {_said(exc)}"
@@ -48,7 +51,10 @@ def check_cluster(address: str, wait_seconds: float = 60.0) -> tuple[bool, str]:
             time.sleep(1.0)
     while not (status := client.get_job_status(job)).is_terminal():
         if time.time() - started > wait_seconds:
-            return False, f"the head at {address} took the job {job} but it has not ended in {wait_seconds:.0f} s ({status})"
+            return (
+                False,
+                f"the head at {address} took the job {job} but it has not ended in {wait_seconds:.0f} s ({status})",
+            )
         time.sleep(0.5)
     took = time.time() - started
     logs = client.get_job_logs(job).strip()
@@ -59,10 +65,12 @@ def check_cluster(address: str, wait_seconds: float = 60.0) -> tuple[bool, str]:
 
 
 def _no_agent(address: str, bound: Optional[str]) -> str:
-    why = (f"the head at {address} cannot run jobs: its dashboard agent is not running (Ray answers '{NO_AGENT}'). "
-           "Most often another program holds the agent's port (52365 unless --dashboard-agent-listen-port says "
-           "otherwise), another Ray on the same machine among them: its dashboard_agent.log, under the head's "
-           "session folder (/tmp/ray/session_latest/logs), says 'Failed to bind to port N'.")
+    why = (
+        f"the head at {address} cannot run jobs: its dashboard agent is not running (Ray answers '{NO_AGENT}'). "
+        "Most often another program holds the agent's port (52365 unless --dashboard-agent-listen-port says "
+        "otherwise), another Ray on the same machine among them: its dashboard_agent.log, under the head's "
+        "session folder (/tmp/ray/session_latest/logs), says 'Failed to bind to port N'."
+    )
     if bound:
         why += f" On this machine it says: {bound}."
     return why + " Stop the head and start it again with --dashboard-agent-listen-port=PORT, a free port."
@@ -104,14 +112,20 @@ def _said(exc: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="specbatch check-cluster", description=__doc__.split("\n\n")[0],
-                                     epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="specbatch check-cluster",
+        description=__doc__.split("\n\n")[0],
+        epilog=EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--address", help="the head's Jobs API (default: RAY_ADDRESS), e.g. http://HEAD:8265")
     parser.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the job to end (default 60)")
     args = parser.parse_args(argv)
     address = args.address or os.environ.get("RAY_ADDRESS")
     if not address:
-        print("specbatch check-cluster: no address: give --address http://HEAD:8265 or set RAY_ADDRESS", file=sys.stderr)
+        print(
+            "specbatch check-cluster: no address: give --address http://HEAD:8265 or set RAY_ADDRESS", file=sys.stderr
+        )
         return 2
     ok, message = check_cluster(address, args.wait)
     print(f"specbatch check-cluster: {message}", file=sys.stdout if ok else sys.stderr)

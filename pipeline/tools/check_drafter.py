@@ -20,13 +20,18 @@ def _fmt(value: Optional[float], spec: str = ".2f") -> str:
 def format_report(report: DrafterReport) -> str:
     d, t = report.drafter, report.target
     vmap = d.vocab_map
-    vmap_text = f"{vmap.size} ids -> target {vmap.min_target_id}..{vmap.max_target_id} ({vmap.source})" if vmap else "not read"
+    vmap_text = (
+        f"{vmap.size} ids -> target {vmap.min_target_id}..{vmap.max_target_id} ({vmap.source})" if vmap else "not read"
+    )
     rows = [
         ("hidden size", f"{d.hidden_size} (target_hidden_size {d.target_hidden_size})", t.hidden_size),
         ("vocab size", d.vocab_size, t.vocab_size),
         ("draft vocab", f"{d.draft_vocab_size}: {vmap_text}", ""),
-        ("aux layer ids", f"{d.aux_layer_ids} ({d.aux_layer_ids_source}, fc takes {d.aux_states_expected})",
-         f"{t.num_hidden_layers} layers: 0..{t.num_hidden_layers}"),
+        (
+            "aux layer ids",
+            f"{d.aux_layer_ids} ({d.aux_layer_ids_source}, fc takes {d.aux_states_expected})",
+            f"{t.num_hidden_layers} layers: 0..{t.num_hidden_layers}",
+        ),
         ("max positions", d.max_position_embeddings, t.max_position_embeddings),
         ("dtype", f"{d.dtype} (weights {d.weights_dtype})", t.dtype),
     ]
@@ -53,8 +58,10 @@ def format_report(report: DrafterReport) -> str:
             + ("PASS" if p.passed else "FAIL")
         )
         if not p.passed:
-            lines.append("REFUSED by the probe: acceptance this low is what a drafter trained for another base model "
-                         "gives, even one with the same shapes; speculation would only cost")
+            lines.append(
+                "REFUSED by the probe: acceptance this low is what a drafter trained for another base model "
+                "gives, even one with the same shapes; speculation would only cost"
+            )
             return "\n".join(lines)
     failed = [c.name for c in report.checks if c.status == "fail"]
     warned = f" ({len(report.warnings)} warning(s))" if report.warnings else ""
@@ -90,12 +97,22 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--config", help="a job config: its model, drafter, checks_as_warnings, input and lengths")
     parser.add_argument("--model", help="the target model directory (instead of --config)")
     parser.add_argument("--drafter", help="the drafter directory (EAGLE-3 config or speculators format)")
-    parser.add_argument("--warn-only", nargs="+", action="extend", default=[], metavar="CHECK",
-                        help="downgrade these checks to warnings (experts)")
+    parser.add_argument(
+        "--warn-only",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="CHECK",
+        help="downgrade these checks to warnings (experts)",
+    )
     parser.add_argument("--target-name", help="the target's name, when its config records none")
-    parser.add_argument("--probe", type=int, metavar="N",
-                        help="also generate N rows of the job's input with the drafter (needs --config) and refuse "
-                        "it below speculative.probe.min_mean_acceptance_length")
+    parser.add_argument(
+        "--probe",
+        type=int,
+        metavar="N",
+        help="also generate N rows of the job's input with the drafter (needs --config) and refuse "
+        "it below speculative.probe.min_mean_acceptance_length",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     storage = None  # models in object storage: the default endpoint, or the config's

@@ -70,7 +70,9 @@ def type_name(annotation: Any) -> str:
         return "any"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return "section"
-    return {str: "string", int: "int", float: "float", bool: "bool"}.get(annotation, getattr(annotation, "__name__", str(annotation)))
+    return {str: "string", int: "int", float: "float", bool: "bool"}.get(
+        annotation, getattr(annotation, "__name__", str(annotation))
+    )
 
 
 def default_text(field: FieldInfo) -> str:
@@ -91,7 +93,9 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
-def sections(model: type[BaseModel], prefix: str = "") -> list[tuple[str, type[BaseModel], list[tuple[str, FieldInfo]]]]:
+def sections(
+    model: type[BaseModel], prefix: str = ""
+) -> list[tuple[str, type[BaseModel], list[tuple[str, FieldInfo]]]]:
     """(dotted name, model, its fields) for the model and every section under it, depth first."""
     out = [(prefix, model, list(model.model_fields.items()))]
     for name, field in model.model_fields.items():
@@ -134,7 +138,8 @@ def undescribed() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog=COMMAND, description=__doc__.split("\n\n")[0],
+        prog=COMMAND,
+        description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"example:\n  {COMMAND}",
     )

@@ -47,7 +47,9 @@ def read_job(storage: Storage, uri: str) -> JobData:
         raise ReportError(f"{uri}: no _job.json (not a specbatch job output)")
     stats = sorted(location.read_table("stats").to_pylist(), key=lambda r: r["started_at"])
     verdict = manifest.speculation
-    calibration = read_any_calibration(storage, verdict.calibration_uri) if verdict and verdict.calibration_uri else None
+    calibration = (
+        read_any_calibration(storage, verdict.calibration_uri) if verdict and verdict.calibration_uri else None
+    )
     return JobData(uri=location.uri, manifest=manifest, stats=stats, calibration=calibration)
 
 
@@ -86,8 +88,13 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
         replicas = max(1, min(replicas["max"], len({r["actor_id"] for r in stats})))
     units, price = prices.billing(m.accelerator, float(resources.get("gpus_per_replica", 0)))
     drafting = [r for r in stats if speculated(r["speculative"], r["num_drafts"], r.get("depth_schedule"))]
-    acceptance = sum((Acceptance(r["num_drafts"], r["draft_tokens"], r["accepted_tokens"], list(r["accepted_per_position"]))
-                      for r in drafting), Acceptance())
+    acceptance = sum(
+        (
+            Acceptance(r["num_drafts"], r["draft_tokens"], r["accepted_tokens"], list(r["accepted_per_position"]))
+            for r in drafting
+        ),
+        Acceptance(),
+    )
     prompt_tokens = sum(r["prompt_tokens"] for r in stats)
     cached_prompt_tokens = sum(r.get("cached_prompt_tokens") or 0 for r in stats)  # null in an older stats file
     generated_tokens = sum(r["generated_tokens"] for r in stats)
@@ -100,7 +107,9 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
     flags = list(m.speculation.flags) if m.speculation else []
     mal = acceptance.mean_acceptance_length
     if not m.speculation and mal is not None and mal < ACCEPTANCE_FLOOR:  # a job written before verdicts were
-        flags.append(f"mean acceptance length {mal:.2f} is below the floor {ACCEPTANCE_FLOOR}: speculation cost more than it saved")
+        flags.append(
+            f"mean acceptance length {mal:.2f} is below the floor {ACCEPTANCE_FLOOR}: speculation cost more than it saved"
+        )
     return JobFigures(
         job_id=m.job_id,
         output_uri=job.uri,
@@ -133,7 +142,9 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
         busy_gpu_hours=busy_gpu_hours,
         utilization=_ratio(busy_gpu_hours, gpu_hours),
         price_per_gpu_hour=price,
-        price_source=prices.source(m.accelerator, float(resources.get("gpus_per_replica", 0))) if price is not None else None,
+        price_source=prices.source(m.accelerator, float(resources.get("gpus_per_replica", 0)))
+        if price is not None
+        else None,
         cost=cost,
         cost_per_million_generated_tokens=per_million(cost, generated_tokens),
         cost_per_million_total_tokens=per_million(cost, generated_tokens + prompt_tokens),
@@ -148,7 +159,9 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
         accepted_per_position=acceptance.rate_per_position,
         tokens_per_target_pass=acceptance.tokens_per_target_pass(
             sum(r["generated_tokens"] for r in drafting), sum(r["samples"] for r in drafting)
-        ) if all("samples" in r for r in stats) else None,
+        )
+        if all("samples" in r for r in stats)
+        else None,
         speculation_flags=flags,
         speculation_verdict=verdict_text(m.speculation) if m.speculation else None,
         **_trial_figures(m.trial, price, units),
@@ -165,9 +178,15 @@ def _trial_figures(trial: Optional[TrialVerdict], price: Optional[float], units:
     def per_million_at(rate: Optional[float]) -> Optional[float]:
         return price * units / (rate * 3600) * MILLION if price is not None and rate else None
 
-    return dict(trial=trial.reason, trial_outcome=trial.outcome, trial_concurrency=trial.concurrency,
-                trial_tokens_per_second_on=on, trial_tokens_per_second_off=off,
-                trial_cost_per_million_on=per_million_at(on), trial_cost_per_million_off=per_million_at(off))
+    return dict(
+        trial=trial.reason,
+        trial_outcome=trial.outcome,
+        trial_concurrency=trial.concurrency,
+        trial_tokens_per_second_on=on,
+        trial_tokens_per_second_off=off,
+        trial_cost_per_million_on=per_million_at(on),
+        trial_cost_per_million_off=per_million_at(off),
+    )
 
 
 def totals(jobs: Sequence[JobFigures]) -> ReportTotals:
@@ -245,15 +264,29 @@ def not_compared(jobs: Sequence[JobFigures]) -> list[str]:
     for (sha, accelerator, inputs, sampling), members in groups.items():
         if not any(j.speculative for j in members) or any(not j.speculative for j in members):
             continue
-        off = [j for (s, a, _, _), others in groups.items() if (s, a) == (sha, accelerator) for j in others if not j.speculative]
+        off = [
+            j
+            for (s, a, _, _), others in groups.items()
+            if (s, a) == (sha, accelerator)
+            for j in others
+            if not j.speculative
+        ]
         if not off:
             continue
         for job in (j for j in members if j.speculative):
             for other in off:
-                differ = [what for what, same in (("prompts (input files)", other.inputs_sha256 == inputs),
-                                                  ("sampling", other.sampling_sha256 == sampling)) if not same]
-                reasons.append(f"{job.job_id} (k={job.num_speculative_tokens}) is not compared with {other.job_id} "
-                               f"(speculation off): their {' and '.join(differ)} differ, so their costs do not compare")
+                differ = [
+                    what
+                    for what, same in (
+                        ("prompts (input files)", other.inputs_sha256 == inputs),
+                        ("sampling", other.sampling_sha256 == sampling),
+                    )
+                    if not same
+                ]
+                reasons.append(
+                    f"{job.job_id} (k={job.num_speculative_tokens}) is not compared with {other.job_id} "
+                    f"(speculation off): their {' and '.join(differ)} differ, so their costs do not compare"
+                )
     return reasons
 
 
@@ -262,7 +295,12 @@ def build_report(jobs: Sequence[JobData], prices: Prices) -> CostReport:
     warnings = []
     for job, f in zip(jobs, figures):
         if f.price_per_gpu_hour is None:
-            warnings.append(f"{f.job_id}: " + prices.missing_price_message(f.accelerator, job.manifest.config.get("resources", {}).get("gpus_per_replica", 0)))
+            warnings.append(
+                f"{f.job_id}: "
+                + prices.missing_price_message(
+                    f.accelerator, job.manifest.config.get("resources", {}).get("gpus_per_replica", 0)
+                )
+            )
         if f.status != "succeeded":
             warnings.append(f"{f.job_id}: status {f.status!r}; figures cover the units committed so far")
         if not job.stats:

@@ -42,8 +42,10 @@ def _this_run(manifest, figures) -> str:
     a = attempt.added
     hours = figures.replicas * figures.gpus_per_replica * attempt.wall_seconds / 3600
     cost = hours * figures.price_per_gpu_hour if figures.price_per_gpu_hour is not None else None
-    return (f"| this run | attempt {attempt.number}: {a.rows:,} rows added ({a.new_input_files:,} new input files), "
-            f"{a.prompt_tokens:,} prompt and {a.generated_tokens:,} generated tokens, {hours:.4f} billed hours, {_money(cost)} |\n")
+    return (
+        f"| this run | attempt {attempt.number}: {a.rows:,} rows added ({a.new_input_files:,} new input files), "
+        f"{a.prompt_tokens:,} prompt and {a.generated_tokens:,} generated tokens, {hours:.4f} billed hours, {_money(cost)} |\n"
+    )
 
 
 def data_card(config: JobConfig, job, figures, command: str) -> str:
@@ -57,11 +59,20 @@ def data_card(config: JobConfig, job, figures, command: str) -> str:
         prompts = f"chat messages rendered per row (`rows.messages_template`), then the target's chat template:\n\n```jinja\n{shown}\n```"
     else:
         prompts = f"the input's `{rows.prompt_column}` or `{rows.messages_column}` column, as it is"
-    drafter = (f"`{m.drafter.path}` (config sha256 `{m.drafter.config_sha256[:12]}`), "
-               f"{config.speculative.num_speculative_tokens} draft tokens" if m.drafter else "none (no speculation)")
-    acceptance = ("" if figures.mean_acceptance_length is None else
-                  f"| mean acceptance length | {figures.mean_acceptance_length:.2f} |\n")
-    sampling = ", ".join(f"{k} {v}" for k, v in config.sampling.model_dump(exclude_defaults=True).items()) or "the defaults"
+    drafter = (
+        f"`{m.drafter.path}` (config sha256 `{m.drafter.config_sha256[:12]}`), "
+        f"{config.speculative.num_speculative_tokens} draft tokens"
+        if m.drafter
+        else "none (no speculation)"
+    )
+    acceptance = (
+        ""
+        if figures.mean_acceptance_length is None
+        else f"| mean acceptance length | {figures.mean_acceptance_length:.2f} |\n"
+    )
+    sampling = (
+        ", ".join(f"{k} {v}" for k, v in config.sampling.model_dump(exclude_defaults=True).items()) or "the defaults"
+    )
     columns = ", ".join(f"`{c}`" for c in ["id", "text", "finish_reason", "metadata", *rows.copy_columns])
     this_run = _this_run(m, figures)
     return f"""# {config.job_name}: {m.totals.output_rows:,} generated rows

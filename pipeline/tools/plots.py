@@ -15,11 +15,101 @@ PLOT_W, PLOT_H = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 # and what Chromium draws `sans-serif` with on Debian, for ASCII 32..126; anything else counts
 # as 1 em. A label measured with it fits in any of the usual faces.
 _ADVANCE = [
-    318, 401, 460, 838, 636, 950, 780, 275, 390, 390, 500, 838, 318, 361, 318, 337, 636, 636, 636, 636, 636, 636, 636,
-    636, 636, 636, 337, 337, 838, 838, 838, 531, 1000, 684, 686, 698, 770, 632, 575, 775, 752, 295, 295, 656, 557, 863,
-    748, 787, 603, 787, 695, 635, 611, 732, 684, 989, 685, 611, 685, 390, 337, 390, 838, 500, 500, 613, 635, 550, 635,
-    615, 352, 635, 634, 278, 278, 579, 278, 974, 634, 612, 635, 635, 411, 521, 392, 634, 592, 818, 592, 592, 525, 636,
-    337, 636, 838,
+    318,
+    401,
+    460,
+    838,
+    636,
+    950,
+    780,
+    275,
+    390,
+    390,
+    500,
+    838,
+    318,
+    361,
+    318,
+    337,
+    636,
+    636,
+    636,
+    636,
+    636,
+    636,
+    636,
+    636,
+    636,
+    636,
+    337,
+    337,
+    838,
+    838,
+    838,
+    531,
+    1000,
+    684,
+    686,
+    698,
+    770,
+    632,
+    575,
+    775,
+    752,
+    295,
+    295,
+    656,
+    557,
+    863,
+    748,
+    787,
+    603,
+    787,
+    695,
+    635,
+    611,
+    732,
+    684,
+    989,
+    685,
+    611,
+    685,
+    390,
+    337,
+    390,
+    838,
+    500,
+    500,
+    613,
+    635,
+    550,
+    635,
+    615,
+    352,
+    635,
+    634,
+    278,
+    278,
+    579,
+    278,
+    974,
+    634,
+    612,
+    635,
+    635,
+    411,
+    521,
+    392,
+    634,
+    592,
+    818,
+    592,
+    592,
+    525,
+    636,
+    337,
+    636,
+    838,
 ]
 LEGEND_FONT = 11  # px, as in STYLE
 LEGEND_SWATCH = 28  # the color square and the gap after it
@@ -43,7 +133,7 @@ def wrap_label(text: str, max_width: float = LEGEND_MAX_TEXT, size: float = LEGE
             line = ""
         while text_width(piece, size) > max_width:  # a piece wider than a line: cut it where it must
             cut = 1
-            while text_width(piece[:cut + 1], size) <= max_width:
+            while text_width(piece[: cut + 1], size) <= max_width:
                 cut += 1
             lines.append(piece[:cut])
             piece = piece[cut:]
@@ -56,7 +146,7 @@ def _pieces(text: str) -> list[str]:
     pieces, start = [], 0
     for i, c in enumerate(text):
         if c in " -_/.,":
-            pieces.append(text[start:i + 1])
+            pieces.append(text[start : i + 1])
             start = i + 1
     return [*pieces, text[start:]] if start < len(text) else pieces
 
@@ -97,10 +187,14 @@ def _frame(plot_id: str, title: str, body: list[str], width: float = WIDTH, heig
 
 
 def _no_data(plot_id: str, title: str) -> str:
-    return _frame(plot_id, title, [f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle" class="no-data">no data</text>'])
+    return _frame(
+        plot_id, title, [f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle" class="no-data">no data</text>']
+    )
 
 
-def _axes(xs: list[float], ys: list[float], x_label: str, y_label: str, y_from_zero: bool = True, integer_x: bool = False):
+def _axes(
+    xs: list[float], ys: list[float], x_label: str, y_label: str, y_from_zero: bool = True, integer_x: bool = False
+):
     if integer_x and max(xs) - min(xs) <= 10:
         x_ticks = [float(x) for x in range(int(min(xs)), int(max(xs)) + 1)] or [min(xs)]
         if len(x_ticks) == 1:
@@ -121,8 +215,12 @@ def _axes(xs: list[float], ys: list[float], x_label: str, y_label: str, y_from_z
         body.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{sy(y):.1f}" y2="{sy(y):.1f}" class="grid"/>')
         body.append(f'<text x="{LEFT - 6}" y="{sy(y) + 4:.1f}" text-anchor="end" class="tick">{_label(y)}</text>')
     for x in x_ticks:
-        body.append(f'<text x="{sx(x):.1f}" y="{TOP + plot_h + 16}" text-anchor="middle" class="tick">{_label(x)}</text>')
-    body.append(f'<text x="{LEFT + plot_w / 2}" y="{HEIGHT - 8}" text-anchor="middle" class="axis-label">{escape(x_label)}</text>')
+        body.append(
+            f'<text x="{sx(x):.1f}" y="{TOP + plot_h + 16}" text-anchor="middle" class="tick">{_label(x)}</text>'
+        )
+    body.append(
+        f'<text x="{LEFT + plot_w / 2}" y="{HEIGHT - 8}" text-anchor="middle" class="axis-label">{escape(x_label)}</text>'
+    )
     body.append(
         f'<text transform="translate(16 {TOP + plot_h / 2}) rotate(-90)" text-anchor="middle" class="axis-label">{escape(y_label)}</text>'
     )
@@ -151,7 +249,12 @@ def _legend(names: Sequence[str], x: float) -> tuple[list[str], float, float]:
 
 
 def line_chart(
-    plot_id: str, title: str, series: Sequence[tuple[str, Sequence[tuple[float, float]]]], x_label: str, y_label: str, integer_x: bool = False
+    plot_id: str,
+    title: str,
+    series: Sequence[tuple[str, Sequence[tuple[float, float]]]],
+    x_label: str,
+    y_label: str,
+    integer_x: bool = False,
 ) -> str:
     """One line with point markers per named series of (x, y) points."""
     series = [(name, sorted(points)) for name, points in series if points]
@@ -193,7 +296,9 @@ def bar_chart(plot_id: str, title: str, bars: Sequence[tuple[str, float, str]], 
     for t in ticks:
         x = left + t / ticks[-1] * plot_w
         body.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{TOP + plot_h:.1f}" class="grid"/>')
-        body.append(f'<text x="{x:.1f}" y="{TOP + plot_h + 16:.1f}" text-anchor="middle" class="tick">{_label(t)}</text>')
+        body.append(
+            f'<text x="{x:.1f}" y="{TOP + plot_h + 16:.1f}" text-anchor="middle" class="tick">{_label(t)}</text>'
+        )
     for i, ((label, value, group), lines) in enumerate(zip(bars, labels)):
         color = PALETTE[groups.index(group) % len(PALETTE)]
         y = TOP + i * band + band * 0.15
@@ -204,11 +309,14 @@ def bar_chart(plot_id: str, title: str, bars: Sequence[tuple[str, float, str]], 
         )
         first = TOP + i * band + band / 2 + 4 - BAR_LABEL_LINE * (len(lines) - 1) / 2
         spans = "".join(
-            f'<tspan x="{left - 6:g}" dy="{0 if j == 0 else BAR_LABEL_LINE}">{escape(line)}</tspan>' for j, line in enumerate(lines)
+            f'<tspan x="{left - 6:g}" dy="{0 if j == 0 else BAR_LABEL_LINE}">{escape(line)}</tspan>'
+            for j, line in enumerate(lines)
         )
         body.append(f'<text y="{first:.1f}" text-anchor="end" class="tick bar-label">{spans}</text>')
     bottom = TOP + plot_h + BOTTOM
-    body.append(f'<text x="{left + plot_w / 2:g}" y="{bottom - 8:.1f}" text-anchor="middle" class="axis-label">{escape(value_label)}</text>')
+    body.append(
+        f'<text x="{left + plot_w / 2:g}" y="{bottom - 8:.1f}" text-anchor="middle" class="axis-label">{escape(value_label)}</text>'
+    )
     legend, width, height = _legend(groups, left + plot_w)
     return _frame(plot_id, title, body + legend, width, max(height, bottom))
 

@@ -55,5 +55,9 @@ def load_prices(uri: Optional[str] = None, storage: Optional[Storage] = None) ->
             defaults[section] = {**defaults.get(section, {}), **(override.get(section) or {})}
     prices = Prices.model_validate(defaults)
     if uri:
-        prices._from = {f"{section}:{kind}": f"--prices {uri}" for section in ("gpu", "cpu") for kind in (override.get(section) or {})}
+        prices._from = {
+            f"{section}:{kind}": f"--prices {uri}"
+            for section in ("gpu", "cpu")
+            for kind in (override.get(section) or {})
+        }
     return prices

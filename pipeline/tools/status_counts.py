@@ -34,9 +34,24 @@ from schemas import CommitMarker, JobManifest, JobTotals, UnitStats, arrow_schem
 # also what totals_from_stats sums and when each unit committed.
 ERROR_COLUMNS = ("unit_id", "commit_token", "error_rows")
 STATS_COLUMNS = (
-    *ERROR_COLUMNS, "rows", "output_rows", "samples", "retryable_error_rows", "clipped_rows", "prompt_tokens",
-    "cached_prompt_tokens", "generated_tokens", "num_drafts", "draft_tokens", "accepted_tokens", "started_at",
-    "wall_seconds", "actor_id", "engine_seconds", "speculative", "depth_schedule",
+    *ERROR_COLUMNS,
+    "rows",
+    "output_rows",
+    "samples",
+    "retryable_error_rows",
+    "clipped_rows",
+    "prompt_tokens",
+    "cached_prompt_tokens",
+    "generated_tokens",
+    "num_drafts",
+    "draft_tokens",
+    "accepted_tokens",
+    "started_at",
+    "wall_seconds",
+    "actor_id",
+    "engine_seconds",
+    "speculative",
+    "depth_schedule",
 )
 # Markers of units committed since the stats files were written, read for their stats: about a
 # minute of commits (the driver rewrites its file every minute); 1,000 are 3 MB, 32 at a time.
@@ -79,14 +94,18 @@ def read_stats(location: OutputLocation, columns: tuple[str, ...] = STATS_COLUMN
 def error_kinds(location: OutputLocation, stats: pa.Table, limit: int) -> tuple[Counter, int, int]:
     """error_kind -> rows over the error files of the units with error rows, at most `limit`
     of them (0: all), evenly spread over the units; returns (kinds, units with errors, read)."""
-    with_errors = pc.filter(stats.select(["unit_id", "commit_token"]), pc.greater(pc.fill_null(stats.column("error_rows"), 0), 0))
+    with_errors = pc.filter(
+        stats.select(["unit_id", "commit_token"]), pc.greater(pc.fill_null(stats.column("error_rows"), 0), 0)
+    )
     count = with_errors.num_rows
     if limit and count > limit:
         with_errors = with_errors.take(pa.array([i * count // limit for i in range(limit)], type=pa.int64()))
     units = list(zip(with_errors.column("unit_id").to_pylist(), with_errors.column("commit_token").to_pylist()))
 
     def kinds_of(path: str) -> list[str]:
-        return location.storage.read_parquet(location.path(path), columns=["error_kind"]).column("error_kind").to_pylist()
+        return (
+            location.storage.read_parquet(location.path(path), columns=["error_kind"]).column("error_kind").to_pylist()
+        )
 
     def read(unit: tuple[str, Optional[str]]) -> Optional[list[str]]:
         unit_id, token = unit
@@ -125,7 +144,10 @@ def resource(manifest: JobManifest, name: str) -> int:
 
 def planned_rows(manifest: JobManifest) -> dict[str, int]:
     """Unit id -> its input rows, from the plan the recorded input files give."""
-    return {u.unit_id: u.rows for u in plan_units(manifest.unit_files, resource(manifest, "rows_per_unit"), manifest.head_units)}
+    return {
+        u.unit_id: u.rows
+        for u in plan_units(manifest.unit_files, resource(manifest, "rows_per_unit"), manifest.head_units)
+    }
 
 
 def running_counts(location: OutputLocation, manifest: JobManifest, input_rows: int) -> RunningCounts:
@@ -133,16 +155,25 @@ def running_counts(location: OutputLocation, manifest: JobManifest, input_rows: 
     commits = list_commits(location)
     table, stats_as_of, markers_read = committed_stats(location, commits)
     rows = planned_rows(manifest)
-    rows.update({u: n for u, n in zip(table.column("unit_id").to_pylist(), table.column("rows").to_pylist()) if u not in rows})
+    rows.update(
+        {u: n for u, n in zip(table.column("unit_id").to_pylist(), table.column("rows").to_pylist()) if u not in rows}
+    )
     last = manifest.attempts[-1] if manifest.attempts else None
     started = dt.datetime.fromisoformat(last.started_at).timestamp() if last else 0.0
     ours = {unit for unit, at in commits.items() if at >= started}  # the running attempt's commits
-    wall = sum(a.wall_seconds for a in manifest.attempts[:-1]) + max((commits[u] for u in ours), default=started) - started
+    wall = (
+        sum(a.wall_seconds for a in manifest.attempts[:-1]) + max((commits[u] for u in ours), default=started) - started
+    )
     replicas = resource(manifest, "replicas")
     return RunningCounts(
-        totals=totals_from_stats(table, input_rows, wall, replicas), table=table,
-        units=len(commits), rows_done=sum(rows.get(u, 0) for u in commits), attempt_units=len(ours),
-        units_unread=len(commits) - table.num_rows, markers_read=markers_read, stats_as_of=stats_as_of,
+        totals=totals_from_stats(table, input_rows, wall, replicas),
+        table=table,
+        units=len(commits),
+        rows_done=sum(rows.get(u, 0) for u in commits),
+        attempt_units=len(ours),
+        units_unread=len(commits) - table.num_rows,
+        markers_read=markers_read,
+        stats_as_of=stats_as_of,
         last_commit_at=max(commits.values(), default=None),
         pace=attempt_pace(table, commits, ours, commit_window(replicas, resource(manifest, "units_in_flight"))),
     )
@@ -164,7 +195,9 @@ def marker_stats(location: OutputLocation, units: list[str]) -> pa.Table:
 
     def read(unit: str) -> Optional[dict]:
         try:
-            return CommitMarker.model_validate(location.storage.read_json(location.path(COMMITS, f"{unit}.json"))).stats.model_dump()
+            return CommitMarker.model_validate(
+                location.storage.read_json(location.path(COMMITS, f"{unit}.json"))
+            ).stats.model_dump()
         except FileNotFoundError:
             return None
 
@@ -180,9 +213,11 @@ def attempt_pace(stats: pa.Table, commits: dict[str, float], units: set[str], wi
     newest = heapq.nlargest(2 * (window + 1), units, key=commits.get)
     ours = stats.filter(pc.is_in(stats.column("unit_id"), pa.array(newest, pa.string())))
     columns = ("started_at", "wall_seconds", "engine_seconds", "rows")
-    timed = sorted((start + max(wall, engine), rows, start, start + engine)
-                   for start, wall, engine, rows in zip(*(ours.column(c).to_pylist() for c in columns)))
+    timed = sorted(
+        (start + max(wall, engine), rows, start, start + engine)
+        for start, wall, engine, rows in zip(*(ours.column(c).to_pylist() for c in columns))
+    )
     pace = Pace(window)
-    for unit in timed[-(window + 1):]:
+    for unit in timed[-(window + 1) :]:
         pace.add(*unit)
     return pace

@@ -51,29 +51,40 @@ def engines_without_progress(progress: JobProgress, now: float) -> list[EngineWi
     for replica in progress.replicas:
         quiet = now - (replica.last_output_at if replica.last_output_at is not None else progress.generating_since)
         if replica.requests_in_flight > 0 and quiet >= ENGINE_QUIET_SECONDS:
-            found.append(EngineWithoutProgress(
-                actor_id=replica.actor_id, node_id=replica.node_id, requests_in_flight=replica.requests_in_flight,
-                seconds_without_output=quiet, report_age_seconds=max(0.0, now - replica.reported_at),
-            ))
+            found.append(
+                EngineWithoutProgress(
+                    actor_id=replica.actor_id,
+                    node_id=replica.node_id,
+                    requests_in_flight=replica.requests_in_flight,
+                    seconds_without_output=quiet,
+                    report_age_seconds=max(0.0, now - replica.reported_at),
+                )
+            )
     return found
 
 
 def engine_warning(engine: EngineWithoutProgress, stall_limit: Optional[float]) -> str:
     where = f"engine replica {engine.actor_id[:8]} on node {engine.node_id[:8]}"
     if engine.report_age_seconds >= REPORT_STALE_SECONDS:
-        said = (f"{where} has not reported for {age(engine.report_age_seconds)}; it then held {engine.requests_in_flight} "
-                f"requests and had yielded no token since {age(engine.seconds_without_output)} ago")
+        said = (
+            f"{where} has not reported for {age(engine.report_age_seconds)}; it then held {engine.requests_in_flight} "
+            f"requests and had yielded no token since {age(engine.seconds_without_output)} ago"
+        )
     else:
         said = f"{where} holds {engine.requests_in_flight} requests and has yielded no token for {age(engine.seconds_without_output)}"
     if not stall_limit:
         return said
     if engine.seconds_without_output > stall_limit:
-        return (f"{said}: past retries.engine_stall_seconds ({stall_limit:.0f} s), the least its actor waits before it "
-                "replaces a hung engine (20 times the engine's slowest step, if longer); else the actor is stuck too")
+        return (
+            f"{said}: past retries.engine_stall_seconds ({stall_limit:.0f} s), the least its actor waits before it "
+            "replaces a hung engine (20 times the engine's slowest step, if longer); else the actor is stuck too"
+        )
     return f"{said} (at retries.engine_stall_seconds, {stall_limit:.0f} s, it is taken for hung and replaced)"
 
 
-def progress_warnings(location: OutputLocation, manifest: JobManifest, now: float) -> tuple[list[EngineWithoutProgress], list[str], Optional[float]]:
+def progress_warnings(
+    location: OutputLocation, manifest: JobManifest, now: float
+) -> tuple[list[EngineWithoutProgress], list[str], Optional[float]]:
     """For a running job whose driver holds the lease: (engines without progress, warnings, when
     `_progress.json` was written). A stale `_progress.json` says nothing of the engines."""
     progress = read_progress(location, manifest.attempts[-1].number if manifest.attempts else 0)
@@ -81,10 +92,14 @@ def progress_warnings(location: OutputLocation, manifest: JobManifest, now: floa
         return [], [], None
     stale = now - progress.written_at
     if stale >= PROGRESS_STALE_SECONDS:
-        return [], [
-            f"the driver last wrote _progress.json {age(stale)} ago (it rewrites it every {WATCH_SECONDS:.0f} s while it "
-            "generates): it is not generating now, or it is stuck; what its engines do is not known"
-        ], progress.written_at
+        return (
+            [],
+            [
+                f"the driver last wrote _progress.json {age(stale)} ago (it rewrites it every {WATCH_SECONDS:.0f} s while it "
+                "generates): it is not generating now, or it is stuck; what its engines do is not known"
+            ],
+            progress.written_at,
+        )
     engines = engines_without_progress(progress, now)
     stall_limit = (manifest.config.get("retries") or {}).get("engine_stall_seconds")
     return engines, [engine_warning(e, stall_limit) for e in engines], progress.written_at
@@ -96,5 +111,7 @@ def overdue_warning(last_commit_age: Optional[float], seconds_per_unit: Optional
         return None
     if last_commit_age < max(60.0, OVERDUE_FACTOR * seconds_per_unit):
         return None
-    return (f"no unit has committed for {age(last_commit_age)}, {last_commit_age / seconds_per_unit:.0f} times the usual "
-            f"{seconds_per_unit:.0f} s between this attempt's commits")
+    return (
+        f"no unit has committed for {age(last_commit_age)}, {last_commit_age / seconds_per_unit:.0f} times the usual "
+        f"{seconds_per_unit:.0f} s between this attempt's commits"
+    )
