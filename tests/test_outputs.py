@@ -15,7 +15,8 @@ from collections import Counter
 import pyarrow as pa
 import pytest
 
-from pipeline.commit.outputs import CLOCK_SKEW_SECONDS, OutputLocation, error_units
+from pipeline.commit.outputs import CLOCK_SKEW_SECONDS, OutputLocation
+from pipeline.stages.stats import error_units
 from pipeline.storage import Storage
 from schemas import UnitStats
 from tests.conftest import record_s3_requests

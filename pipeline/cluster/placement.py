@@ -21,8 +21,7 @@ READ_TASK_CPUS = 0.25
 PREPROCESS_CPUS = 0.5
 # Unit reads in flight per engine. A read is a few range requests, far quicker than a unit's
 # generation; without a bound Ray Data runs one read task per free 0.25 CPU, each in a worker
-# process of its own: 11 processes at 1.7 CPU-seconds each started on 2 cores while the engine
-# imported vLLM, which then took 16 s instead of 8.
+# process of its own, whose starts slow the engine's own start (docs/measurements.md).
 READS_PER_ENGINE = 2
 
 

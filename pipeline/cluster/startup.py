@@ -6,9 +6,8 @@ board (pipeline/cluster/job_board.py): process, `import vllm`, EngineCore, engin
 intervals on one time line from the driver's process start, so that overlapping work (engines
 loading while units are read and prepared) shows as overlap.
 
-Ray starts after the input check, not beside it: on 2 cores both are CPU-bound (the check loads
-the tokenizer, Ray starts its daemons and workers) and side by side they took 8.6 s against
-about 8.9 s one after the other, while every refusal then started Ray first.
+Ray starts after the input check, not beside it: both are CPU-bound, side by side they saved
+nothing measurable, and every refusal then started Ray first (docs/measurements.md).
 """
 
 from __future__ import annotations

@@ -317,8 +317,8 @@ async def _watch_engine(stage: weakref.ref) -> None:
 def _stop_at_exit(stage: weakref.ref) -> None:
     """At the actor process's exit, the engine of an actor that Ray Data's pool shutdown did not
     free (something still held it, so `__del__` did not run): stopped before vLLM's own exit
-    hooks kill EngineCore under a live output handler, which then logs EngineDeadError (seen in
-    one whole-suite run's demo). Registered after the engine's start, so it runs before them."""
+    hooks kill EngineCore under a live output handler, which then logs EngineDeadError.
+    Registered after the engine's start, so it runs before them."""
     alive = stage()
     if alive is not None:
         alive.stop()

@@ -269,7 +269,7 @@ def _wait_for_engine_exits() -> None:
     """At the driver's exit, before Ray's own exit hook ends a Ray this process started (the
     demo's, a local run's): the engine actors asked to exit are given up to ENGINE_EXIT_SECONDS
     to stop their engines in order. Torn down before that, an actor's EngineCore was killed under
-    its live client, which logged EngineDeadError (suspected in 1 of 3 fresh-clone demo runs)."""
+    its live client, which logged EngineDeadError."""
     import ray
 
     if not _EXITING or not ray.is_initialized():

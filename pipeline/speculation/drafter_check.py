@@ -1,4 +1,4 @@
-"""Refuse a drafter that does not belong to its target, before any engine starts (issue 4).
+"""Refuse a drafter that does not belong to its target, before any engine starts.
 
 Reads the EAGLE-3 / EAGLE-3.1 drafter (plain vLLM config or the speculators format, read
 the way vLLM 0.32 reads it: pipeline/speculation/drafter_read.py) and the target's config, and

@@ -122,9 +122,7 @@ def arm_wants_more(
 ) -> bool:
     """Whether the next unit joins the arm being measured: until it has trial.units units, then
     until its units spent trial.min_seconds in the engine, but never past a quarter of the job's
-    rows. A unit of 4 rows at 4 sequences took 0.6-0.9 s here and unit rates spread by 25%
-    within one arm: four of them (3 s) once measured k=3 at 0.89x of off in a job where k=3
-    ran 1.25x faster than off (docs/speculation.md)."""
+    rows: a few short units measure noise, not the setting (docs/measurements.md)."""
     trial = config.speculative.trial
     if entered < trial.units:
         return True

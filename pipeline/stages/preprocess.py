@@ -46,8 +46,8 @@ PLAIN_FAST_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
 
 def load_tokenizer(folder: str):
     """The tokenizer of a local model folder, as vLLM's engine loads it. AutoTokenizer imports
-    torch and the model classes on the way (5 to 13 CPU-seconds here, in the driver and each
-    preprocess actor while engines start); a folder that names a plain fast tokenizer is loaded
+    torch and the model classes on the way (seconds of CPU in the driver and each preprocess
+    actor while engines start: docs/measurements.md); a folder that names a plain fast tokenizer is loaded
     by that class alone, the same object without those imports."""
     config_file = Path(folder) / "tokenizer_config.json"
     config = json.loads(config_file.read_text()) if config_file.is_file() else {}

@@ -13,12 +13,12 @@ The bound on one attempt, on S3:
   large Parquet part never trips it;
 - botocore's and s3fs's own retries are off (one request per attempt): this loop is the only
   retry policy. Their defaults (5 botocore attempts within each of 5 s3fs tries, each waiting
-  out s3fs's 15 s read timeout) made one read of a frozen store take minutes: measured here,
-  one was still waiting after 10 minutes when it was killed;
+  out s3fs's 15 s read timeout) made one read of a frozen store take minutes
+  (docs/measurements.md);
 - a deadline on the whole call (fsspec cancels it): T + 1 s, plus a second per 512 KiB of a
   write's body. S3 PUTs ask `Expect: 100-continue`, and aiohttp waits for that interim answer
-  with no timer at all: a PUT of 100 bytes to a SIGSTOPped moto server, with a read timeout of
-  2 s, was still waiting after 20 s and after 60 s, when fsspec's timeout cancelled it.
+  with no timer at all: a PUT to a stopped server waits until fsspec's timeout cancels it
+  (docs/measurements.md).
 
 Once a call in a process has given up on a store, the other calls of that process that fail on
 it within the next outage_seconds give up at once (one that succeeds clears this): the attempt
