@@ -147,7 +147,7 @@ class EngineStage:
         unit_id = unit[0]
         carried = batch.select([c for c in CARRIED if c in batch.column_names])  # to the output rows, as they are
         rows = batch.drop_columns(carried.column_names).to_pylist()
-        todo = [i for i, r in enumerate(rows) if r["error_kind"] is None]
+        valid_rows = [i for i, r in enumerate(rows) if r["error_kind"] is None]
 
         if self.watching is None:
             self.watching = asyncio.ensure_future(_watch_engine(weakref.ref(self)))
@@ -156,11 +156,11 @@ class EngineStage:
         arm = await self.trial.enter(self._restart_engine)
         started, engine_seconds, out = time.time(), 0.0, None
         try:
-            results = await self.requests.run(unit_id, rows, todo, suspects)
+            results = await self.requests.run(unit_id, rows, valid_rows, suspects)
             engine_seconds = time.time() - started
             out = collect(unit_id, rows, results, self.identity)
         finally:
-            await self.trial.leave(arm, started, engine_seconds, len(todo), out.generated_tokens if out else 0)
+            await self.trial.leave(arm, started, engine_seconds, len(valid_rows), out.generated_tokens if out else 0)
         stats = unit_stats(
             unit,
             len(rows),

@@ -54,7 +54,7 @@ def _backend_options(config: JobConfig) -> dict[str, Any]:
     engine, kwargs = config.engine, {}
     if config.engine_workers > 1 and not config.resources.cpu_build:
         # One process per GPU, started by vLLM's Ray executor inside the engine actor's placement
-        # group (pipeline/cluster/__init__.py), possibly on other nodes. vLLM's CPU build has no Ray
+        # group (pipeline/cluster/placement.py), possibly on other nodes. vLLM's CPU build has no Ray
         # executor: there its own multiprocessing executor runs the workers on the actor's node.
         kwargs["distributed_executor_backend"] = "ray"
     if config.resources.cpu_build:

@@ -58,14 +58,16 @@ class EngineRequests:
         # instead of the actor's death ending it).
         self.never = asyncio.Event()
 
-    async def run(self, unit_id: str, rows: list[dict], todo: list[int], suspects: Optional[dict]) -> dict[int, Any]:
-        """Each row of `todo`: its final RequestOutput, or the exception that ended it."""
+    async def run(
+        self, unit_id: str, rows: list[dict], valid_rows: list[int], suspects: Optional[dict]
+    ) -> dict[int, Any]:
+        """Each row of `valid_rows`: its final RequestOutput, or the exception that ended it."""
         async with self.isolation:  # not while another unit's suspects run alone
             self.units_generating += 1
         try:
             if suspects is None:
-                return await self._generate_all(unit_id, rows, todo)
-            return await self._generate_isolated(unit_id, rows, todo, suspects)
+                return await self._generate_all(unit_id, rows, valid_rows)
+            return await self._generate_isolated(unit_id, rows, valid_rows, suspects)
         finally:
             self.units_generating -= 1
             self.in_flight.pop(unit_id, None)
@@ -106,9 +108,11 @@ class EngineRequests:
         finally:
             self.in_flight.pop(PROBE, None)
 
-    async def _generate_all(self, unit_id: str, rows: list[dict], todo: list[int]) -> dict[int, Any]:
-        results = await asyncio.gather(*(self._generate(unit_id, i, rows[i]) for i in todo), return_exceptions=True)
-        return dict(zip(todo, results))
+    async def _generate_all(self, unit_id: str, rows: list[dict], valid_rows: list[int]) -> dict[int, Any]:
+        results = await asyncio.gather(
+            *(self._generate(unit_id, i, rows[i]) for i in valid_rows), return_exceptions=True
+        )
+        return dict(zip(valid_rows, results))
 
     def has_requests(self) -> bool:
         return any(self.in_flight.values())
@@ -161,7 +165,7 @@ class EngineRequests:
                 os._exit(1)
 
     async def _generate_isolated(
-        self, unit_id: str, rows: list[dict], todo: list[int], suspects: dict
+        self, unit_id: str, rows: list[dict], valid_rows: list[int], suspects: dict
     ) -> dict[int, Any]:
         """Rows that were not in flight at the unit's last engine death run as usual; its
         suspects run alone in the engine, half of them at a time, so that the next death
@@ -171,10 +175,10 @@ class EngineRequests:
             crash = EngineCrash(
                 f"the engine died or hung each time this row was in it, the last time alone (unit {unit_id})"
             )
-            results = await self._generate_all(unit_id, rows, [i for i in todo if i != culprit])
-            return {**results, **({culprit: crash} if culprit in todo else {})}
-        suspect_rows = [i for i in todo if i in set(suspects["rows"])]
-        results = await self._generate_all(unit_id, rows, [i for i in todo if i not in set(suspect_rows)])
+            results = await self._generate_all(unit_id, rows, [i for i in valid_rows if i != culprit])
+            return {**results, **({culprit: crash} if culprit in valid_rows else {})}
+        suspect_rows = [i for i in valid_rows if i in set(suspects["rows"])]
+        results = await self._generate_all(unit_id, rows, [i for i in valid_rows if i not in set(suspect_rows)])
         self.units_generating -= 1  # the engine is the suspects' alone: wait for the others
         try:
             async with self.isolation:
