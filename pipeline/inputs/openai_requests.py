@@ -12,28 +12,22 @@ from typing import Any, Optional
 
 import pyarrow as pa
 
+from pipeline.inputs.shape import MESSAGES_TYPE, SAMPLING_FIELDS
+
 URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 
 UNSUPPORTED = "unsupported_request"  # the metadata key of an unsupported line's row, and its error_kind
-MESSAGES = pa.list_(pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())]))
 
 
 def row_schema(kind: str) -> pa.Schema:
     """The prompt row contract of a converted file: `messages` for chat lines, `prompt` for
     completion lines (a file has one of the two)."""
-    text = pa.field("messages", MESSAGES) if kind == "chat" else pa.field("prompt", pa.string())
+    text = pa.field("messages", MESSAGES_TYPE) if kind == "chat" else pa.field("prompt", pa.string())
     return pa.schema(
         [
             pa.field("id", pa.string(), nullable=False),
             text,
-            pa.field("max_tokens", pa.int64()),
-            pa.field("temperature", pa.float64()),
-            pa.field("top_p", pa.float64()),
-            pa.field("seed", pa.int64()),
-            pa.field("n", pa.int64()),
-            pa.field("stop", pa.list_(pa.string())),
-            pa.field("response_format", pa.string()),
-            pa.field("sampling", pa.string()),
+            *SAMPLING_FIELDS,
             pa.field("metadata", pa.string()),
         ]
     )

@@ -23,6 +23,17 @@ TEMPLATE_ERROR = "template_error"
 # What a shaped table carries beside the unit's columns: a template's failure per row, and the copied columns.
 SHAPE_COLUMNS = ("template_error", "template_field", "copied")
 MESSAGES_TYPE = pa.list_(pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())]))
+# A row's own sampling columns (schemas.PromptRow), as a unit's block and a converted file carry them.
+SAMPLING_FIELDS = [
+    pa.field("max_tokens", pa.int64()),
+    pa.field("temperature", pa.float64()),
+    pa.field("top_p", pa.float64()),
+    pa.field("seed", pa.int64()),
+    pa.field("n", pa.int64()),
+    pa.field("stop", pa.list_(pa.string())),
+    pa.field("response_format", pa.string()),
+    pa.field("sampling", pa.string()),
+]
 
 
 def plain_type(t: pa.DataType) -> pa.DataType:

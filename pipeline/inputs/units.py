@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.inputs.check import short_name
-from pipeline.inputs.shape import SHAPE_COLUMNS, RowShape
+from pipeline.inputs.shape import MESSAGES_TYPE, SAMPLING_FIELDS, SHAPE_COLUMNS, RowShape
 from pipeline.storage import Storage
 from schemas import HeadUnits, InputFile
 
@@ -29,15 +29,8 @@ GROUPED = "_grouped"  # prefix-grouped units' rows, in the output location (pipe
 UNIT_COLUMNS = [
     pa.field("id", pa.string()),
     pa.field("prompt", pa.string()),
-    pa.field("messages", pa.list_(pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())]))),
-    pa.field("max_tokens", pa.int64()),
-    pa.field("temperature", pa.float64()),
-    pa.field("top_p", pa.float64()),
-    pa.field("seed", pa.int64()),
-    pa.field("n", pa.int64()),
-    pa.field("stop", pa.list_(pa.string())),
-    pa.field("response_format", pa.string()),
-    pa.field("sampling", pa.string()),
+    pa.field("messages", MESSAGES_TYPE),
+    *SAMPLING_FIELDS,
     pa.field("lora", pa.string()),
 ]
 # Where a row came from; a grouped copy of the input (pipeline/graph/regroup.py) carries them.

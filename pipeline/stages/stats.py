@@ -141,28 +141,28 @@ def _sums(stats: pa.Table, names: Iterable[str]) -> dict[str, int]:
     return {name: int(pc.sum(stats.column(name)).as_py() or 0) if stats.num_rows else 0 for name in names}
 
 
+# The stats columns the job's totals sum, over every unit and over the units that speculated.
+SUMMED_COLUMNS = (
+    "rows",
+    "output_rows",
+    "error_rows",
+    "samples",
+    "retryable_error_rows",
+    "clipped_rows",
+    "prompt_tokens",
+    "cached_prompt_tokens",
+    "generated_tokens",
+)
+DRAFTING_COLUMNS = ("samples", "generated_tokens", "num_drafts", "draft_tokens", "accepted_tokens")
+
+
 def totals_from_stats(stats: pa.Table, input_rows: int, wall_seconds: float, replicas: int = 1) -> JobTotals:
     """Totals over every committed unit (one stats row each), summed column by column: a
     job of 100k units is not turned into 100k Python dicts. Acceptance and tokens per target
     pass are those of the units that speculated (`speculated`). `replicas`: the engines billed
     for `wall_seconds`, for the busy share."""
-    total = _sums(
-        stats,
-        (
-            "rows",
-            "output_rows",
-            "error_rows",
-            "samples",
-            "retryable_error_rows",
-            "clipped_rows",
-            "prompt_tokens",
-            "cached_prompt_tokens",
-            "generated_tokens",
-        ),
-    )
-    drafting = _sums(
-        speculated_units(stats), ("samples", "generated_tokens", "num_drafts", "draft_tokens", "accepted_tokens")
-    )
+    total = _sums(stats, SUMMED_COLUMNS)
+    drafting = _sums(speculated_units(stats), DRAFTING_COLUMNS)
     acceptance = Acceptance(drafting["num_drafts"], drafting["draft_tokens"], drafting["accepted_tokens"])
     generated = total["generated_tokens"]
     timed = stats.num_rows and {"actor_id", "started_at", "engine_seconds"} <= set(stats.column_names)

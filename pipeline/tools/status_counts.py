@@ -27,32 +27,14 @@ from pipeline.commit.outputs import COMMITS, OutputLocation, latest_per_unit
 from pipeline.inputs.units import plan_units
 from pipeline.config.resources import ResourcesConfig
 from pipeline.job.console import Pace, commit_window
-from pipeline.stages.stats import totals_from_stats
+from pipeline.stages.stats import DRAFTING_COLUMNS, SUMMED_COLUMNS, totals_from_stats
 from schemas import CommitMarker, JobManifest, JobTotals, UnitStats, arrow_schema
 
 # The stats columns status reads (of 33): where each unit's error file is; while the job runs,
 # also what totals_from_stats sums and when each unit committed.
 ERROR_COLUMNS = ("unit_id", "commit_token", "error_rows")
-STATS_COLUMNS = (
-    *ERROR_COLUMNS,
-    "rows",
-    "output_rows",
-    "samples",
-    "retryable_error_rows",
-    "clipped_rows",
-    "prompt_tokens",
-    "cached_prompt_tokens",
-    "generated_tokens",
-    "num_drafts",
-    "draft_tokens",
-    "accepted_tokens",
-    "started_at",
-    "wall_seconds",
-    "actor_id",
-    "engine_seconds",
-    "speculative",
-    "depth_schedule",
-)
+TIMING_COLUMNS = ("started_at", "wall_seconds", "actor_id", "engine_seconds", "speculative", "depth_schedule")
+STATS_COLUMNS = tuple(dict.fromkeys((*ERROR_COLUMNS, *SUMMED_COLUMNS, *DRAFTING_COLUMNS, *TIMING_COLUMNS)))
 # Markers of units committed since the stats files were written, read for their stats: about a
 # minute of commits (the driver rewrites its file every minute); 1,000 are 3 MB, 32 at a time.
 MARKERS_READ_LIMIT = 1000
