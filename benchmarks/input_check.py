@@ -212,7 +212,8 @@ def measure(check: Callable[[], int], traffic: S3Traffic, expected_rows: int) ->
 
 def print_table(runs: dict[str, list[Run]], input_bytes: int) -> None:
     print(
-        f"\n{'variant':34} {'runs':>4} {'wall s':>7} {'bytes read':>14} {'% input':>8} {'GET':>5} {'HEAD':>5} {'LIST':>5}"
+        f"\n{'variant':34} {'runs':>4} {'wall s':>7} {'bytes read':>14} {'% input':>8} {'GET':>5} {'HEAD':>5} "
+        f"{'LIST':>5}"
     )
     medians = {}
     for name, measured in runs.items():
@@ -226,7 +227,8 @@ def print_table(runs: dict[str, list[Run]], input_bytes: int) -> None:
     print(f"\nwall time, 1 at a time / {inputs.PARALLEL_FOOTERS} at a time: {one.wall / parallel.wall:.2f}")
     print(
         f"target: bytes read <= {TARGET:.0%} of input bytes; "
-        f"(b) reads {parallel.bytes_read / input_bytes:.3%}: {'met' if parallel.bytes_read <= TARGET * input_bytes else 'NOT met'}"
+        f"(b) reads {parallel.bytes_read / input_bytes:.3%}: "
+        f"{'met' if parallel.bytes_read <= TARGET * input_bytes else 'NOT met'}"
     )
 
 

@@ -161,9 +161,11 @@ def main() -> None:
         acc = acceptance(key) if key[0] != "plain" else None
         metrics = sum(o.spec_decode_metrics is not None for o in outs)
         print(
-            f"  {key[0]:<5} {'adapter' if key[1] else 'base   '}  {tps:7,.0f} tok/s  spec-decode metrics on {metrics}/{n} rows"
+            f"  {key[0]:<5} {'adapter' if key[1] else 'base   '}  {tps:7,.0f} tok/s  spec-decode metrics on "
+            f"{metrics}/{n} rows"
             + (
-                f"  drafts {acc.num_drafts}  MAL {acc.mean_acceptance_length or 0:.2f}  rate {acc.acceptance_rate or 0:.3f}"
+                f"  drafts {acc.num_drafts}  MAL {acc.mean_acceptance_length or 0:.2f}  rate "
+                f"{acc.acceptance_rate or 0:.3f}"
                 if acc
                 else ""
             )

@@ -346,7 +346,8 @@ def report(label: str, runs: dict[str, list[dict]]) -> None:
         rs = runs[kind]
         steady = [r["tokens"] / r["engine_seconds"] if r.get("engine_seconds") else None for r in rs]
         print(
-            f"{kind:<12}{med([r['wall'] for r in rs]):>22}{med(steady, 0):>24}{med([r.get('first_commit_s') for r in rs]):>20}"
+            f"{kind:<12}{med([r['wall'] for r in rs]):>22}{med(steady, 0):>24}"
+            f"{med([r.get('first_commit_s') for r in rs]):>20}"
             f"{med([r['engine_starts'] for r in rs], 0):>15}{med([r.get('busy_share') for r in rs], 2):>20}"
         )
     if kinds == list(KINDS):

@@ -25,10 +25,11 @@ written here, rows shuffled (seed 0) across the 8 files, plain prompts (no chat 
   (b) judging   512 prompts of ~150 tokens, 4 candidate responses of ~100 tokens each:
                 judge instruction + prompt + response + "Score:"; 2,048 rows
   (c) unique    2,048 prompts of ~300 tokens sharing only a ~20-token preamble
-The KV cache holds a quarter (--kv-fraction) of the data set's distinct prefix tokens ((a)'s
-for (c), which shares nothing), as a large model's cache on a GPU would, in blocks of 32 tokens (--block-size; the CPU build's smallest,
-nearer a GPU's 16 than the CPU build's default of 128, which caches a shared prefix only in
-whole 128-token blocks); max_num_seqs comes down when the running requests would not fit in it. Printed per data set, medians (min-max):
+The KV cache holds a quarter (--kv-fraction) of the data set's distinct prefix tokens ((a)'s for
+(c), which shares nothing), as a large model's cache on a GPU would, in blocks of 32 tokens
+(--block-size; the CPU build's smallest, nearer a GPU's 16 than the CPU build's default of 128,
+which caches a shared prefix only in whole 128-token blocks); max_num_seqs comes down when the
+running requests would not fit in it. Printed per data set, medians (min-max):
   wall s          whole process, from start to exit
   gen tok/s       generated tokens / wall s
   hit rate        prompt tokens served from the prefix cache / prompt tokens: vllm the sum of
@@ -328,8 +329,8 @@ def kv_line(cache: dict, figures: dict) -> str:
     tokens = cache["blocks"] * BLOCK
     share = tokens / figures["distinct_prefix_tokens"] if figures["distinct_prefix_tokens"] else math.inf
     return (
-        f"KV cache {tokens:,} tokens ({cache['blocks']} blocks, {cache['bytes'] / 2**20:,.1f} MiB) = {share:.0%} of the "
-        f"data set's distinct prefix tokens ({figures['distinct_prefix_tokens']:,})"
+        f"KV cache {tokens:,} tokens ({cache['blocks']} blocks, {cache['bytes'] / 2**20:,.1f} MiB) = {share:.0%} of "
+        f"the data set's distinct prefix tokens ({figures['distinct_prefix_tokens']:,})"
     )
 
 

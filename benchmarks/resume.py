@@ -61,7 +61,10 @@ def exactly_once(location: OutputLocation, n_inputs: int) -> str:
     stats = location.read_table("stats", ["output_rows", "error_rows"])
     stats_rows = sum(stats.column("output_rows").to_pylist()) + sum(stats.column("error_rows").to_pylist())
     ok = len(ids) == len(set(ids)) == n_inputs == stats_rows
-    return f"{len(set(ids))} distinct ids in {len(ids)} rows for {n_inputs} inputs, stats count {stats_rows}: {'exactly once' if ok else 'NOT exactly once'}"
+    return (
+        f"{len(set(ids))} distinct ids in {len(ids)} rows for {n_inputs} inputs, stats count {stats_rows}: "
+        f"{'exactly once' if ok else 'NOT exactly once'}"
+    )
 
 
 def main() -> None:
@@ -101,11 +104,13 @@ def main() -> None:
 
     print(f"{args.prompts} prompts x {args.max_tokens} tokens, about {n_units} units of {rows_per_unit} rows")
     print(
-        f"full run                     {full:7.1f} s   of which start cost {start_cost:5.1f} s (process start to first unit in the engine)"
+        f"full run                     {full:7.1f} s   of which start cost {start_cost:5.1f} s (process start to first "
+        "unit in the engine)"
     )
     print(f"rerun of the finished job    {rerun:7.1f} s   {rerun / full:6.1%} of the full run (target <= 5%)")
     print(
-        f"resume after {skipped}/{args.prompts} rows done {resume:7.1f} s   {resume / full:6.1%} of the full run (target <= 60%); start cost {resume_start_cost:5.1f} s"
+        f"resume after {skipped}/{args.prompts} rows done {resume:7.1f} s   {resume / full:6.1%} of the full run "
+        f"(target <= 60%); start cost {resume_start_cost:5.1f} s"
     )
     print(f"killed + resumed output      {exactly_once(killed_location, args.prompts)}")
 

@@ -439,9 +439,9 @@ def print_result(scenario: str, r: dict) -> None:
         return requests.get(method, [0])[0]
 
     print(
-        f"\n{SCENARIOS[scenario]}: {r['wall']:.1f} s wall ({r['cpu']:.1f} s driver CPU), {count('list_objects_v2')} LIST, {count('get_object')} GET, "
-        f"{count('head_object')} HEAD, {count('put_object')} PUT, peak RSS {r['rss_peak']:.0f} MB "
-        f"({r['rss_before']:.0f} MB after imports), {r['output_reads']} output files read, "
+        f"\n{SCENARIOS[scenario]}: {r['wall']:.1f} s wall ({r['cpu']:.1f} s driver CPU), {count('list_objects_v2')} "
+        f"LIST, {count('get_object')} GET, {count('head_object')} HEAD, {count('put_object')} PUT, peak RSS "
+        f"{r['rss_peak']:.0f} MB ({r['rss_before']:.0f} MB after imports), {r['output_reads']} output files read, "
         f"{r['input_reads']} input reads"
     )
     print(

@@ -193,8 +193,8 @@ def main() -> None:
             )
         preprocess = med("cpu_per_million", runs["preprocess"])
         print(
-            f"preprocess stage on templated units, CPU s per 1M rows: {preprocess:.1f} = {preprocess / engine:.2%} of the "
-            f"engine's time (over {runs['preprocess'][0]['rows']:,} rows)"
+            f"preprocess stage on templated units, CPU s per 1M rows: {preprocess:.1f} = {preprocess / engine:.2%} of "
+            f"the engine's time (over {runs['preprocess'][0]['rows']:,} rows)"
         )
 
 

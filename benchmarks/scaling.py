@@ -105,8 +105,8 @@ def main() -> int:
                 r = measure(cluster, job(work, models, replicas, run, args.max_tokens))
                 results[replicas].append(r)
                 print(
-                    f"  replicas {replicas} (run {run + 1}): {r['wall']:6.1f} s wall ({r['start']:4.1f} s to the first unit), "
-                    f"{r['rows_per_s']:6.1f} rows/s overall, {r['steady_rows_per_s']:6.1f} rows/s steady, "
+                    f"  replicas {replicas} (run {run + 1}): {r['wall']:6.1f} s wall ({r['start']:4.1f} s to the first "
+                    f"unit), {r['rows_per_s']:6.1f} rows/s overall, {r['steady_rows_per_s']:6.1f} rows/s steady, "
                     f"{r['engine_tokens_per_s']:6.0f} tok/s per engine, on {r['nodes']} node(s)",
                     flush=True,
                 )
@@ -123,12 +123,13 @@ def main() -> int:
         f"-> {two['steady_rows_per_s'] / one['steady_rows_per_s']:.2f}x"
     )
     print(
-        f"median tok/s per engine: 1 replica {one['engine_tokens_per_s']:.0f}, 2 replicas {two['engine_tokens_per_s']:.0f} "
-        f"-> {two['engine_tokens_per_s'] / one['engine_tokens_per_s']:.2f}x; time to the first unit: "
-        f"{one['start']:.1f} s and {two['start']:.1f} s"
+        f"median tok/s per engine: 1 replica {one['engine_tokens_per_s']:.0f}, 2 replicas "
+        f"{two['engine_tokens_per_s']:.0f} -> {two['engine_tokens_per_s'] / one['engine_tokens_per_s']:.2f}x; time to "
+        f"the first unit: {one['start']:.1f} s and {two['start']:.1f} s"
     )
     print(
-        f"ideal scaling is 2.00x; the nodes here share {os.cpu_count()} cores, so each engine gets about half of what one had"
+        f"ideal scaling is 2.00x; the nodes here share {os.cpu_count()} cores, so each engine gets about half of what "
+        "one had"
     )
     return 0
 

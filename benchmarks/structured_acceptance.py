@@ -6,9 +6,10 @@ on the tiny kit (target + EAGLE-3.1 drafter, k=3), greedy, the same prompts, the
 1. Two engines from `engine_kwargs(load_config("jobs/configs/local.yaml"))` (fp32, eager, k=3,
    per-request spec-decode metrics): `spec` with the drafter, `base` without it (the same
    kwargs with speculative=False). Both engines set `structured_outputs_config=
-   {"backend": "xgrammar", "disable_any_whitespace": True}` (the flag needs a named backend): vLLM 0.32's xgrammar backend reads that flag from the
-   engine only (`vllm/v1/structured_output/backend_xgrammar.py`), the per-request field is
-   ignored, and with free whitespace the kit fills JSON with runs of spaces.
+   {"backend": "xgrammar", "disable_any_whitespace": True}` (the flag needs a named backend):
+   vLLM 0.32's xgrammar backend reads that flag from the engine only
+   (`vllm/v1/structured_output/backend_xgrammar.py`), the per-request field is ignored, and with
+   free whitespace the kit fills JSON with runs of spaces.
 2. Conditions (vllm.sampling_params.StructuredOutputsParams): none, a JSON schema, a choice
    list, a tight regex (a call `name(args)`) and a loose one (three indented lines, what the
    kit writes anyway). Each is run once on both engines to warm up (grammar compilation is
@@ -94,6 +95,11 @@ def run(llm, prompts, params) -> dict:
     return {"seconds": seconds, "outputs": [o.outputs[0] for o in outs]}
 
 
+def tokens_per_second(r: dict) -> float:
+    """Generated tokens / seconds of one `run`."""
+    return sum(len(o.token_ids) for o in r["outputs"]) / r["seconds"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(ROOT / "jobs/configs/local.yaml"))
@@ -146,16 +152,13 @@ def main() -> None:
                 results[(name, e)].append(r)
         print(
             f"round {rnd + 1}: "
-            + ", ".join(
-                f"{n} {sum(len(o.token_ids) for o in results[(n, 'spec')][-1]['outputs']) / results[(n, 'spec')][-1]['seconds']:,.0f}"
-                for n in CONDITIONS
-            )
+            + ", ".join(f"{n} {tokens_per_second(results[(n, 'spec')][-1]):,.0f}" for n in CONDITIONS)
             + " tok/s (spec)",
             flush=True,
         )
 
     def tok_s(name, e):
-        return statistics.median(sum(len(o.token_ids) for o in r["outputs"]) / r["seconds"] for r in results[(name, e)])
+        return statistics.median(tokens_per_second(r) for r in results[(name, e)])
 
     rows = {}
     for name in CONDITIONS:
@@ -196,11 +199,13 @@ def main() -> None:
     )
     print(
         f"{'condition':<12}{'rows':>5}{'gen tok':>8}{'stopped':>8}{'MAL':>6}{'acc rate':>9}  {'per position':<16}"
-        f"{'drafted/step':>13}{'tok/step':>9}{'spec tok/s':>11}{'x none':>7}{'base tok/s':>11}{'spec/base':>10}{'lossless':>9}"
+        f"{'drafted/step':>13}{'tok/step':>9}{'spec tok/s':>11}{'x none':>7}"
+        f"{'base tok/s':>11}{'spec/base':>10}{'lossless':>9}"
     )
     for name, r in rows.items():
         print(
-            f"{name:<12}{r['rows']:>5}{r['generated']:>8}{r['stopped']:>8}{fmt(r['mal'], '.2f'):>6}{fmt(r['rate'], '.3f'):>9}  "
+            f"{name:<12}{r['rows']:>5}{r['generated']:>8}{r['stopped']:>8}"
+            f"{fmt(r['mal'], '.2f'):>6}{fmt(r['rate'], '.3f'):>9}  "
             f"{' '.join(format(x, '.2f') for x in r['per_pos']):<16}{fmt(r['drafted_per_step'], '.2f'):>13}"
             f"{r['tok_per_step']:>9.2f}{r['spec_tps']:>11,.0f}{r['spec_tps'] / ref:>7.2f}{r['base_tps']:>11,.0f}"
             f"{r['spec_tps'] / r['base_tps']:>10.2f}{r['lossless']:>9}"

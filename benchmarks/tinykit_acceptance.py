@@ -239,7 +239,8 @@ def print_row(rows, header=False):
     for r in rows:
         pos = " ".join(f"{x:6.3f}" for x in r["per_pos_rate"]) + " " * 7 * (6 - len(r["per_pos_rate"]))
         print(
-            f"{r['drafter']:<11}{r['k']:>2}  {r['set']:<25}{r['mal']:>12.3f}  {pos}  {r['num_drafts']:>6}  {r['lossless']:>8}",
+            f"{r['drafter']:<11}{r['k']:>2}  {r['set']:<25}{r['mal']:>12.3f}  {pos}  {r['num_drafts']:>6}  "
+            f"{r['lossless']:>8}",
             flush=True,
         )
 

@@ -1,7 +1,8 @@
 """What `ray job submit` runs:
 
     ray job submit --working-dir . --runtime-env jobs/runtime_env.yaml -- \
-        python jobs/entrypoint.py --config CONFIG_URI [--output-uri URI] [--job-id ID] [--restart] [--take-over] [--retry-errors]
+        python jobs/entrypoint.py --config CONFIG_URI [--output-uri URI] [--job-id ID] [--restart] \
+        [--take-over] [--retry-errors]
 
 RAY_ADDRESS, set by the job submission, makes the runner join that cluster.
 """

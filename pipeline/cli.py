@@ -1,4 +1,5 @@
-"""specbatch command line: demo, run, status, report, calibrate, pilot, check-drafter, check-cluster, export, tiny-models."""
+"""specbatch command line: demo, run, status, report, calibrate, pilot, check-drafter, check-cluster, export, \
+tiny-models."""
 
 from __future__ import annotations
 
@@ -114,9 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
             "run",
             help="run a job from a YAML config (local path or URI)",
             description=textwrap.fill(
-                "Run, or resume, the job a YAML config describes (jobs/configs/ has examples). Exit 0 succeeded, 3 completed "
-                "with errors, 1 failed, 2 refused before it started (a refusal says what to change), 130 interrupted "
-                "(Ctrl-C; rerun to resume)."
+                "Run, or resume, the job a YAML config describes (jobs/configs/ has examples). Exit 0 succeeded, 3 "
+                "completed with errors, 1 failed, 2 refused before it started (a refusal says what to change), 130 "
+                "interrupted (Ctrl-C; rerun to resume)."
             ),
             epilog=example(EXAMPLES["run"]),
             formatter_class=raw,
@@ -149,7 +150,10 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--take-over",
         action="store_true",
-        help="take the output location over at once from a run you know is dead (a dead run's lease is taken over without it once the lease tells)",
+        help=(
+            "take the output location over at once from a run you know is dead (a dead run's lease is taken over "
+            "without it once the lease tells)"
+        ),
     )
     run.add_argument(
         "--retry-errors", action="store_true", help="run again every unit with error rows, final ones included"

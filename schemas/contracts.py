@@ -52,7 +52,10 @@ class PromptRow(Contract):
     stop: Optional[list[str]] = None
     response_format: Optional[str] = Field(
         None,
-        description='Structured output, JSON text: {"type": "json_schema", "json_schema": {"schema": {...}}}, or regex, choice, grammar, json_object.',
+        description=(
+            'Structured output, JSON text: {"type": "json_schema", "json_schema": {"schema": {...}}}, or regex, '
+            "choice, grammar, json_object."
+        ),
     )
     sampling: Optional[str] = Field(
         None, description='Any other sampling parameter, JSON text of an object: {"top_k": 20, "logprobs": 5}.'
@@ -98,7 +101,10 @@ class OutputRow(Contract):
     )
     parsed: Optional[bool] = Field(
         None,
-        description="With a response_format: the text parses and follows it (false, e.g., when cut off by max_tokens); null: none asked.",
+        description=(
+            "With a response_format: the text parses and follows it (false, e.g., when cut off by max_tokens); null: "
+            "none asked."
+        ),
     )
     parse_error: Optional[str] = Field(None, description="Why it does not parse.")
     reasoning: Optional[str] = Field(None, description="The reasoning, split off the text by chat.reasoning_parser.")
@@ -163,7 +169,9 @@ class UnitStats(Contract):
     prompt_tokens: int
     cached_prompt_tokens: int = Field(
         0,
-        description="Of prompt_tokens, those vLLM served from its prefix cache (counted once per request, as prompt_tokens).",
+        description=(
+            "Of prompt_tokens, those vLLM served from its prefix cache (counted once per request, as prompt_tokens)."
+        ),
     )
     generated_tokens: int
     started_at: float = Field(description="Unix time the unit entered the engine.")
@@ -183,7 +191,11 @@ class UnitStats(Contract):
     accepted_per_position: list[int] = Field(description="Drafts whose position i (0-based) was accepted.")
     tokens_per_target_pass: Optional[float] = Field(
         None,
-        description="Generated tokens per target decode pass (passes: generated - accepted - completions, at least the drafting steps): what speculation saved, grammar cuts included; 1.0 without drafts; null without a decode pass.",
+        description=(
+            "Generated tokens per target decode pass (passes: generated - accepted - completions, at least the "
+            "drafting steps): what speculation saved, grammar cuts included; 1.0 without drafts; null without a decode "
+            "pass."
+        ),
     )
     speculation_disabled_by_guard: bool = Field(
         False,
@@ -191,12 +203,17 @@ class UnitStats(Contract):
     )
     trial_arm: Optional[str] = Field(
         None,
-        description="'on' or 'off': the unit measured that setting in the speculation trial (JobManifest.trial); null: not in it.",
+        description=(
+            "'on' or 'off': the unit measured that setting in the speculation trial (JobManifest.trial); null: not in "
+            "it."
+        ),
     )
     commit_token: str = Field("", description="Names the commit's files; the unit's marker names the visible one.")
     lease_owner: str = Field(
         "",
-        description="The run (`_lease.json`'s owner) that held the lease when the unit was committed; empty: no lease check.",
+        description=(
+            "The run (`_lease.json`'s owner) that held the lease when the unit was committed; empty: no lease check."
+        ),
     )
 
 
@@ -316,7 +333,9 @@ class PrefixGrouping(Contract):
     )
     sources: Optional[list[str]] = Field(
         None,
-        description="The input files the copy holds (null: a copy written before they were recorded, of every input file).",
+        description=(
+            "The input files the copy holds (null: a copy written before they were recorded, of every input file)."
+        ),
     )
 
     def unit_files(self, input_files: list[InputFile]) -> list[InputFile]:
@@ -378,7 +397,11 @@ class JobTotals(Contract):
     mean_acceptance_length: Optional[float] = None
     tokens_per_target_pass: Optional[float] = Field(
         None,
-        description="Over the units that speculated (not the trial's off arm, nor units after the trial or the guard turned speculation off): generated tokens per target decode pass (passes: generated - accepted - completions, at least the drafting steps): what speculation saved, grammar cuts included; null without a decode pass.",
+        description=(
+            "Over the units that speculated (not the trial's off arm, nor units after the trial or the guard turned "
+            "speculation off): generated tokens per target decode pass (passes: generated - accepted - completions, at "
+            "least the drafting steps): what speculation saved, grammar cuts included; null without a decode pass."
+        ),
     )
     wall_seconds: float = Field(
         0.0, description="The attempts' wall time, summed: what is billed, engine start included."
@@ -392,7 +415,9 @@ class JobTotals(Contract):
     )
     engine_busy_share: Optional[float] = Field(
         None,
-        description="engine_busy_seconds / (replicas x wall_seconds): the share of billed engine time spent generating.",
+        description=(
+            "engine_busy_seconds / (replicas x wall_seconds): the share of billed engine time spent generating."
+        ),
     )
 
 
@@ -491,7 +516,9 @@ class StartCost(Contract):
     )
     generation_started_s: Optional[float] = Field(
         None,
-        description="From the driver's process start to the start of generation, where the attempt's wall_seconds begin.",
+        description=(
+            "From the driver's process start to the start of generation, where the attempt's wall_seconds begin."
+        ),
     )
     phases: list[StartPhase] = Field(default_factory=list, description="In the order they began.")
     engine_starts: list[EngineStart] = Field(default_factory=list, description="Every engine this attempt started.")
@@ -566,7 +593,9 @@ class SpeculationVerdict(Contract):
     )
     tokens_per_target_pass: Optional[float] = Field(
         None,
-        description="Over the committed units that speculated (JobTotals.tokens_per_target_pass): what speculation saved.",
+        description=(
+            "Over the committed units that speculated (JobTotals.tokens_per_target_pass): what speculation saved."
+        ),
     )
     below_floor: bool
     cost_more_than_saved: Optional[bool] = Field(
@@ -582,13 +611,15 @@ class SpeculationVerdict(Contract):
     source: Optional[Literal["trial", "calibration", "none"]] = Field(
         None,
         description=(
-            "What measured speculation against off: this job's trial, a calibration of the same models, accelerator and "
-            "engine settings, or none (the acceptance floors alone). Null in jobs written before it was recorded."
+            "What measured speculation against off: this job's trial, a calibration of the same models, accelerator "
+            "and engine settings, or none (the acceptance floors alone). Null in jobs written before it was recorded."
         ),
     )
     source_detail: Optional[str] = Field(
         None,
-        description="The trial's reason, the calibration's date and place, or why there is none and the command that gives one.",
+        description=(
+            "The trial's reason, the calibration's date and place, or why there is none and the command that gives one."
+        ),
     )
     calibration_uri: Optional[str] = Field(
         None, description="The calibration the verdict rests on (source calibration)."
@@ -614,7 +645,10 @@ class TrialVerdict(Contract):
     it); `specbatch report`, `status` and the console show it."""
 
     outcome: Literal["kept", "turned-off", "skipped"] = Field(
-        description="kept: speculation stays on; turned-off: the rest of the job runs without the drafter; skipped: not measured."
+        description=(
+            "kept: speculation stays on; turned-off: the rest of the job runs without the drafter; skipped: not "
+            "measured."
+        )
     )
     reason: str = Field(description="One sentence, as the console printed it.")
     setting: str = Field(description="The speculation the job is configured with ('k=3' or a schedule).")

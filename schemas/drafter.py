@@ -110,7 +110,10 @@ class DrafterReport(Contract):
 
     ok: bool
     target_identity: TargetIdentity = Field(
-        description="verified: a declared target name or fingerprint matches; mismatch: one does not; unverified: none declared."
+        description=(
+            "verified: a declared target name or fingerprint matches; mismatch: one does not; unverified: none "
+            "declared."
+        )
     )
     target: TargetInfo
     drafter: DrafterInfo

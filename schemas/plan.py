@@ -20,8 +20,8 @@ class PlanFile(Contract):
     first_prompt: Optional[str] = Field(
         None,
         description=(
-            "With a template (rows.prompt_template, rows.messages_template): the file's first row as the engine would get "
-            "it (messages through the chat template); null when its values cannot render."
+            "With a template (rows.prompt_template, rows.messages_template): the file's first row as the engine would "
+            "get it (messages through the chat template); null when its values cannot render."
         ),
     )
 
@@ -78,8 +78,8 @@ class TokenEstimate(Contract):
     prompt_tokens_left: int = Field(description="The same estimate for the rows left to run.")
     output_tokens_upper_bound: int = Field(
         description=(
-            "An upper bound (rows may stop earlier): each row's own max_tokens x n, its overrides else the job's; summed "
-            "over every row when the sample is all of them (exact), else each kind's sample mean x its rows."
+            "An upper bound (rows may stop earlier): each row's own max_tokens x n, its overrides else the job's; "
+            "summed over every row when the sample is all of them (exact), else each kind's sample mean x its rows."
         )
     )
     output_tokens_upper_bound_left: int = Field(description="The same bound for the rows left to run.")
@@ -130,7 +130,10 @@ class PlanGrouping(Contract):
     )
     prefill_tokens_saved: Optional[int] = Field(
         None,
-        description="Prompt tokens grouping shares beyond the input's order: the prefill saved when the KV cache holds a fraction of the job.",
+        description=(
+            "Prompt tokens grouping shares beyond the input's order: the prefill saved when the KV cache holds a "
+            "fraction of the job."
+        ),
     )
 
 

@@ -97,7 +97,10 @@ class JobFigures(Contract):
     accepted_per_position: list[float] = Field(description="Share of drafts whose position i (0-based) was accepted.")
     tokens_per_target_pass: Optional[float] = Field(
         None,
-        description="Generated tokens per target decode pass of the units that speculated: what speculation saved, grammar cuts included.",
+        description=(
+            "Generated tokens per target decode pass of the units that speculated: what speculation saved, grammar "
+            "cuts included."
+        ),
     )
     speculation_flags: list[str] = Field(
         default_factory=list,
@@ -119,7 +122,9 @@ class JobFigures(Contract):
     )
     trial_cost_per_million_on: Optional[float] = Field(
         None,
-        description="Price per replica-hour / (trial tok/s on x 3600) x 1M: a generated million's cost with speculation.",
+        description=(
+            "Price per replica-hour / (trial tok/s on x 3600) x 1M: a generated million's cost with speculation."
+        ),
     )
     trial_cost_per_million_off: Optional[float] = Field(None, description="The same without the drafter.")
 
@@ -257,7 +262,9 @@ class CalibrationReport(Contract):
     )
     job_check: list[JobCheckRow] = Field(
         default_factory=list,
-        description="Off, the best single depth and the schedule run through the job on a sample; the fastest is recommended.",
+        description=(
+            "Off, the best single depth and the schedule run through the job on a sample; the fastest is recommended."
+        ),
     )
     config_snippet: str
     warnings: list[str] = Field(default_factory=list)

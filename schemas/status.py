@@ -41,7 +41,9 @@ class EngineWithoutProgress(Contract):
     node_id: str
     requests_in_flight: int
     seconds_without_output: float = Field(
-        description="Since its last output (since the attempt's generation began, if it has yielded none), when status looked."
+        description=(
+            "Since its last output (since the attempt's generation began, if it has yielded none), when status looked."
+        )
     )
     report_age_seconds: float = Field(description="Since the replica last reported to the driver, when status looked.")
 
@@ -66,8 +68,8 @@ class StatusReport(Contract):
     counts_from: Literal["manifest", "commits"] = Field(
         description=(
             "manifest: _job.json's totals, exact as of the last attempt's end (nothing ran since); commits: a running "
-            "job: units and rows done from one listing of _commits/ (each unit's rows from the plan _job.json records), "
-            "the rest from the stats/ files and the markers of the units committed since they were written."
+            "job: units and rows done from one listing of _commits/ (each unit's rows from the plan _job.json "
+            "records), the rest from the stats/ files and the markers of the units committed since they were written."
         )
     )
     stats_as_of: Optional[str] = Field(
@@ -80,7 +82,8 @@ class StatusReport(Contract):
         0,
         description=(
             "Committed units whose stats status did not read (more than 1,000 committed since the stats files were "
-            "written): in units_committed and rows_done, not in the split into output and error rows, tokens or acceptance."
+            "written): in units_committed and rows_done, not in the split into output and error rows, tokens or "
+            "acceptance."
         ),
     )
     input_rows: int
@@ -106,12 +109,14 @@ class StatusReport(Contract):
     errors_by_kind_complete: bool = Field(description="Every error unit was read: errors_by_kind sums to error_rows.")
     speculation_trial: Optional[str] = Field(
         None,
-        description="The speculation trial's verdict as the console printed it (_job.json trial.reason); null: none yet.",
+        description=(
+            "The speculation trial's verdict as the console printed it (_job.json trial.reason); null: none yet."
+        ),
     )
     speculation_verdict: Optional[str] = Field(
         None,
-        description="Whether speculation paid and what says so, as the console's summary says it (_job.json speculation); "
-        "null while the job runs, or when it did not speculate.",
+        description="Whether speculation paid and what says so, as the console's summary says it (_job.json "
+        "speculation); null while the job runs, or when it did not speculate.",
     )
     generated_tokens: int
     prompt_tokens: int = Field(
@@ -129,7 +134,9 @@ class StatusReport(Contract):
     )
     engine_busy_share: Optional[float] = Field(
         None,
-        description="The engines' busy time / (replicas x wall time): the share of billed engine time spent generating.",
+        description=(
+            "The engines' busy time / (replicas x wall time): the share of billed engine time spent generating."
+        ),
     )
     acceptance_rate: Optional[float] = Field(description="accepted / draft tokens; null without drafts.")
     mean_acceptance_length: Optional[float] = Field(description="1 + accepted / drafts; null without drafts.")

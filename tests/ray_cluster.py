@@ -24,7 +24,8 @@ import psutil
 
 LOOPBACK_START = """
 import os, sys
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # inherited: addresses Ray derives in the node's processes stay on loopback
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  \
+# inherited: addresses Ray derives in the node's processes stay on loopback
 import ray._private.ray_constants as constants
 from ray._private import services
 constants.ENABLE_RAY_CLUSTER = True  # worker nodes are allowed although addresses stay on loopback

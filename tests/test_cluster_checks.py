@@ -134,7 +134,8 @@ import pipeline.cluster.watch as watch_module
 watch_module.WATCH_SECONDS = 0.1
 
 def look(idle_seconds):  # what pipeline/job/watch.AttemptLooks finds, here a stall after 0.2 s, or nothing
-    return cluster.SchedulingStalled("actor waiting-for-a-node (PENDING_CREATION)") if WAITS and idle_seconds > 0.2 else None
+    return cluster.SchedulingStalled("actor waiting-for-a-node (PENDING_CREATION)") if WAITS and \
+idle_seconds > 0.2 else None
 
 WAITS = sys.argv[1] == "stalled"
 started = time.time()

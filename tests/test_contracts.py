@@ -131,12 +131,15 @@ import json, shutil, sys
 from pipeline.stages.preprocess import load_tokenizer
 from tinykit import kit_paths
 tokenizer = load_tokenizer(kit_paths()["target"])
-print(json.dumps({"torch": "torch" in sys.modules, "auto": "transformers.models.auto.tokenization_auto" in sys.modules}))
+print(json.dumps({"torch": "torch" in sys.modules, \
+"auto": "transformers.models.auto.tokenization_auto" in sys.modules}))
 shutil.copytree(kit_paths()["target"], sys.argv[1], ignore=shutil.ignore_patterns("*.safetensors"))
 config = json.load(open(sys.argv[1] + "/tokenizer_config.json"))
-json.dump({**config, "auto_map": {"AutoTokenizer": [None, "PreTrainedTokenizerFast"]}}, open(sys.argv[1] + "/tokenizer_config.json", "w"))
+json.dump({**config, "auto_map": {"AutoTokenizer": [None, "PreTrainedTokenizerFast"]}}, \
+open(sys.argv[1] + "/tokenizer_config.json", "w"))
 load_tokenizer(sys.argv[1])
-print(json.dumps({"torch": "torch" in sys.modules, "auto": "transformers.models.auto.tokenization_auto" in sys.modules}))
+print(json.dumps({"torch": "torch" in sys.modules, \
+"auto": "transformers.models.auto.tokenization_auto" in sys.modules}))
 """
 
 

@@ -197,7 +197,8 @@ def test_a_dry_run_starts_no_engine_and_no_ray_and_writes_nothing(tmp_path, job_
         "from pipeline.cli import main\n"
         f"code = main(['run', {config!r}, '--dry-run'])\n"
         "children = [p.name() for p in psutil.Process().children(recursive=True)]\n"
-        "print(json.dumps({'code': code, 'ray': 'ray' in sys.modules, 'vllm': 'vllm' in sys.modules, 'children': children}))\n"
+        "print(json.dumps({'code': code, 'ray': 'ray' in sys.modules, 'vllm': 'vllm' in sys.modules, 'children': "
+        "children}))\n"
     )
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

@@ -113,7 +113,10 @@ def test_guard_is_on_by_default_and_needs_a_floor():
     assert parse_config({**base, "speculative": {**spec, "guard": None}}).speculative.guard is None  # turned off
     with pytest.raises(
         ConfigError,
-        match=r"speculative\.guard needs a floor: set speculative\.guard\.min_mean_acceptance_length .* or speculative\.guard\.min_acceptance_rate",
+        match=(
+            r"speculative\.guard needs a floor: set speculative\.guard\.min_mean_acceptance_length .* or "
+            r"speculative\.guard\.min_acceptance_rate"
+        ),
     ):
         parse_config(
             {

@@ -3,11 +3,12 @@
 - modules/rayjob has no provider, so it is applied on its own, offline, in two ways (SOURCES):
   "python": its HCL parsed by python-hcl2 and its own expressions (locals, outputs, output
   preconditions, variable validations, the RayJobs built from jobs/kuberay/rayjob.yaml and
-  yamlencode()d) evaluated by HclModule below; no terraform needed, so this is what CI runs. "terraform": `terraform apply` with its
-  state in a temporary folder. test_the_python_evaluation_matches_terraform holds the two to the
-  same bytes. The RayJobs are rendered for the example environment and for an edge case (8 GPUs
-  per worker with tensor parallelism, env values with quotes and colons). The preconditions are
-  what `terraform plan` of an environment reports when pods cannot fit.
+  yamlencode()d) evaluated by HclModule below; no terraform needed, so this is what CI runs.
+  "terraform": `terraform apply` with its state in a temporary folder.
+  test_the_python_evaluation_matches_terraform holds the two to the same bytes. The RayJobs are
+  rendered for the example environment and for an edge case (8 GPUs per worker with tensor
+  parallelism, env values with quotes and colons). The preconditions are what `terraform plan` of an
+  environment reports when pods cannot fit.
 - The rendered pods' requests are checked against the node types' allocatable resources,
   computed here again from the table (a second implementation of the same formula).
 - The RayJobs are checked against the fields and rules of KubeRay 1.6.0's RayJob (its CRD and
@@ -108,11 +109,12 @@ def _apply(tmp: Path, values: dict) -> tuple[bool, dict | str]:
 # validations, the RayJobs built from jobs/kuberay/rayjob.yaml and yamlencode() -- are evaluated
 # below: no formula of the module is written again here, the HCL itself is read. Why it stays:
 # nothing else that installs here evaluates HCL (Terraform is not on PyPI; python-hcl2 parses,
-# checkov checks policies), and what it evaluates -- pod sizes from the instance types, the
-# refusals of pods that cannot fit, the manifests run.sh creates -- is what breaks a day's run. Numbers are exact fractions, like terraform's
-# arbitrary-precision numbers. The evaluator knows the functions the module uses; anything else
-# fails loudly (_Unsupported), never silently. With terraform present,
-# test_the_python_evaluation_matches_terraform checks it against `terraform apply` output byte for byte.
+# checkov checks policies), and what it evaluates -- pod sizes from the instance types, the refusals
+# of pods that cannot fit, the manifests run.sh creates -- is what breaks a day's run. Numbers are
+# exact fractions, like terraform's arbitrary-precision numbers. The evaluator knows the functions
+# the module uses; anything else fails loudly (_Unsupported), never silently. With terraform
+# present, test_the_python_evaluation_matches_terraform checks it against `terraform apply` output
+# byte for byte.
 
 
 class _Unsupported(AssertionError):
@@ -1151,7 +1153,10 @@ def _changed(base, other, path: str = "") -> set[str]:
 
 # What modules/rayjob replaces in jobs/kuberay/rayjob.yaml: names, sizes, node pools, identity,
 # deadlines, the run's environment and volumes. Everything else is the KubeRay manifest's.
-POD = r"\.template\.(metadata\.labels\.specbatch\.io/workflow|spec\.(serviceAccountName|nodeSelector|volumes|containers\[0\]\.(image|env|envFrom|resources|volumeMounts)))(\.|\[|$)"
+POD = (
+    r"\.template\.(metadata\.labels\.specbatch\.io/workflow|spec\.(serviceAccountName|nodeSelector|volumes|"
+    r"containers\[0\]\.(image|env|envFrom|resources|volumeMounts)))(\.|\[|$)"
+)
 REPLACED = [
     r"^\.metadata\.(name|namespace|labels\.specbatch\.io/(workflow|run-date))$",
     r"^\.spec\.(entrypoint|runtimeEnvYAML|ttlSecondsAfterFinished|preRunningDeadlineSeconds|activeDeadlineSeconds)$",
@@ -1675,7 +1680,9 @@ if args[0] == "create":
     job = yaml.safe_load(sys.stdin.read())
     name = job["metadata"]["name"]
     if os.environ.get("FAKE_RACE") or (jobs / name).exists():
-        sys.stderr.write(f'Error from server (AlreadyExists): error when creating "STDIN": rayjobs.ray.io "{name}" already exists\n')
+        sys.stderr.write(
+            f'Error from server (AlreadyExists): error when creating "STDIN": rayjobs.ray.io "{name}" already exists\n'
+        )
         sys.exit(1)
     if os.environ.get("FAKE_STALE_CRD"):
         job["spec"].pop("preRunningDeadlineSeconds", None)
@@ -1701,7 +1708,9 @@ elif args[0] == "get":
         state["reads"] += 1
         path.write_text(json.dumps(state))
         if state["reads"] <= errors:
-            sys.stderr.write("The connection to the server 10.0.0.1:443 was refused - did you specify the right host or port?\n")
+            sys.stderr.write(
+                "The connection to the server 10.0.0.1:443 was refused - did you specify the right host or port?\n"
+            )
             sys.exit(1)
         component = state["job"]["metadata"]["labels"]["app.kubernetes.io/component"].upper()
         plan = os.environ.get(f"FAKE_{component}", "Complete:SUCCEEDED").split(",")
@@ -1720,7 +1729,9 @@ FAKE_AWS = r"""#!/bin/sh
 # `aws s3 ls --recursive URI` prints $FAKE_LS (the listing's lines) when URI is $FAKE_LS_URI.
 echo "aws $*" >> "$FAKE_DIR/calls"
 if [ "$1 $2" = "s3 cp" ] && [ "$3" = "$FAKE_JOB_URI" ] && [ -f "$FAKE_JOB_JSON" ]; then cat "$FAKE_JOB_JSON"; exit 0; fi
-if [ "$1 $2 $3" = "s3 ls --recursive" ] && [ "$4" = "$FAKE_LS_URI" ] && [ -f "$FAKE_LS" ]; then cat "$FAKE_LS"; exit 0; fi
+if [ "$1 $2 $3" = "s3 ls --recursive" ] && [ "$4" = "$FAKE_LS_URI" ] && [ -f "$FAKE_LS" ]; then
+    cat "$FAKE_LS"; exit 0
+fi
 echo "fatal error: An error occurred (404) when calling the HeadObject operation: Not Found" >&2
 exit 1
 """

@@ -105,7 +105,10 @@ def test_a_dead_process_on_this_host_is_taken_over_at_once_without_a_flag(locati
 def sleeper():
     """A live process on this host to own a lease, as a run's driver would: a Python child that
     sleeps, and ends at an interrupt (Python's own handler, as the driver's: not one inherited as ignored)."""
-    code = "import signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); print('ready', flush=True); time.sleep(600)"
+    code = (
+        "import signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); print('ready', flush=True); "
+        "time.sleep(600)"
+    )
     with subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
     ) as child:

@@ -321,7 +321,8 @@ ray.init(logging_level="ERROR")
 key, namespace = raylet.GCS_AUTOSCALER_CLUSTER_CONFIG_KEY.encode(), raylet.GCS_AUTOSCALER_STATE_NAMESPACE.encode()
 if sys.argv[1] == "publish":
     group = autoscaler_pb2.NodeGroupConfig(name="big", resources={"CPU": 4, "big_node": 1}, min_count=0, max_count=2)
-    _internal_kv_put(key, autoscaler_pb2.ClusterConfig(node_group_configs=[group]).SerializeToString(), overwrite=True, namespace=namespace)
+    _internal_kv_put(key, autoscaler_pb2.ClusterConfig(node_group_configs=[group]).SerializeToString(), \
+overwrite=True, namespace=namespace)
 else:
     _internal_kv_del(key, namespace=namespace)
 """

@@ -97,7 +97,8 @@ def write_job(storage: Storage, uri: str, manifest_doc: dict, units: list[dict],
 
 # Job A: spec k=2, 2 replicas x 1 GPU, 1800 s -> 1.0 GPU-hour, $2.00.
 #   actor a1: [1000,1100] and [1050,1150] overlap -> 150 s; actor a2: [1000,1090] and [1200,1260] -> 150 s.
-#   generated 1,000,000, prompt 250,000 (100,000 from the prefix cache); drafts 200, draft tokens 400, accepted 200 = 125 + 75.
+#   generated 1,000,000, prompt 250,000 (100,000 from the prefix cache); drafts 200, draft tokens 400,
+#   accepted 200 = 125 + 75.
 JOB_A = [
     unit("a-1", "a1", 1000, 100, 400_000, 100_000, 100, 200, (70, 50), err=1, k=2, cached=60_000),
     unit("a-2", "a1", 1050, 100, 300_000, 50_000, 50, 100, (30, 10), k=2, cached=40_000),
@@ -605,7 +606,8 @@ def test_browser_check_sees_console_errors(tmp_path, browser):
     assert any("deliberate" in e for e in errors) and any("undefinedFunction" in e for e in errors)
 
 
-TABLES_ON_PAGE = """JSON.stringify(Object.fromEntries([...document.querySelectorAll('h2')].filter(h => h.nextElementSibling
+TABLES_ON_PAGE = """JSON.stringify(Object.fromEntries([...document.querySelectorAll('h2')]\
+.filter(h => h.nextElementSibling
   && h.nextElementSibling.tagName === 'TABLE').map(h => {
   const table = h.nextElementSibling;
   const header = [...table.querySelectorAll('thead th')].map(th => th.textContent);
@@ -692,7 +694,8 @@ def test_legend_labels_are_whole_and_inside_their_chart(tmp_path, browser):
 
 
 WIDEST_ON_PAGE = """JSON.stringify({page: document.documentElement.scrollWidth, window: window.innerWidth,
-  tables: [...document.querySelectorAll('table')].map(t => [t.previousElementSibling.textContent, t.getBoundingClientRect().right])})"""
+  tables: [...document.querySelectorAll('table')].map(t => [t.previousElementSibling.textContent, \
+t.getBoundingClientRect().right])})"""
 
 
 def test_every_table_of_a_report_fits_a_1280_px_window(tmp_path, browser):

@@ -305,8 +305,8 @@ def test_ctrl_c_a_killed_driver_and_a_lost_lease_land_each_ids_samples_exactly_o
     interrupted = location.read_manifest()
     assert interrupted["status"] == "interrupted" and interrupted["totals"]["units"] == len(interrupted_units) >= 2
     assert out.splitlines()[-1] == (
-        f"specbatch: interrupted after {len(interrupted_units)} of {interrupted['attempts'][0]['units_planned']} units; "
-        "rerun the same command to resume"
+        f"specbatch: interrupted after {len(interrupted_units)} of {interrupted['attempts'][0]['units_planned']} "
+        "units; rerun the same command to resume"
     )
     assert not location.storage.exists(location.path("_lease.json"))  # released: the rerun needs no --take-over
 
@@ -462,8 +462,9 @@ def test_a_row_that_kills_the_engine_every_time_ends_alone_in_errors_then_retry_
     """A row whose request kills EngineCore every time (tests/vllm_faults): its unit's
     suspects run alone, half at a time, until the row kills the engine alone; it goes to
     errors/ as a final EngineCrash and every other row of its unit to outputs/ (units of 2: each
-    death is an engine restart, so one halving: the unit dies, then the row alone). One error in 24 rows is over retries.max_error_fraction: completed_with_errors, exit code 3. With
-    the fault gone, --retry-errors generates it: every row in outputs/, none in errors/."""
+    death is an engine restart, so one halving: the unit dies, then the row alone). One error in 24
+    rows is over retries.max_error_fraction: completed_with_errors, exit code 3. With the fault
+    gone, --retry-errors generates it: every row in outputs/, none in errors/."""
     from transformers import AutoTokenizer
 
     config_path, ids, _ = make_job(

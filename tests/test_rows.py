@@ -260,7 +260,8 @@ with open(config_file, "w") as f:  # the refused run from a file, the real one f
 refused = api.run(config_file)
 print("REFUSED", json.dumps([refused.status, refused.exit_code, refused.manifest is None, refused.error]))
 result = api.run(config)
-print("RESULT", json.dumps([result.status, result.exit_code, result.manifest.job_id, result.manifest.totals.output_rows]))
+print("RESULT", json.dumps([result.status, result.exit_code, result.manifest.job_id, \
+result.manifest.totals.output_rows]))
 table, dataset = api.read_outputs(config["output_uri"]), api.read_dataset(config["output_uri"])
 print("READ", json.dumps([sorted(table.column("id").to_pylist()), sorted(r["id"] for r in dataset.take_all())]))
 """

@@ -552,8 +552,8 @@ def test_an_engine_that_holds_requests_and_yields_nothing_is_named(tmp_path, cap
     )  # past the limit: the actor that should replace it is stuck too
     assert job_status(Storage(), location.uri).warnings == [
         "engine replica a1a1a1a1 on node n1n1n1n1 holds 48 requests and has yielded no token for 7 min: past "
-        f"retries.engine_stall_seconds ({STALL_LIMIT:.0f} s), the least its actor waits before it replaces a hung engine (20 "
-        "times the engine's slowest step, if longer); else the actor is stuck too"
+        f"retries.engine_stall_seconds ({STALL_LIMIT:.0f} s), the least its actor waits before it replaces a hung "
+        "engine (20 times the engine's slowest step, if longer); else the actor is stuck too"
     ]
 
     write_progress(location, now, written_ago=4, attempt=0)  # an earlier attempt's: says nothing of this one

@@ -344,6 +344,6 @@ def test_a_job_on_s3_rides_out_a_short_freeze_fails_named_on_a_long_one_and_a_re
     manifest = location.read_manifest()
     assert [a["status"] for a in manifest["attempts"]][-1] == "succeeded" and len(manifest["attempts"]) == 2
     print(
-        f"thawed {thawed_at - frozen_at:.1f} s after the freeze; the rerun finished the job {time.time() - thawed_at:.1f} s "
-        f"later ({time.time() - frozen_at:.1f} s after the freeze)"
+        f"thawed {thawed_at - frozen_at:.1f} s after the freeze; the rerun finished the job "
+        f"{time.time() - thawed_at:.1f} s later ({time.time() - frozen_at:.1f} s after the freeze)"
     )

@@ -181,8 +181,8 @@ def check_schedulable(config: JobConfig, nodes: list[dict[str, float]], can_add:
         total_cpus = sum(b.get("CPU", 0) for d in demands for b in d.bundles)
         raise Unschedulable(
             f"the job cannot be scheduled on this Ray cluster: {demand.what} needs "
-            f"{_describe(need) if isinstance(need, dict) else need} and no node has it left after the rest of the graph "
-            f"(the graph holds {total_cpus:g} CPUs at once: {config.resources.min_replicas} engine replica(s) x "
+            f"{_describe(need) if isinstance(need, dict) else need} and no node has it left after the rest of the "
+            f"graph (the graph holds {total_cpus:g} CPUs at once: {config.resources.min_replicas} engine replica(s) x "
             f"{config.resources.cpus_per_replica:g}, {config.resources.preprocess_concurrency} preprocess actor(s) x "
             f"{PREPROCESS_CPUS:g}, one read task x {READ_TASK_CPUS:g}). The cluster's nodes offer {offered}{added}. "
             "Add nodes with what is missing, or lower resources.replicas (its min), cpus_per_replica, "
@@ -237,10 +237,10 @@ def check_cluster_paths(config: JobConfig, nodes: int) -> None:
     if local:
         listed = ", ".join(f"{name} = {path}" for name, path in local.items())
         raise ClusterPathRefused(
-            f"this Ray cluster has {nodes} nodes, and {listed} {'is a local path' if len(local) == 1 else 'are local paths'}: "
-            "each node would read and write its own disk (outputs scattered over the nodes, models missing on some). "
-            "Use object storage (s3://bucket/...), or a folder every node mounts at the same path and declare it "
-            "in storage.shared_mounts."
+            f"this Ray cluster has {nodes} nodes, and {listed} "
+            f"{'is a local path' if len(local) == 1 else 'are local paths'}: each node would read and write its own "
+            "disk (outputs scattered over the nodes, models missing on some). Use object storage (s3://bucket/...), or "
+            "a folder every node mounts at the same path and declare it in storage.shared_mounts."
         )
 
 

@@ -103,7 +103,8 @@ class OutputLease:
             pid_started_at=psutil.Process(pid).create_time(),
         )
         self.atomic = location.storage.conditional_writes(self.uri)
-        # set by the heartbeat when another run took over, or the store did not answer a renewal for storage.outage_seconds
+        # set by the heartbeat when another run took over, or the store did not answer a renewal for
+        # storage.outage_seconds
         self.lost: Optional[LeaseLost | StorageUnavailable] = None
         self._version: Optional[str] = None  # of this run's last write
         self._stop = threading.Event()
@@ -262,8 +263,8 @@ class _Watch:
                 else f"that is after lease.wait_seconds ({self.config.wait_seconds:g}s)"
             )
             raise LeaseHeld(
-                f"{where}: that run is alive as far as its heartbeat tells; its lease goes stale in {stale_at - now:.0f}s, "
-                f"and {waits}. {_way_out(held)}"
+                f"{where}: that run is alive as far as its heartbeat tells; its lease goes stale in "
+                f"{stale_at - now:.0f}s, and {waits}. {_way_out(held)}"
             )
         if self.seen is None or self.seen.owner != held.owner:
             until = dt.datetime.fromtimestamp(stale_at, dt.timezone.utc).strftime("%H:%M:%S UTC")

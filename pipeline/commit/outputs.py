@@ -11,11 +11,12 @@
       _lease.json                         the run that owns the location (schemas.Lease)
       _job.json                           job manifest                   (schemas.JobManifest)
 
-A unit is a fixed row range of one input file (or of the grouped copy, recorded in `_job.json`), so the same input always gives the same units.
-Its files count only through its marker: a unit that died half-written is invisible, and when
-the same unit is committed twice (a late actor, a retried task) each commit writes files under
-its own token and the marker written last names the one set that counts; never both. Resume
-lists `_commits/` and nothing else. `cleanup()` removes files no marker names, in bulk.
+A unit is a fixed row range of one input file (or of the grouped copy, recorded in `_job.json`),
+so the same input always gives the same units. Its files count only through its marker: a unit
+that died half-written is invisible, and when the same unit is committed twice (a late actor, a
+retried task) each commit writes files under its own token and the marker written last names the
+one set that counts; never both. Resume lists `_commits/` and nothing else. `cleanup()` removes
+files no marker names, in bulk.
 
 Statistics live in each marker; the driver, which hears of every unit it commits, also writes
 them as one `stats/attempt-<n>.parquet` per attempt, each committed unit in exactly one of

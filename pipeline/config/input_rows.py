@@ -84,9 +84,9 @@ class InputRowsConfig(Section):
     prompt_template: Optional[str] = Field(
         None,
         description=(
-            "A Jinja2 template (sandboxed, as chat templates run) over the row's columns that renders each row's prompt, "
-            "e.g. 'Passage: {{ context }}\\nQuestion: {{ question }}'. A null value or one the template cannot render is "
-            "that row's error (template_error, naming the column)."
+            "A Jinja2 template (sandboxed, as chat templates run) over the row's columns that renders each row's "
+            "prompt, e.g. 'Passage: {{ context }}\\nQuestion: {{ question }}'. A null value or one the template cannot "
+            "render is that row's error (template_error, naming the column)."
         ),
     )
     messages_template: Optional[list[TemplateMessage]] = Field(

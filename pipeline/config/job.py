@@ -23,22 +23,23 @@ class JobConfig(Section):
         "parquet",
         description=(
             "openai_batch: input_uri names JSONL files of OpenAI batch requests (a file, a folder of .jsonl files or a "
-            "glob), converted once into Parquet prompt rows under output_uri/_inputs/ (pipeline/inputs/openai_batch.py)."
+            "glob), converted once into Parquet prompt rows under output_uri/_inputs/ "
+            "(pipeline/inputs/openai_batch.py)."
         ),
     )
     unsupported_requests: Literal["refuse", "errors"] = Field(
         "refuse",
         description=(
             "openai_batch input: refuse refuses the whole job over any request line specbatch cannot run, as OpenAI's "
-            "batch validation does; errors makes each such line with a custom_id its row in errors/ (unsupported_request, "
-            "naming the field), an error line of the export, and runs the rest. Lines that are not JSON, lack a "
-            "custom_id or repeat one are refused either way."
+            "batch validation does; errors makes each such line with a custom_id its row in errors/ "
+            "(unsupported_request, naming the field), an error line of the export, and runs the rest. Lines that are "
+            "not JSON, lack a custom_id or repeat one are refused either way."
         ),
     )
     output_uri: str = Field(
         description=(
-            "Where outputs/, errors/, stats/ and _job.json go: a local folder or a URI (any fsspec scheme). A rerun on it "
-            "resumes. Never inside input_uri: a rerun would read the outputs as input."
+            "Where outputs/, errors/, stats/ and _job.json go: a local folder or a URI (any fsspec scheme). A rerun on "
+            "it resumes. Never inside input_uri: a rerun would read the outputs as input."
         )
     )
     rows: InputRowsConfig = Field(
@@ -93,9 +94,9 @@ class JobConfig(Section):
         inside = output_inside_input(self.input_uri, self.output_uri)
         if inside:
             raise ValueError(
-                f"output_uri ({self.output_uri}) {inside} the folder input_uri ({self.input_uri}) reads from: the job would "
-                "work once, then a rerun would read its own outputs as input. Set output_uri to a folder outside input_uri "
-                "(e.g. a sibling folder), or move the input into a folder of its own"
+                f"output_uri ({self.output_uri}) {inside} the folder input_uri ({self.input_uri}) reads from: the job "
+                "would work once, then a rerun would read its own outputs as input. Set output_uri to a folder outside "
+                "input_uri (e.g. a sibling folder), or move the input into a folder of its own"
             )
         return self
 
@@ -113,7 +114,8 @@ class JobConfig(Section):
         if self.unsupported_requests != "refuse" and self.input_format != "openai_batch":
             raise ValueError(
                 f"unsupported_requests: {self.unsupported_requests} applies to OpenAI batch files only: set "
-                "input_format: openai_batch, or remove unsupported_requests (a bad Parquet row is always its row's error)"
+                "input_format: openai_batch, or remove unsupported_requests (a bad Parquet row is always its row's "
+                "error)"
             )
         return self
 
@@ -134,12 +136,13 @@ class JobConfig(Section):
         if gpus and gpus != workers and workers > 1:
             raise ValueError(
                 f"resources.gpus_per_replica ({gpus:g}) must be engine.tensor_parallel_size x "
-                f"engine.pipeline_parallel_size ({workers}): one GPU per engine worker; set resources.gpus_per_replica: "
-                f"{workers}, or change the parallel sizes"
+                f"engine.pipeline_parallel_size ({workers}): one GPU per engine worker; set "
+                f"resources.gpus_per_replica: {workers}, or change the parallel sizes"
             )
         if gpus and gpus < workers:
             raise ValueError(
-                f"resources.gpus_per_replica ({gpus:g}) is smaller than the engine's {workers} workers; set it to {workers}"
+                f"resources.gpus_per_replica ({gpus:g}) is smaller than the engine's {workers} workers; set it to "
+                f"{workers}"
             )
         return self
 

@@ -1,4 +1,5 @@
-"""pydantic's validation errors rewritten as a user reads them: the field by its YAML path, what is wrong, what to do."""
+"""pydantic's validation errors rewritten as a user reads them: the field by its YAML path, what is wrong,
+what to do."""
 
 from __future__ import annotations
 

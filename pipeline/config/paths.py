@@ -22,8 +22,8 @@ HUB_SCHEMES = ("hf",)
 def _not_a_hub(value: Optional[str], field: str) -> None:
     if value and "://" in value and value.split("://", 1)[0] in HUB_SCHEMES:
         raise ValueError(
-            f"{field}: {value!r} is a model hub URI; models come from a local folder or your own storage: copy the model "
-            f"there and set {field} to that folder or s3:// URI"
+            f"{field}: {value!r} is a model hub URI; models come from a local folder or your own storage: copy the "
+            f"model there and set {field} to that folder or s3:// URI"
         )
 
 
@@ -90,7 +90,7 @@ def _resolve_relative_paths(data: dict[str, Any], folder: Optional[Path], source
         if isinstance(value, str) and "://" not in value and not Path(value).is_absolute():
             if folder is None:
                 raise ConfigError(
-                    f"{source}: lora.adapters.{name} = {value!r} is a relative path, and the config is not a local file it "
-                    "could be relative to; use an absolute path or a URI"
+                    f"{source}: lora.adapters.{name} = {value!r} is a relative path, and the config is not a local "
+                    "file it could be relative to; use an absolute path or a URI"
                 )
             adapters[name] = os.path.normpath(folder / value)

@@ -130,7 +130,10 @@ class RetriesConfig(Section):
     isolate_after_attempts: int = Field(
         2,
         ge=1,
-        description="A unit in flight at this many engine deaths runs its suspects alone in the engine; one that kills it alone goes to errors/.",
+        description=(
+            "A unit in flight at this many engine deaths runs its suspects alone in the engine; one that kills it "
+            "alone goes to errors/."
+        ),
     )
     max_error_fraction: float = Field(
         0.05,
@@ -169,7 +172,8 @@ class LeaseConfig(Section):
     def _stale_after_beats(self):
         if self.stale_after_seconds < 2 * self.heartbeat_seconds:
             raise ValueError(
-                f"lease.stale_after_seconds ({self.stale_after_seconds:g}) must be at least twice lease.heartbeat_seconds "
-                f"({self.heartbeat_seconds:g}): raise it to {2 * self.heartbeat_seconds:g} or more, or lower the heartbeat"
+                f"lease.stale_after_seconds ({self.stale_after_seconds:g}) must be at least twice "
+                f"lease.heartbeat_seconds ({self.heartbeat_seconds:g}): raise it to {2 * self.heartbeat_seconds:g} or "
+                "more, or lower the heartbeat"
             )
         return self

@@ -39,7 +39,9 @@ class ResponseFormat(Section):
     {type: choice, choice: [...]}, {type: grammar, grammar} (EBNF), or {type: text} (none)."""
 
     type: Literal["text", "json_object", "json_schema", "regex", "choice", "grammar"] = Field(
-        description="The kind of constraint; text: none. Each of json_schema, regex, choice, grammar needs its own field."
+        description=(
+            "The kind of constraint; text: none. Each of json_schema, regex, choice, grammar needs its own field."
+        )
     )
     json_schema: Optional[JsonSchemaFormat] = Field(
         None, description="With type json_schema: the schema, OpenAI's shape."
@@ -95,7 +97,9 @@ class SamplingConfig(Section):
         0.0,
         ge=0,
         le=1,
-        description="Drop tokens below min_p x the top token's probability; refused with speculation (vLLM refuses it).",
+        description=(
+            "Drop tokens below min_p x the top token's probability; refused with speculation (vLLM refuses it)."
+        ),
     )
     seed: Optional[int] = Field(
         None,
@@ -125,7 +129,10 @@ class SamplingConfig(Section):
         None,
         ge=0,
         le=MAX_LOGPROBS,
-        description=f"Top-k logprobs of each generated token (0: the chosen token's only) in the `logprobs` column; at most {MAX_LOGPROBS}; null: off.",
+        description=(
+            "Top-k logprobs of each generated token (0: the chosen token's only) in the `logprobs` column; at most "
+            f"{MAX_LOGPROBS}; null: off."
+        ),
     )
     prompt_logprobs: Optional[int] = Field(
         None,
@@ -140,7 +147,8 @@ class SamplingConfig(Section):
         True,
         description=(
             "A row whose max_tokens does not fit beside its prompt in engine.max_model_len: true generates what fits "
-            "and marks the row (max_tokens_clipped, and clipped_rows in its unit's stats); false makes it a final error."
+            "and marks the row (max_tokens_clipped, and clipped_rows in its unit's stats); false makes it a final "
+            "error."
         ),
     )
 
@@ -148,11 +156,13 @@ class SamplingConfig(Section):
     def _consistent(self):
         if self.min_tokens > self.max_tokens:
             raise ValueError(
-                f"min_tokens ({self.min_tokens}) is above max_tokens ({self.max_tokens}); lower min_tokens or raise max_tokens"
+                f"min_tokens ({self.min_tokens}) is above max_tokens ({self.max_tokens}); lower min_tokens or raise "
+                "max_tokens"
             )
         if self.n > 1 and self.temperature == 0:
             raise ValueError(
-                f"n is {self.n} at temperature 0; vLLM samples n > 1 only at a temperature above 0: raise temperature, or set n: 1"
+                f"n is {self.n} at temperature 0; vLLM samples n > 1 only at a temperature above 0: raise temperature, "
+                "or set n: 1"
             )
         return self
 

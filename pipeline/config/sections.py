@@ -71,8 +71,8 @@ class StorageConfig(Section):
         for mount in self.shared_mounts:
             if not mount.startswith("/"):
                 raise ValueError(
-                    f"storage.shared_mounts: {mount!r} is not an absolute path; give the folder as every node mounts it, "
-                    "e.g. /mnt/shared"
+                    f"storage.shared_mounts: {mount!r} is not an absolute path; give the folder as every node mounts "
+                    "it, e.g. /mnt/shared"
                 )
         return self
 
@@ -80,8 +80,8 @@ class StorageConfig(Section):
     def _no_credentials_in_url(self):
         if self.endpoint_url and "@" in self.endpoint_url.split("//", 1)[-1].split("/", 1)[0]:
             raise ValueError(
-                "storage.endpoint_url must not carry credentials; remove them from the URL and give them in the environment "
-                "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) or the cloud identity"
+                "storage.endpoint_url must not carry credentials; remove them from the URL and give them in the "
+                "environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) or the cloud identity"
             )
         return self
 
@@ -94,9 +94,9 @@ class ModelConfig(Section):
     served_names: list[str] = Field(
         default_factory=list,
         description=(
-            "OpenAI batch input: the names a line's body.model may give for the target, beside model.path and its folder "
-            "name (as vLLM's --served-model-name). A line naming another model is that row's error (model_not_found), as "
-            "vLLM's run-batch answers it."
+            "OpenAI batch input: the names a line's body.model may give for the target, beside model.path and its "
+            "folder name (as vLLM's --served-model-name). A line naming another model is that row's error "
+            "(model_not_found), as vLLM's run-batch answers it."
         ),
     )
 
@@ -130,7 +130,8 @@ class GuardConfig(Section):
         ge=1,
         description=(
             "Generated tokens per target decode pass: what speculation saved, counting the drafts a grammar cut "
-            "(vLLM's acceptance counters leave them out: a `choice` constraint reads acceptance 1.000 while saving nothing)."
+            "(vLLM's acceptance counters leave them out: a `choice` constraint reads acceptance 1.000 while saving "
+            "nothing)."
         ),
     )
     window_units: int = Field(4, ge=1, description="Units that drafted, pooled by their draft tokens.")
@@ -151,8 +152,8 @@ class GuardConfig(Section):
         ):
             raise ValueError(
                 "speculative.guard needs a floor: set speculative.guard.min_mean_acceptance_length (e.g. "
-                f"{ACCEPTANCE_FLOOR}), speculative.guard.min_tokens_per_target_pass or speculative.guard.min_acceptance_rate, "
-                "or `guard: null` to turn the guard off"
+                f"{ACCEPTANCE_FLOOR}), speculative.guard.min_tokens_per_target_pass or "
+                "speculative.guard.min_acceptance_rate, or `guard: null` to turn the guard off"
             )
         return self
 
@@ -206,9 +207,9 @@ class TrialConfig(Section):
         5.0,
         ge=0,
         description=(
-            "The trial measures off only when the rest of the job is at least this many engine starts of generation per "
-            "engine, and turns speculation back on only when that saves more than a start; 0 measures and follows the "
-            "faster whatever the job's size (benchmarks, tests)."
+            "The trial measures off only when the rest of the job is at least this many engine starts of generation "
+            "per engine, and turns speculation back on only when that saves more than a start; 0 measures and follows "
+            "the faster whatever the job's size (benchmarks, tests)."
         ),
     )
 
@@ -226,7 +227,8 @@ class SpeculativeConfig(Section):
         None,
         description=(
             "Depth by running sequences, vLLM's num_speculative_tokens_per_batch_size: [(lo, hi, k), ...], inclusive "
-            "ranges covering 1..engine.max_num_seqs, k in 0..16 (0: no drafting). `specbatch calibrate --apply` writes it."
+            "ranges covering 1..engine.max_num_seqs, k in 0..16 (0: no drafting). `specbatch calibrate --apply` writes "
+            "it."
         ),
     )
     depth_from: Literal["config", "calibration"] = Field(
@@ -249,14 +251,18 @@ class SpeculativeConfig(Section):
     )
     checks_as_warnings: list[str] = Field(
         default_factory=list,
-        description="Drafter compatibility checks (pipeline/speculation/drafter_check.py) downgraded to warnings; for experts.",
+        description=(
+            "Drafter compatibility checks (pipeline/speculation/drafter_check.py) downgraded to warnings; for experts."
+        ),
     )
     guard: Optional[GuardConfig] = Field(
         default_factory=GuardConfig, description="Acceptance guard while the job runs; null turns it off."
     )
     trial: Optional[TrialConfig] = Field(
         default_factory=TrialConfig,
-        description="Speculation against off on the job's own first units, keeping the faster; null or off turns it off.",
+        description=(
+            "Speculation against off on the job's own first units, keeping the faster; null or off turns it off."
+        ),
     )
 
     @field_validator("trial", mode="before")
@@ -281,8 +287,8 @@ class SpeculativeConfig(Section):
     def _drafter_when_enabled(self):
         if self.enabled and not self.drafter:
             raise ValueError(
-                "speculative.drafter is required when speculative.enabled is true: set it to the EAGLE-3 drafter's folder "
-                "(a local folder with config.json, or an s3:// URI), or set speculative.enabled: false"
+                "speculative.drafter is required when speculative.enabled is true: set it to the EAGLE-3 drafter's "
+                "folder (a local folder with config.json, or an s3:// URI), or set speculative.enabled: false"
             )
         return self
 
@@ -298,7 +304,8 @@ class SpeculativeConfig(Section):
             where = f"speculative.depth_schedule entry ({lo}, {hi}, {k})"
             if lo != expected_lo:
                 raise ValueError(
-                    f"{where}: starts at {lo}; make it start at {expected_lo} (ranges start at 1, in order, no gap or overlap)"
+                    f"{where}: starts at {lo}; make it start at {expected_lo} (ranges start at 1, in order, no gap or "
+                    "overlap)"
                 )
             if hi < lo:
                 raise ValueError(f"{where}: ends before it starts; swap {lo} and {hi}")
@@ -364,7 +371,8 @@ class EngineConfig(Section):
         True,
         description=(
             "JSON outputs (response_format json_schema, json_object) may hold any whitespace between tokens, vLLM's "
-            "default; false: compact JSON only, which keeps a model that likes whitespace from filling max_tokens with it."
+            "default; false: compact JSON only, which keeps a model that likes whitespace from filling max_tokens with "
+            "it."
         ),
     )
     cpu_omp_threads_bind: Optional[str] = Field(

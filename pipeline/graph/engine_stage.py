@@ -11,9 +11,9 @@ Once its engine is up the actor checks in at the job board (pipeline/cluster/job
 start went. The first engine with a unit to run measures the drafter probe's rows before its
 units generate, and no engine commits a unit before the probe's verdict is in: a refused
 drafter leaves nothing in outputs/. The speculation trial (pipeline/graph/engine_trial.py) may
-restart the engine inside the actor, without the drafter or with it again, between units. Before each unit's marker the actor checks that its run
-still holds the output location's lease (pipeline/commit/lease.py): a run that lost it commits
-nothing more.
+restart the engine inside the actor, without the drafter or with it again, between units. Before
+each unit's marker the actor checks that its run still holds the output location's lease
+(pipeline/commit/lease.py): a run that lost it commits nothing more.
 """
 
 from __future__ import annotations

@@ -90,8 +90,9 @@ def inspect_inputs(
     listed = storage.expand_input(input_uri)
     if not listed:
         raise InputError(
-            f"input_uri {input_uri!r} matches no Parquet file; set input_uri to a Parquet file, a folder holding .parquet "
-            "files or a glob (s3://bucket/prompts/*.parquet); for OpenAI batch .jsonl files set input_format: openai_batch"
+            f"input_uri {input_uri!r} matches no Parquet file; set input_uri to a Parquet file, a folder holding "
+            ".parquet files or a glob (s3://bucket/prompts/*.parquet); for OpenAI batch .jsonl files set input_format: "
+            "openai_batch"
         )
     return inspect_listed(input_uri, listed, storage, known, shape)
 

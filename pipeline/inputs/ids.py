@@ -59,8 +59,9 @@ def find_duplicate_ids(storage: Storage, files: list[InputFile], shape: RowShape
     if len(repeats) > MAX_DUPLICATES:
         (source, row), (first_source, first_row) = where(order[repeats[0]]), where(order[first_of_run[repeats[0]]])
         raise TooManyDuplicateIds(
-            f"the input repeats {len(repeats):,} ids (more than {MAX_DUPLICATES:,} are refused): e.g. row {row} of {source} "
-            f"has the id of row {first_row} of {first_source}. Check rows.id_column, or give the rows ids of their own"
+            f"the input repeats {len(repeats):,} ids (more than {MAX_DUPLICATES:,} are refused): e.g. row {row} of "
+            f"{source} has the id of row {first_row} of {first_source}. Check rows.id_column, or give the rows ids of "
+            "their own"
         )
     duplicates = []
     for place in repeats:

@@ -303,7 +303,8 @@ def convert_batch_files(
         raise InputError(
             f"OpenAI batch input {input_uri!r} refused ({head}):\n  "
             + "\n  ".join(shown)
-            + "\nFix these lines (each a request of OpenAI's batch format with a custom_id unique in its file) and run again"
+            + "\nFix these lines (each a request of OpenAI's batch format with a custom_id unique in its file) and "
+            "run again"
             + (
                 ", or set unsupported_requests: errors to run the rest and get each such line back as an error line."
                 if unsupported == "refuse"
@@ -325,7 +326,8 @@ def inspect_job_inputs(
     )
     if not converted:
         raise InputError(
-            f"input_uri {config.input_uri!r}: its JSONL files hold no request; point input_uri at files with request lines"
+            f"input_uri {config.input_uri!r}: its JSONL files hold no request; point input_uri at files with request "
+            "lines"
         )
     now, names = {_source_key(u) for u in converted}, {posixpath.basename(u) for u in converted}
     replaced = sorted(
@@ -333,7 +335,8 @@ def inspect_job_inputs(
     )
     if replaced:
         raise InputError(
-            f"OpenAI batch files (or unsupported_requests) changed since this job started at {config.output_uri} (their earlier conversions: "
+            f"OpenAI batch files (or unsupported_requests) changed since this job started at {config.output_uri} "
+            "(their earlier conversions: "
             + ", ".join(replaced)
             + "). Use a new output_uri, or rerun with --restart to start over."
         )

@@ -155,7 +155,8 @@ def grouping_pays(sharing: PrefixSharing) -> tuple[bool, str]:
         return True, f"sorted by prefix, rows share {share:.0%} more of the prompt text than in the input's order"
     return (
         False,
-        f"sorted by prefix, rows would share only {share:.0%} more of the prompt text than in the input's order (below {PAYS:.0%})",
+        f"sorted by prefix, rows would share only {share:.0%} more of the prompt text than in the input's order "
+        f"(below {PAYS:.0%})",
     )
 
 

@@ -100,7 +100,8 @@ def _read_rows(storage: Storage, unit: WorkUnit, shape: RowShape) -> pa.Table:
         table = parquet.read_row_groups(groups, columns=wanted).slice(unit.first_row - (offset or 0), unit.rows)
     if table.num_rows != unit.rows:
         raise IOError(
-            f"{unit.source}: unit {unit.unit_id} expected {unit.rows} rows from row {unit.first_row}, read {table.num_rows}"
+            f"{unit.source}: unit {unit.unit_id} expected {unit.rows} rows from row {unit.first_row}, read "
+            f"{table.num_rows}"
         )
     if not grouped_copy:
         table = shape.apply(table)

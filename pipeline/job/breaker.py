@@ -41,7 +41,8 @@ class ErrorBreaker:
                 failing = [r for r in self.window if r["error_rows"]]
                 raise TooManyErrors(
                     f"{errors} of the {rows} rows of the last {len(self.window)} units failed ({errors / rows:.1%}, "
-                    f"above retries.max_error_fraction = {self.config.max_error_fraction:.1%}): {self._example(failing)}"
+                    f"above retries.max_error_fraction = {self.config.max_error_fraction:.1%}): "
+                    f"{self._example(failing)}"
                 )
 
     @staticmethod

@@ -29,8 +29,8 @@ def chained_inputs(
     manifest = first.job_manifest()
     if manifest.status == "running":
         raise InputError(
-            f"input_uri {config.input_uri} is the output of job {manifest.job_id}, which has not ended (its _job.json says "
-            "running: it runs, or its driver was killed). Let it end, or rerun it to finish it, then run this job."
+            f"input_uri {config.input_uri} is the output of job {manifest.job_id}, which has not ended (its _job.json "
+            "says running: it runs, or its driver was killed). Let it end, or rerun it to finish it, then run this job."
         )
     files = set(first.committed_files("outputs"))
     if not files:

@@ -147,7 +147,8 @@ def summary(manifest: JobManifest) -> list[str]:
     )
     prefill = f" ({prefill_text(t.prompt_tokens, t.cached_prompt_tokens)})" if t.prompt_tokens else ""
     lines.append(
-        f"  tokens    {t.generated_tokens:,} generated from {t.prompt_tokens:,} prompt tokens{prefill}, in {t.units:,} units"
+        f"  tokens    {t.generated_tokens:,} generated from {t.prompt_tokens:,} prompt tokens{prefill}, in {t.units:,} "
+        "units"
     )
     if t.generated_tokens:
         share = (
@@ -171,8 +172,8 @@ def summary(manifest: JobManifest) -> list[str]:
     if t.mean_acceptance_length is not None:
         per_pass = f", {t.tokens_per_target_pass:.2f} tokens per target pass" if t.tokens_per_target_pass else ""
         lines.append(
-            f"  drafts    acceptance rate {t.acceptance_rate:.3f}, mean acceptance length {t.mean_acceptance_length:.2f}"
-            f"{per_pass}"
+            f"  drafts    acceptance rate {t.acceptance_rate:.3f}, mean acceptance length "
+            f"{t.mean_acceptance_length:.2f}{per_pass}"
         )
     if manifest.probe:
         p = manifest.probe

@@ -235,7 +235,8 @@ class NodeLosses:
         if lost > self.attempt.config.retries.max_node_losses:
             raise RuntimeError(
                 f"{lost} Ray nodes lost in this attempt (retries.max_node_losses = "
-                f"{self.attempt.config.retries.max_node_losses}); the last one failed the dataset: {plain_text(str(exc))[:500]}"
+                f"{self.attempt.config.retries.max_node_losses}); the last one failed the dataset: "
+                f"{plain_text(str(exc))[:500]}"
             ) from exc
         log.warning(
             "%d node(s) lost; rebuilding the graph over the units not committed yet", len(self.watch.lost_nodes())

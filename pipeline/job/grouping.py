@@ -57,8 +57,9 @@ def plan_grouping(
         if setting != "auto" and (setting == "true") != recorded.grouped:
             raise GroupingChanged(
                 f"resources.group_prefixes: {setting}, but {location.uri} holds units of job {previous.job_id} planned "
-                f"{'over its grouped copy' if recorded.grouped else 'over the input as it is'}; resuming would mix them. Set it "
-                f"back to {str(recorded.grouped).lower()} (or auto), use a new output_uri, or rerun with --restart."
+                f"{'over its grouped copy' if recorded.grouped else 'over the input as it is'}; resuming would mix "
+                f"them. Set it back to {str(recorded.grouped).lower()} (or auto), use a new output_uri, or rerun with "
+                "--restart."
             )
         return GroupingPlan(recorded)
     if setting == "false":
@@ -83,6 +84,6 @@ def refuse_a_lost_copy(location: OutputLocation, recorded: PrefixGrouping) -> No
     lost = [f.uri for f in recorded.files if (listed.get(f.uri) or {}).get("size") != f.size]
     if lost:
         raise GroupingChanged(
-            f"{location.uri}: {len(lost)} file(s) of the job's grouped input copy are gone or changed (e.g. {lost[0]}); "
-            "its units left to run cannot be read. Rerun with --restart to start over."
+            f"{location.uri}: {len(lost)} file(s) of the job's grouped input copy are gone or changed (e.g. "
+            f"{lost[0]}); its units left to run cannot be read. Rerun with --restart to start over."
         )

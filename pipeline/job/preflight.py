@@ -73,8 +73,8 @@ def _check_structured_and_reasoning(config: JobConfig, tokenizer: PreTrainedToke
         reasoning_parser(config.chat.reasoning_parser, tokenizer)
     except Exception as exc:
         raise ConfigError(
-            f"chat.reasoning_parser: {exc.args[0] if isinstance(exc, KeyError) else exc} (the model's tokenizer must have the "
-            "parser's reasoning markers; leave chat.reasoning_parser out for a model that does not reason)"
+            f"chat.reasoning_parser: {exc.args[0] if isinstance(exc, KeyError) else exc} (the model's tokenizer must "
+            "have the parser's reasoning markers; leave chat.reasoning_parser out for a model that does not reason)"
         ) from None
 
 

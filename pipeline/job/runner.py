@@ -161,7 +161,8 @@ class JobAttempt:
             missing = [u.unit_id for u in plan.units if u.unit_id not in committed]
             if missing:
                 raise RuntimeError(
-                    f"{len(missing)} of {len(plan.units)} units were not committed (e.g. {missing[0]}); rerun to finish them"
+                    f"{len(missing)} of {len(plan.units)} units were not committed (e.g. {missing[0]}); rerun to "
+                    "finish them"
                 )
             record.status = self.manifest.status = "succeeded"
         except KeyboardInterrupt:
@@ -206,7 +207,8 @@ class JobAttempt:
         if rows:
             say(
                 self.options.progress,
-                f"drafter probe: {len(rows)} rows of the input, measured on the job's first engine before any unit commits",
+                f"drafter probe: {len(rows)} rows of the input, measured on the job's first engine before any unit "
+                "commits",
             )
         self.probe_rows = (rows, near_limit_rows)
         return None

@@ -101,9 +101,9 @@ class AttemptLooks:
         last = events[-1] if events else location.storage.read_json(max(in_a_row, key=self.failures.get))
         return EnginesKeepFailing(
             f"the engines failed {len(in_a_row)} times in a row with no unit committed between ({hung} hung, "
-            f"{len(in_a_row) - hung} died; retries.max_engine_failures = {self.retries.max_engine_failures}); the last: "
-            f"{failure_line(last)}. Committed units are kept: rerun to resume. The events, with the hung engines' stacks, "
-            f"are in {location.path('_events')}"
+            f"{len(in_a_row) - hung} died; retries.max_engine_failures = {self.retries.max_engine_failures}); the "
+            f"last: {failure_line(last)}. Committed units are kept: rerun to resume. The events, with the hung "
+            f"engines' stacks, are in {location.path('_events')}"
         )
 
     def _not_committed(self) -> list[str]:
@@ -144,8 +144,8 @@ def failure_line(event: dict) -> str:
     if event.get("kind") == "hung":
         return (
             f"{where} hung: no step for {event['seconds_without_progress']:.1f} s (limit "
-            f"{event['stall_limit_seconds']:.1f} s) with {rows} rows of {len(event['units'])} units in it; its processes "
-            "were killed and the engine is replaced, its units run again"
+            f"{event['stall_limit_seconds']:.1f} s) with {rows} rows of {len(event['units'])} units in it; its "
+            "processes were killed and the engine is replaced, its units run again"
         )
     return (
         f"{where} died ({event['error'][:200]}) with {rows} rows of {len(event['units'])} units in it; it is replaced"
@@ -165,11 +165,11 @@ def stalled_message(
         or "none has reported (no engine actor started, or none reached its first unit)"
     )
     return (
-        f"no unit committed for {idle_seconds / 60:.1f} minutes (retries.stall_minutes = {config.retries.stall_minutes:g}) "
-        f"and no engine is generating: the attempt waited for {len(not_committed)} units "
-        f"({', '.join(not_committed[:3])}{' ...' if len(not_committed) > 3 else ''}) from reads, preprocessing or engines "
-        f"that gave nothing. The engines: {engines}. Committed units are kept: rerun to resume; if it happens again, "
-        "`ray stack` on the nodes shows where the driver and the actors wait."
+        f"no unit committed for {idle_seconds / 60:.1f} minutes (retries.stall_minutes = "
+        f"{config.retries.stall_minutes:g}) and no engine is generating: the attempt waited for {len(not_committed)} "
+        f"units ({', '.join(not_committed[:3])}{' ...' if len(not_committed) > 3 else ''}) from reads, preprocessing "
+        f"or engines that gave nothing. The engines: {engines}. Committed units are kept: rerun to resume; if it "
+        "happens again, `ray stack` on the nodes shows where the driver and the actors wait."
     )
 
 

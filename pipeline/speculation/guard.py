@@ -4,8 +4,9 @@ The driver feeds it every unit-stats row as units commit. It keeps the last
 `window_units` units that drafted (units without drafts say nothing about the drafter)
 and, once the window is full, pools them (vLLM's acceptance by their draft tokens, tokens per
 target pass by their tokens) and compares against the floors. Tokens per target pass counts
-what a grammar cut from the drafts, which vLLM's acceptance counters leave out. It fires once when the window falls below a floor, and again only after a full
-window has been back above it: a drafter that stays poor gives one event, not one per unit.
+what a grammar cut from the drafts, which vLLM's acceptance counters leave out. It fires once
+when the window falls below a floor, and again only after a full window has been back above it:
+a drafter that stays poor gives one event, not one per unit.
 
 At the end of every attempt `speculation_verdict` judges the job over the units that speculated.
 """
@@ -241,4 +242,7 @@ def verdict_text(verdict: SpeculationVerdict) -> str:
     if verdict.source in ("trial", "calibration"):
         by = "this job's trial" if verdict.source == "trial" else "a calibration"
         return f"speculation {said}, by {by}: {verdict.source_detail}"
-    return f"speculation {said}: {verdict.flags[0] if verdict.flags else 'acceptance above the floors, nothing measured it against off'}"
+    return (
+        f"speculation {said}: "
+        f"{verdict.flags[0] if verdict.flags else 'acceptance above the floors, nothing measured it against off'}"
+    )

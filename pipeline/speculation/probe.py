@@ -238,13 +238,17 @@ def refusal(config: JobConfig, result: ProbeResult) -> Optional[DrafterRejected]
     if result.passed:
         return None
     mal, tpp = result.mean_acceptance_length, result.tokens_per_target_pass
-    where = f"drafter {config.speculative.drafter} refused by the probe: on {result.rows} rows of the job's input at depth {result.num_speculative_tokens}"
+    where = (
+        f"drafter {config.speculative.drafter} refused by the probe: on {result.rows} rows of the job's input at depth "
+        f"{result.num_speculative_tokens}"
+    )
     if mal is not None and mal >= result.floor:  # below the tokens per pass floor only: the drafts were cut
         return DrafterRejected(
-            f"{where}, {tpp:.2f} tokens per target pass, below the floor speculative.probe.min_tokens_per_target_pass = "
-            f"{result.tokens_per_target_floor}, while vLLM's mean acceptance length reads {mal:.2f}: vLLM leaves out the "
-            "drafts a grammar cut, and this job's structured output cuts most of them, so speculation would only cost. "
-            "Turn speculation off for this job (speculative.enabled: false); speculative.probe.rows: 0 skips the probe.",
+            f"{where}, {tpp:.2f} tokens per target pass, below the floor speculative.probe.min_tokens_per_target_pass "
+            f"= {result.tokens_per_target_floor}, while vLLM's mean acceptance length reads {mal:.2f}: vLLM leaves out "
+            "the drafts a grammar cut, and this job's structured output cuts most of them, so speculation would only "
+            "cost. Turn speculation off for this job (speculative.enabled: false); speculative.probe.rows: 0 skips "
+            "the probe.",
             result,
         )
     measured = (

@@ -14,9 +14,9 @@ measures the job's first units twice, on its own engine at the job's concurrency
 Each arm's units run back to back with the engine otherwise idle, so an arm's rate is its
 tokens over the engine time its units spanned (the union of their intervals in the engine: one
 ramp-up and one drain each, and no gap between units, which the pipeline's dispatch would add
-to whichever arm had more of them). Every unit of the trial is committed like any other (greedy output is the same either
-way). The other engines keep the configured setting until the verdict is in, then follow it.
-This module decides; pipeline/graph/engine_trial.py runs the engine's part.
+to whichever arm had more of them). Every unit of the trial is committed like any other (greedy
+output is the same either way). The other engines keep the configured setting until the verdict is
+in, then follow it. This module decides; pipeline/graph/engine_trial.py runs the engine's part.
 """
 
 from __future__ import annotations
@@ -81,8 +81,8 @@ def too_few_units(
     unit_rows = head.rows_per_unit if head else config.resources.rows_per_unit
     return skipped(
         config,
-        f"{todo_rows:,} rows to run in {todo_units} units, fewer than the {need} units a trial of 2 x {trial.units} units "
-        f"needs to pay back its engine start: at least {need * unit_rows:,} rows, in units of {unit_rows:,} rows "
+        f"{todo_rows:,} rows to run in {todo_units} units, fewer than the {need} units a trial of 2 x {trial.units} "
+        f"units needs to pay back its engine start: at least {need * unit_rows:,} rows, in units of {unit_rows:,} rows "
         "(speculative.trial.units)",
     )
 

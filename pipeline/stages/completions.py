@@ -52,7 +52,8 @@ def reasoning_parser(name: Optional[str], tokenizer):
 
     if name not in ReasoningParserManager.list_registered():
         raise KeyError(
-            f"{name!r} is not one of vLLM's reasoning parsers: {', '.join(sorted(ReasoningParserManager.list_registered()))}"
+            f"{name!r} is not one of vLLM's reasoning parsers: "
+            f"{', '.join(sorted(ReasoningParserManager.list_registered()))}"
         )
     return ReasoningParserManager.get_reasoning_parser(name)(tokenizer)
 

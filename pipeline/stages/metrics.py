@@ -20,7 +20,9 @@ COUNTERS = {
     "rows_done": "Input rows generated and committed to outputs/.",
     "rows_failed": "Input rows committed to errors/.",
     "prompt_tokens": "Prompt tokens of committed units (once per request, whatever its samples).",
-    "cached_prompt_tokens": "Of those prompt tokens, the ones vLLM served from its prefix cache (not computed in prefill).",
+    "cached_prompt_tokens": (
+        "Of those prompt tokens, the ones vLLM served from its prefix cache (not computed in prefill)."
+    ),
     "generated_tokens": "Tokens generated in committed units.",
     "draft_tokens": "Draft tokens proposed in committed units.",
     "accepted_tokens": "Draft tokens accepted in committed units.",
@@ -39,8 +41,8 @@ GAUGES = {
         "holds none. Past retries.engine_stall_seconds the engine is hung and replaced."
     ),
     "trial_speedup_vs_off": (
-        "The speculation trial's measured tokens/s with the configured speculation / without it, on the replica that ran "
-        "it (below 1: speculation cost more than it saved, and the job turned it off)."
+        "The speculation trial's measured tokens/s with the configured speculation / without it, on the replica that "
+        "ran it (below 1: speculation cost more than it saved, and the job turned it off)."
     ),
 }
 

@@ -75,8 +75,8 @@ def gave_up(
     operation, _, key = what.partition(" ")
     down = StorageUnavailable(
         f"storage unavailable: {store} has not answered for {silent_seconds:.0f}s, over storage.outage_seconds "
-        f"({outage_seconds:g}s); gave up on '{operation}' of {key} (last error: {said(last)}). This attempt stops here and "
-        "what it committed stays: rerun the same command once the store answers again, and it resumes from there."
+        f"({outage_seconds:g}s); gave up on '{operation}' of {key} (last error: {said(last)}). This attempt stops here "
+        "and what it committed stays: rerun the same command once the store answers again, and it resumes from there."
     )
     down.store, down.operation, down.key = store, operation, key
     return down

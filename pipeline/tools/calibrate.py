@@ -185,8 +185,8 @@ def calibrate(args: argparse.Namespace) -> CalibrationReport:
             else "vLLM's dynamic depth, or noise: measure with more --repeats"
         )
         warnings.append(
-            f"the schedule {schedule_text(candidate)} measured slower than depth {chosen} at {max(best)} sequences at once "
-            f"({why}): not recommended"
+            f"the schedule {schedule_text(candidate)} measured slower than depth {chosen} at {max(best)} sequences at "
+            f"once ({why}): not recommended"
         )
     return CalibrationReport(
         config_uri=args.config,

@@ -60,17 +60,22 @@ def to_markdown(report: CalibrationReport) -> str:
         "# specbatch calibration",
         "",
         f"Config `{report.config_uri}`, measured {report.measured_at} on {report.accelerator} ({price}), "
-        f"{report.sample_measured} of the job's prompts (asked for {report.sample_requested}), engine max_num_seqs {report.max_num_seqs}.",
+        f"{report.sample_measured} of the job's prompts (asked for {report.sample_requested}), engine max_num_seqs "
+        f"{report.max_num_seqs}.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "|".join("---" for _ in header) + "|",
         *("| " + " | ".join(r) + " |" for r in rows),
         "",
-        f"Best single depth: {'speculation off' if report.recommended_depth == 0 else f'depth {report.recommended_depth}'} "
+        "Best single depth: "
+        f"{'speculation off' if report.recommended_depth == 0 else f'depth {report.recommended_depth}'} "
         + (
             "(the faster of off and the sweep's best depth through the job itself)."
             if report.job_check
-            else f"(highest generated tokens/s per GPU at concurrency {report.concurrencies[-1]} = lowest cost per million tokens)."
+            else (
+                f"(highest generated tokens/s per GPU at concurrency {report.concurrencies[-1]} = lowest cost per "
+                "million tokens)."
+            )
         )
         + (
             f" Recommended: the schedule by concurrency `{schedule_yaml(report.recommended_schedule)}`."
@@ -113,8 +118,8 @@ def to_html(report: CalibrationReport) -> str:
         "\n".join(
             [
                 '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>specbatch calibration</title>',
-                "<style>body{font-family:sans-serif;margin:24px}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
-                "padding:3px 8px;font-size:13px;text-align:right}" + plots.STYLE + "</style></head><body>",
+                "<style>body{font-family:sans-serif;margin:24px}table{border-collapse:collapse}td,th{border:1px solid "
+                "#ccc;padding:3px 8px;font-size:13px;text-align:right}" + plots.STYLE + "</style></head><body>",
                 "<h1>specbatch calibration</h1>",
                 "<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in header) + "</tr>",
                 *("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in rows),

@@ -52,9 +52,10 @@ def format_report(report: DrafterReport) -> str:
     if report.probe:
         p = report.probe
         lines.append(
-            f"probe    {p.rows} rows of the job's input, depth {p.num_speculative_tokens}, max_model_len {p.max_model_len}: "
-            f"mean acceptance length {_fmt(p.mean_acceptance_length)}, acceptance rate {_fmt(p.acceptance_rate, '.3f')}, "
-            f"per position {' '.join(f'{r:.2f}' for r in p.accepted_per_position) or '-'}; floor {p.floor}: "
+            f"probe    {p.rows} rows of the job's input, depth {p.num_speculative_tokens}, max_model_len "
+            f"{p.max_model_len}: mean acceptance length {_fmt(p.mean_acceptance_length)}, acceptance rate "
+            f"{_fmt(p.acceptance_rate, '.3f')}, per position "
+            f"{' '.join(f'{r:.2f}' for r in p.accepted_per_position) or '-'}; floor {p.floor}: "
             + ("PASS" if p.passed else "FAIL")
         )
         if not p.passed:

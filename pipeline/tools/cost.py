@@ -108,7 +108,8 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
     mal = acceptance.mean_acceptance_length
     if not m.speculation and mal is not None and mal < ACCEPTANCE_FLOOR:  # a job written before verdicts were
         flags.append(
-            f"mean acceptance length {mal:.2f} is below the floor {ACCEPTANCE_FLOOR}: speculation cost more than it saved"
+            f"mean acceptance length {mal:.2f} is below the floor {ACCEPTANCE_FLOOR}: speculation cost more than it "
+            "saved"
         )
     return JobFigures(
         job_id=m.job_id,
@@ -317,8 +318,9 @@ def build_report(jobs: Sequence[JobData], prices: Prices) -> CostReport:
             for f in figures:
                 if f.job_id in c.jobs_on:
                     f.speculation_flags.append(
-                        f"speculation k={c.num_speculative_tokens} cost {-c.saving_fraction:.1%} more per million generated "
-                        f"tokens than the jobs with it off on the same model, accelerator, prompts and sampling"
+                        f"speculation k={c.num_speculative_tokens} cost {-c.saving_fraction:.1%} more per million "
+                        "generated tokens than the jobs with it off on the same model, accelerator, prompts and "
+                        "sampling"
                     )
     return CostReport(
         generated_at=utc_timestamp(),

@@ -132,9 +132,10 @@ def _sample_kind(
     with_metadata: bool = False,
 ):
     """Yields None for each row group read, then its sampled rows in the unit layout
-    (pipeline/inputs/units.UNIT_COLUMNS; `metadata` only `with_metadata`) with its `source` and `row`. Every row, when `want` is all of them;
-    otherwise `draws` row groups drawn proportional to their rows (with replacement: a group
-    drawn twice gives twice the rows), and want/draws rows uniformly within each."""
+    (pipeline/inputs/units.UNIT_COLUMNS; `metadata` only `with_metadata`) with its `source` and
+    `row`. Every row, when `want` is all of them; otherwise `draws` row groups drawn proportional to
+    their rows (with replacement: a group drawn twice gives twice the rows), and want/draws rows
+    uniformly within each."""
     starts, offset = [], 0
     for f in files:
         starts.append(offset)

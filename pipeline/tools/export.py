@@ -209,8 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if done["status"] in ("failed", "interrupted"):
         print(
-            f"specbatch export: warning: the job {done['status']}; requests of units it never committed are in neither file "
-            "(rerun `specbatch run` to finish them, then export again)",
+            f"specbatch export: warning: the job {done['status']}; requests of units it never committed are in neither "
+            "file (rerun `specbatch run` to finish them, then export again)",
             file=sys.stderr,
         )
     return 0

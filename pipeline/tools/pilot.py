@@ -140,7 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         prog="specbatch pilot",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="example:\n  specbatch pilot jobs/configs/gpu-cluster.yaml --sample 256   # on the GPU node, before the nightly job",
+        epilog=(
+            "example:\n  specbatch pilot jobs/configs/gpu-cluster.yaml --sample 256   # on the GPU node, before the "
+            "nightly job"
+        ),
     )
     parser.add_argument("config", help="the job config (YAML, local path or URI)")
     parser.add_argument("--sample", type=int, default=256, help="prompts of the job's input to measure (default 256)")

@@ -117,8 +117,8 @@ def make_plan(config: JobConfig, plan: DryRunPlan, scratch: str, flags: RunOptio
         first_prompts(plan, config, storage, inputs)
     if restart and location.has_manifest():
         plan.warnings.append(
-            f"--restart: the run would delete what {config.output_uri} holds ({len(location.committed_units()):,} committed "
-            "units) before it starts"
+            f"--restart: the run would delete what {config.output_uri} holds ({len(location.committed_units()):,} "
+            "committed units) before it starts"
         )
     # 4. the checks before the engines, when an engine would start
     with _Step(plan, "preflight") as step:
@@ -162,8 +162,9 @@ def make_plan(config: JobConfig, plan: DryRunPlan, scratch: str, flags: RunOptio
     rows_above = plan.tokens.sample_rows_above_bound
     if rows_above and not plan.tokens.exact:
         plan.warnings.append(
-            f"{rows_above} of {plan.tokens.sample_rows} sampled rows ask for more than sampling.max_tokens x sampling.n "
-            "(their own max_tokens or n): the output bound counts rows by the sample's mean, an estimate for rows not sampled"
+            f"{rows_above} of {plan.tokens.sample_rows} sampled rows ask for more than sampling.max_tokens x "
+            "sampling.n (their own max_tokens or n): the output bound counts rows by the sample's mean, an estimate "
+            "for rows not sampled"
         )
     plan.grouping = grouping_section(config, job, plan.tokens.prompt_tokens)
     plan.cost, plan.cost_note = estimate_cost(

@@ -67,7 +67,10 @@ def format_plan(plan: DryRunPlan) -> str:
         how = (
             "counted over every row"
             if t.exact
-            else f"estimated from {t.sample_rows:,} sampled rows in {t.sample_row_groups} row groups, seed {t.sample_seed}"
+            else (
+                f"estimated from {t.sample_rows:,} sampled rows in {t.sample_row_groups} row groups, seed "
+                f"{t.sample_seed}"
+            )
         )
         kinds = ", ".join(f"{k} {n:,}" for k, n in sorted(t.prompt_tokens_by_kind.items()))
         lines.append(
@@ -125,14 +128,15 @@ def _grouping_lines(g: PlanGrouping) -> list[str]:
     if s:
         share = lambda chars: f"{chars / s.prompt_chars:.0%}" if s.prompt_chars else "0%"  # noqa: E731
         lines.append(
-            f"            {s.prefix_groups:,} shared prefixes over {s.rows_in_groups:,} of {s.rows:,} rows; sorted by prefix, "
-            f"rows share at least {share(s.shared_chars_grouped)} of the prompt text, "
-            f"{share(s.shared_chars_in_input_order)} in the input's order{f' ({s.job_common_chars:,} characters every row shares)' if s.job_common_chars else ''}"
+            f"            {s.prefix_groups:,} shared prefixes over {s.rows_in_groups:,} of {s.rows:,} rows; sorted by "
+            f"prefix, rows share at least {share(s.shared_chars_grouped)} of the prompt text, "
+            f"{share(s.shared_chars_in_input_order)} in the input's "
+            f"order{f' ({s.job_common_chars:,} characters every row shares)' if s.job_common_chars else ''}"
         )
     if g.prefill_tokens_saved is not None and d.grouped:
         lines.append(
-            f"            prefill it expects to save: at least ~{g.prefill_tokens_saved:,} prompt tokens, when the engines' KV "
-            "cache holds a fraction of the job's prefixes (as on GPUs with large models)"
+            f"            prefill it expects to save: at least ~{g.prefill_tokens_saved:,} prompt tokens, when the "
+            "engines' KV cache holds a fraction of the job's prefixes (as on GPUs with large models)"
         )
     if d.grouped:
         where = "planned over the grouped copy" + (

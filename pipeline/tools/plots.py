@@ -177,7 +177,8 @@ def _frame(plot_id: str, title: str, body: list[str], width: float = WIDTH, heig
     return "\n".join(
         [
             f'<svg class="plot" data-plot="{escape(plot_id)}" xmlns="http://www.w3.org/2000/svg" '
-            f'viewBox="0 0 {width:g} {height:g}" width="{width:g}" height="{height:g}" role="img" aria-label="{escape(title)}">',
+            f'viewBox="0 0 {width:g} {height:g}" width="{width:g}" height="{height:g}" role="img" '
+            f'aria-label="{escape(title)}">',
             f"<title>{escape(title)}</title>",
             f'<text x="{LEFT}" y="20" class="plot-title">{escape(title)}</text>',
             *body,
@@ -219,10 +220,12 @@ def _axes(
             f'<text x="{sx(x):.1f}" y="{TOP + plot_h + 16}" text-anchor="middle" class="tick">{_label(x)}</text>'
         )
     body.append(
-        f'<text x="{LEFT + plot_w / 2}" y="{HEIGHT - 8}" text-anchor="middle" class="axis-label">{escape(x_label)}</text>'
+        f'<text x="{LEFT + plot_w / 2}" y="{HEIGHT - 8}" text-anchor="middle" '
+        f'class="axis-label">{escape(x_label)}</text>'
     )
     body.append(
-        f'<text transform="translate(16 {TOP + plot_h / 2}) rotate(-90)" text-anchor="middle" class="axis-label">{escape(y_label)}</text>'
+        f'<text transform="translate(16 {TOP + plot_h / 2}) rotate(-90)" text-anchor="middle" '
+        f'class="axis-label">{escape(y_label)}</text>'
     )
     return sx, sy, body
 
@@ -315,7 +318,8 @@ def bar_chart(plot_id: str, title: str, bars: Sequence[tuple[str, float, str]], 
         body.append(f'<text y="{first:.1f}" text-anchor="end" class="tick bar-label">{spans}</text>')
     bottom = TOP + plot_h + BOTTOM
     body.append(
-        f'<text x="{left + plot_w / 2:g}" y="{bottom - 8:.1f}" text-anchor="middle" class="axis-label">{escape(value_label)}</text>'
+        f'<text x="{left + plot_w / 2:g}" y="{bottom - 8:.1f}" text-anchor="middle" '
+        f'class="axis-label">{escape(value_label)}</text>'
     )
     legend, width, height = _legend(groups, left + plot_w)
     return _frame(plot_id, title, body + legend, width, max(height, bottom))

@@ -32,14 +32,23 @@ from schemas.report import CostReport
 
 
 DEFINITIONS = [
-    "GPU-hours: replicas x GPUs per replica x the job's wall time (what is billed); for CPU-only runs, one node per replica.",
-    "Busy GPU-hours: per engine actor, the union of its units' engine intervals (units overlap), times GPUs per replica.",
+    "GPU-hours: replicas x GPUs per replica x the job's wall time (what is billed); for CPU-only runs, one node per "
+    "replica.",
+    "Busy GPU-hours: per engine actor, the union of its units' engine intervals (units overlap), times GPUs per "
+    "replica.",
     "Cost: GPU-hours x the price per GPU-hour of the job's accelerator kind.",
-    "Acceptance rate: accepted / draft tokens. Mean acceptance length: 1 + accepted / drafts. Position i: share of drafts whose i-th token was accepted. Overall: every job's drafts pooled.",
-    "Prefix cache hit rate: prompt tokens vLLM served from its prefix cache / prompt tokens; prefill tokens computed: the rest, the prefill the engines did.",
-    "Tokens per target pass: generated tokens per target decode pass (passes: generated - accepted - completions, at least the drafting steps): what speculation saved, counting the drafts a grammar cut, which vLLM's acceptance counters leave out.",
-    "Speculation on vs off: jobs on the same target model, accelerator kind, prompts and sampling, pooled per side; a negative saving means speculation cost money.",
-    "Speculation trial: one engine of the job ran its first units with the configured speculation, then as many without the drafter, back to back; tok/s is that engine's generated tokens over each setting's engine time, and the cost per 1M is the price of one replica-hour at that rate.",
+    "Acceptance rate: accepted / draft tokens. Mean acceptance length: 1 + accepted / drafts. Position i: share of "
+    "drafts whose i-th token was accepted. Overall: every job's drafts pooled.",
+    "Prefix cache hit rate: prompt tokens vLLM served from its prefix cache / prompt tokens; prefill tokens computed: "
+    "the rest, the prefill the engines did.",
+    "Tokens per target pass: generated tokens per target decode pass (passes: generated - accepted - completions, at "
+    "least the drafting steps): what speculation saved, counting the drafts a grammar cut, which vLLM's acceptance "
+    "counters leave out.",
+    "Speculation on vs off: jobs on the same target model, accelerator kind, prompts and sampling, pooled per side; a "
+    "negative saving means speculation cost money.",
+    "Speculation trial: one engine of the job ran its first units with the configured speculation, then as many "
+    "without the drafter, back to back; tok/s is that engine's generated tokens over each setting's engine time, and "
+    "the cost per 1M is the price of one replica-hour at that rate.",
 ]
 
 
@@ -74,7 +83,8 @@ def to_html(report: CostReport, jobs: Sequence[JobData]) -> str:
         "th{background:#f0f0f0}.warn{color:#a40}" + plots.STYLE + "</style>",
         "</head><body>",
         "<h1>specbatch cost report</h1>",
-        f"<p>{escape(in_units(report, f'Generated {report.generated_at}; prices in {report.currency} per GPU-hour.'))}</p>",
+        f"<p>{escape(in_units(report, f'Generated {report.generated_at}; prices in {report.currency} per GPU-hour.'))}"
+        "</p>",
         "<ul>" + "".join(f"<li><code>{escape(u)}</code></li>" for u in report.output_uris) + "</ul>",
     ]
     for title, (header, rows) in tables(report).items():

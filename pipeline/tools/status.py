@@ -144,7 +144,8 @@ def _running_figures(location: OutputLocation, manifest: JobManifest, input_rows
     if counts.units_unread:
         notes.append(
             f"{counts.units_unread:,} units committed since stats/ was written are counted in rows and units done but "
-            f"not in generated and error rows, tokens or acceptance (status reads at most {counts.markers_read:,} markers)"
+            f"not in generated and error rows, tokens or acceptance (status reads at most {counts.markers_read:,} "
+            "markers)"
         )
     figures: dict[str, Any] = dict(
         counts_from="commits",

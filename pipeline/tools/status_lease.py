@@ -26,7 +26,8 @@ def lease_notes(
     if manifest.status == "running" and driver == "gone":
         if lease is not None:
             notes.append(
-                f"no heartbeat for {age(lease_age)}: the driver is probably gone; `{run_command}` takes over and resumes"
+                f"no heartbeat for {age(lease_age)}: the driver is probably gone; `{run_command}` takes over and "
+                "resumes"
             )
         else:
             notes.append(
@@ -34,12 +35,13 @@ def lease_notes(
             )
     elif driver == "starting":
         notes.append(
-            f"a new attempt ({lease.attempt}) is starting: run {lease.owner} holds the lease, heartbeat {age(lease_age)} ago"
+            f"a new attempt ({lease.attempt}) is starting: run {lease.owner} holds the lease, heartbeat "
+            f"{age(lease_age)} ago"
         )
     elif lease is not None and is_stale(lease, now):
         notes.append(
-            f"a stale lease of attempt {lease.attempt} is left (no heartbeat for {age(lease_age)}): its run died without "
-            f"releasing it; the next `{run_command}` takes it over"
+            f"a stale lease of attempt {lease.attempt} is left (no heartbeat for {age(lease_age)}): its run died "
+            f"without releasing it; the next `{run_command}` takes it over"
         )
     if manifest.status in ("failed", "interrupted") and last is not None and last.error:
         notes.append(

@@ -71,7 +71,10 @@ def engine_warning(engine: EngineWithoutProgress, stall_limit: Optional[float]) 
             f"requests and had yielded no token since {age(engine.seconds_without_output)} ago"
         )
     else:
-        said = f"{where} holds {engine.requests_in_flight} requests and has yielded no token for {age(engine.seconds_without_output)}"
+        said = (
+            f"{where} holds {engine.requests_in_flight} requests and has yielded no token for "
+            f"{age(engine.seconds_without_output)}"
+        )
     if not stall_limit:
         return said
     if engine.seconds_without_output > stall_limit:
@@ -95,8 +98,8 @@ def progress_warnings(
         return (
             [],
             [
-                f"the driver last wrote _progress.json {age(stale)} ago (it rewrites it every {WATCH_SECONDS:.0f} s while it "
-                "generates): it is not generating now, or it is stuck; what its engines do is not known"
+                f"the driver last wrote _progress.json {age(stale)} ago (it rewrites it every {WATCH_SECONDS:.0f} s "
+                "while it generates): it is not generating now, or it is stuck; what its engines do is not known"
             ],
             progress.written_at,
         )

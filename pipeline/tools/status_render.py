@@ -60,7 +60,8 @@ def _count_lines(r: StatusReport) -> list[str]:
     share = f" ({r.rows_done / r.input_rows:.0%})" if r.input_rows else ""
     unread = f", {r.rows_done - r.output_rows - r.error_rows:,} in units not read yet" if r.units_unread else ""
     lines = [
-        f"  rows:      {r.rows_done:,} of {r.input_rows:,} done{share}: {r.output_rows:,} generated, {r.error_rows:,} errors"
+        f"  rows:      {r.rows_done:,} of {r.input_rows:,} done{share}: {r.output_rows:,} generated, "
+        f"{r.error_rows:,} errors"
         + (f" ({r.retryable_error_rows:,} retryable)" if r.retryable_error_rows else "")
         + unread,
         f"  units:     {r.units_committed:,} of {r.units_planned:,} committed" + _commit_clause(r),
