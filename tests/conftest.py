@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from schemas.report import CalibrationReport
 from tests.ray_cluster import free_port  # noqa: F401 (the tests import it from here)
 
 # The calibration store of the tests' own (pipeline/speculation/calibrations.py), one per test
@@ -256,6 +257,26 @@ def write_prompts(path: Path | str, columns: dict, filesystem=None) -> None:
     if filesystem is None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, str(path), filesystem=filesystem)
+
+
+def calibration_report(rows: list, **fields) -> CalibrationReport:
+    """A calibration report as `specbatch calibrate` writes one: a CPU calibration of 64 prompts
+    at up to 32 sequences at once, recommending off, with `rows` and `fields` as a test needs."""
+    measured = dict(
+        config_uri="job.yaml",
+        measured_at="2026-12-07T00:00:00+00:00",
+        accelerator="cpu",
+        gpus_per_replica=1.0,
+        currency="USD",
+        price_per_gpu_hour=0.2,
+        max_num_seqs=32,
+        sample_requested=64,
+        sample_measured=64,
+        concurrencies=[32],
+        recommended_depth=0,
+        config_snippet="",
+    )
+    return CalibrationReport(**{**measured, "rows": rows, **fields})
 
 
 def job_config(input_uri: str, output_uri: str, kit: dict, **overrides) -> dict:

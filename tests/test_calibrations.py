@@ -19,7 +19,7 @@ from pipeline.speculation.calibrations import (
     store_uri,
 )
 from schemas.report import CalibrationReport
-from tests.conftest import job_config, record_s3_requests
+from tests.conftest import calibration_report, job_config, record_s3_requests
 from tinykit import kit_paths
 
 KIT = kit_paths()
@@ -27,22 +27,7 @@ TINY_KIT = {"target": KIT["target"], "drafter": KIT["drafter_eagle31"]}
 
 
 def report(recommended_depth: int = 2, schedule=None) -> CalibrationReport:
-    return CalibrationReport(
-        config_uri="job.yaml",
-        measured_at="2026-12-07T00:00:00+00:00",
-        accelerator="cpu",
-        gpus_per_replica=1.0,
-        currency="USD",
-        price_per_gpu_hour=0.2,
-        max_num_seqs=32,
-        sample_requested=64,
-        sample_measured=64,
-        concurrencies=[32],
-        rows=[],
-        recommended_depth=recommended_depth,
-        recommended_schedule=schedule,
-        config_snippet="",
-    )
+    return calibration_report([], recommended_depth=recommended_depth, recommended_schedule=schedule)
 
 
 def config_of(**engine):

@@ -21,7 +21,7 @@ from pipeline.cli import main
 from pipeline.tools.estimates import NO_CALIBRATION, SAMPLE_ROWS
 from schemas.plan import DryRunPlan
 from schemas.report import CalibrationReport, CalibrationRow
-from tests.conftest import job_config, record_s3_requests, write_prompts
+from tests.conftest import calibration_report, job_config, record_s3_requests, write_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "def class return import for while if else yield lambda print range self None True".split()
@@ -318,20 +318,8 @@ def calibration(rates: dict[tuple[int, int], float]) -> CalibrationReport:
         )
         for (depth, concurrency), rate in rates.items()
     ]
-    return CalibrationReport(
-        config_uri="job.yaml",
-        measured_at="2026-12-01T00:00:00+00:00",
-        accelerator="cpu",
-        gpus_per_replica=1.0,
-        currency="USD",
-        price_per_gpu_hour=0.2,
-        max_num_seqs=32,
-        sample_requested=64,
-        sample_measured=64,
-        concurrencies=sorted({c for _, c in rates}),
-        rows=rows,
-        recommended_depth=0,
-        config_snippet="",
+    return calibration_report(
+        rows, measured_at="2026-12-01T00:00:00+00:00", concurrencies=sorted({c for _, c in rates})
     )
 
 

@@ -23,6 +23,7 @@ from tests.conftest import (
     RANDOM_JOB_GUARD,
     RANDOM_JOB_NULL_ID,
     RANDOM_JOB_ROWS,
+    calibration_report,
     job_config,
     job_metric,
     write_prompts,
@@ -178,21 +179,7 @@ def test_the_verdict_flags_acceptance_below_the_floor_and_a_measured_loss():
             1,
             None,
         )
-        return CalibrationReport(
-            config_uri="c",
-            measured_at="t",
-            accelerator="cpu",
-            gpus_per_replica=1,
-            currency="USD",
-            price_per_gpu_hour=None,
-            max_num_seqs=32,
-            sample_requested=64,
-            sample_measured=64,
-            concurrencies=[32],
-            rows=rows,
-            recommended_depth=0,
-            config_snippet="",
-        )
+        return calibration_report(rows, config_uri="c", measured_at="t", price_per_gpu_hour=None)
 
     where = "the calibration of t in STORE/abc.json"
     slower = speculation_verdict(
