@@ -30,6 +30,21 @@ import ray._private.ray_constants as constants
 from ray._private import services
 constants.ENABLE_RAY_CLUSTER = True  # worker nodes are allowed although addresses stay on loopback
 services.resolve_ip_for_localhost = lambda host: host
+# `ray start` gives its raylet 30 s to register with the GCS, a budget one busy 2-core machine
+# overran (a CI run: "The current node timed out during startup", RPC Deadline Exceeded, while
+# the other test worker ran an engine). The node gets 180 s here; a cluster node would not.
+import time
+ask_gcs = services.get_node
+def get_node_patiently(gcs_address, node_id):
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            return ask_gcs(gcs_address, node_id)
+        except RuntimeError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+services.get_node = get_node_patiently
 from ray.scripts.scripts import main
 sys.exit(main())
 """
@@ -119,7 +134,7 @@ class LocalCluster:
             f"--dashboard-agent-grpc-port={free_port()}",
             f"--runtime-env-agent-port={free_port()}",
         ]
-        done = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=180)
+        done = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=300)
         if done.returncode:
             raise RuntimeError(f"ray start ({name}) failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
         self.nodes[name] = node
