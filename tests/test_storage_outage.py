@@ -6,7 +6,8 @@ killed and started again on the same port. Without an engine: one call to a stor
 good gives up within its bound, naming the store, the operation and the key; a commit and a
 conditional write made while the store is frozen for less than the window land once after it
 answers again; a store that refuses connections and comes back costs only the wait; a lease
-the store does not renew for the window stops the attempt. With an engine: one job on S3 meets
+the store does not renew for the window stops the attempt; a graph that fails while the store is
+frozen ends with the store named, also when the heartbeat gives up meanwhile. With an engine: one job on S3 meets
 a freeze shorter than the window and goes on, then one longer: the attempt fails (exit 1),
 naming the store, and a rerun finishes every id exactly once."""
 
@@ -347,3 +348,103 @@ def test_a_job_on_s3_rides_out_a_short_freeze_fails_named_on_a_long_one_and_a_re
         f"thawed {thawed_at - frozen_at:.1f} s after the freeze; the rerun finished the job "
         f"{time.time() - thawed_at:.1f} s later ({time.time() - frozen_at:.1f} s after the freeze)"
     )
+
+
+# ---------------------------------------------------------------- a graph that fails on a frozen store
+
+# A driver's graph (pipeline/job/graph_run.run_graph) whose one task raises while the store is
+# frozen: the driver's check of its lease then waits on the store, and the heartbeat gives up on
+# it meanwhile. Run in a process of its own: the stall watch raises in the main thread. The
+# attempt is the GraphAttempt seam's smallest form (a graph of no units); Ray, the job board,
+# the lease and its heartbeat are real.
+FAILING_GRAPH = """
+import sys, threading, time
+import ray
+from pipeline.cluster.job_board import start_board
+from pipeline.cluster.startup import StartClock
+from pipeline.commit.lease import OutputLease
+from pipeline.commit.outputs import OutputLocation
+from pipeline.config import LeaseConfig, parse_config
+from pipeline.job.graph_run import AttemptProgress, run_graph
+from pipeline.job.plan import RunOptions
+from pipeline.storage import Storage
+from schemas import Attempt, utc_timestamp
+from tests.conftest import job_config
+
+endpoint, outage, task_fails_after = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+storage = Storage(endpoint_url=endpoint, outage_seconds=outage, request_timeout_seconds=1)
+
+
+class SmallestAttempt:
+    config = parse_config(job_config("in", "s3://specbatch/graph/out", {"target": "/t", "drafter": "/d"}))
+    options, clock, unit_stats, started = RunOptions(progress=False), StartClock(), {}, time.time()
+    location = OutputLocation(storage, "s3://specbatch/graph/out")
+    lease = OutputLease(location, LeaseConfig(heartbeat_seconds=0.5, stale_after_seconds=60), "job", 1)
+    record = Attempt(number=1, started_at=utc_timestamp(), status="running", skipped_rows=0)
+
+    class manifest:
+        job_id, probe, trial = "job", None, None
+
+    def save(self):
+        pass
+
+    def write_stats(self):
+        pass
+
+
+ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+ray.data.range(1).materialize()  # Ray Data's workers warm: the task below fails when it is told to
+attempt = SmallestAttempt()
+attempt.lease.acquire()
+lease_lost_at = []
+
+
+def note_when_the_lease_is_lost():
+    while attempt.lease.lost is None:
+        time.sleep(0.05)
+    lease_lost_at.append(time.time())
+
+
+threading.Thread(target=note_when_the_lease_is_lost, daemon=True).start()
+
+
+def engine_fails(batch, fail_at):
+    time.sleep(max(0.0, fail_at - time.time()))
+    raise RuntimeError("the unit's engine failed")
+
+
+# The store is frozen once the watch has had its first look (one second in; the next is ten
+# seconds later): from then on it looks each second whether the heartbeat gave up.
+started = time.time()
+frozen_at = started + 4.0
+threading.Timer(frozen_at - started, lambda: print("freeze", flush=True)).start()
+dataset = ray.data.range(1).map_batches(engine_fails, fn_kwargs={"fail_at": frozen_at + task_fails_after})
+try:
+    run_graph(dataset, [], AttemptProgress(attempt, 0, None), start_board([]))
+except BaseException as exc:
+    print(f"ended by {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+print(f"heartbeat gave up after {lease_lost_at[0] - frozen_at if lease_lost_at else -1:.1f}", flush=True)
+"""
+
+
+def test_a_graph_that_fails_while_the_store_is_frozen_ends_as_the_stores_outage(moto_process):
+    """The graph fails (an engine's error) 3 s into a freeze; the driver's check of its lease then
+    waits on the store, and the heartbeat gives up on it meanwhile (about 7 s in, outage 6 s),
+    which the stall watch turns into an interrupt of the driver. The graph ends with the store
+    named (StorageUnavailable), never with the interrupt: a CI run of the S3 job below ended so,
+    with a traceback. Before the fix, 3 runs of 3 here ended with StallInterrupt."""
+    driver = subprocess.Popen(
+        [sys.executable, "-c", FAILING_GRAPH, moto_process.endpoint, "6", "3"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parent.parent,
+    )
+    assert driver.stdout.readline().strip() == "freeze", driver.stderr.read()[-3000:]
+    moto_process.freeze()
+    out, err = driver.communicate(timeout=120)
+    moto_process.thaw()
+    ended = re.search(r"ended by (\w+): (.*)", out)
+    assert ended and ended[1] == "StorageUnavailable", out + err[-3000:]
+    assert f"the S3 endpoint {moto_process.endpoint} has not answered" in ended[2]
+    print(out)  # when the heartbeat gave up, after the freeze

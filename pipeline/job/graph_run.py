@@ -133,21 +133,25 @@ def run_graph(
     # then, not when a traceback that holds the frame lets go (the engines: _stop_engines)
     batches = iter(dataset.iter_batches(batch_format="pyarrow", batch_size=None))
     try:
-        return _take_batches(batches, progress, board, stall, losses)
-    except StallInterrupt:
+        try:
+            return _take_batches(batches, progress, board, stall, losses)
+        except Exception as exc:
+            # The watch stopped first: the lease's check below may wait out a store's outage, and
+            # the heartbeat gives up on it meanwhile (an interrupt then escaped the job unnamed).
+            stall.stop()
+            attempt.lease.still_ours()  # an engine refused to commit for the run that holds the lease now
+            refused = probe_refusal(attempt, board)
+            if refused is not None:
+                raise refused from None
+            if not watch.lost_nodes():
+                raise
+            losses.failed_the_graph(exc)
+            return GraphOutcome.NODE_LOST
+    except StallInterrupt:  # from the wait for a batch (or before the handler above stopped the watch)
         stall.stop()
         attempt.lease.still_ours()  # the heartbeat found another owner: stop now, not at the next unit
         losses.note()
         raise stall.failure or RuntimeError("the job watch stopped the graph") from None
-    except Exception as exc:
-        attempt.lease.still_ours()  # an engine refused to commit for the run that holds the lease now
-        refused = probe_refusal(attempt, board)
-        if refused is not None:
-            raise refused from None
-        if not watch.lost_nodes():
-            raise
-        losses.failed_the_graph(exc)
-        return GraphOutcome.NODE_LOST
     finally:
         stall.stop()
         batches.close()
