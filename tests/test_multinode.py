@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -23,7 +24,7 @@ from pipeline.graph import engine_actor_label
 from pipeline.commit.outputs import OutputLocation
 from pipeline.storage import Storage
 from tests.conftest import job_config, write_prompts
-from tests.ray_cluster import LocalCluster
+from tests.ray_cluster import LocalCluster, Node
 from tests.test_resilience import assert_exactly_once
 
 SPECBATCH = str(Path(sys.executable).with_name("specbatch"))
@@ -116,6 +117,17 @@ def start(cluster: LocalCluster, config: Path, *flags: str) -> subprocess.Popen:
     )
 
 
+def engine_core_on(cluster: LocalCluster, node: Node) -> bool:
+    """Whether vLLM's EngineCore runs on the node (its engine actor is starting its engine)."""
+    for proc in cluster.node_processes(node):
+        try:
+            if " ".join(proc.cmdline()).startswith("VLLM::EngineCore"):
+                return True
+        except psutil.Error:
+            pass
+    return False
+
+
 def commits_by_node(location: OutputLocation) -> dict[str, int]:
     """node_id -> units committed by engines on that node, from the commit markers."""
     fs, path = location.storage.fs(location.uri)
@@ -149,8 +161,8 @@ def node_lost_run(tmp_path_factory, cluster, random_kit, s3_endpoint):
     engine_nodes(cluster, 2)
     a, b = (cluster.nodes[name] for name in cluster.engine_nodes())
     uri = f"s3://specbatch/{tmp_path.name}/out"
-    # Enough units that the job still runs when the GCS declares the node dead (its health
-    # checks take some 15-30 s), so that the driver sees the loss while it runs.
+    # Enough units that the job still runs when the GCS declares the node dead (about 5 s here:
+    # tests/ray_cluster.py), so that the driver sees the loss while it runs.
     units = 40
     config, ids = write_job(tmp_path, random_kit, uri, units=units, s3=s3_endpoint)
     location = OutputLocation(Storage(endpoint_url=s3_endpoint), uri)
@@ -189,17 +201,18 @@ def test_engines_on_two_nodes_and_a_node_lost_mid_job(node_lost_run):
 @pytest.mark.engine
 def test_a_pool_grows_onto_a_node_that_joins_mid_job(tmp_path, cluster, random_kit):
     """replicas {min: 1, max: 2} starts on the one engine node there is; a node that joins
-    mid-job gets the second engine, which commits units."""
+    mid-job, once the first engine is starting, gets the second engine, which commits units."""
     engine_nodes(cluster, 1)
     (first,) = (cluster.nodes[name] for name in cluster.engine_nodes())
-    # 128 units: the first engine alone takes about twice as long as the joined node needs to
-    # start its engine (with 64, a quiet machine's first engine finished them all before)
+    # 96 units: the first engine alone takes about twice as long as the second needs to start once
+    # the first is ready (with 64 and the node joining after the first commit, a quiet machine's
+    # first engine finished them all before)
     config, ids = write_job(
-        tmp_path, random_kit, str(tmp_path / "out"), units=128, resources={"replicas": {"min": 1, "max": 2}}
+        tmp_path, random_kit, str(tmp_path / "out"), units=96, resources={"replicas": {"min": 1, "max": 2}}
     )
     location = OutputLocation(Storage(), str(tmp_path / "out"))
     proc = start(cluster, config)
-    wait_until(lambda: commits_by_node(location).get(first.node_id, 0) >= 1, proc, what="the first engine committed")
+    wait_until(lambda: engine_core_on(cluster, first), proc, what="the first engine starting on its node")
     joined = cluster.add_node(f"joined{int(time.time()) % 1000}", {"engine_slot": 1})
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-4000:]
