@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -52,14 +53,19 @@ def make_job(tmp_path: Path, kit: dict, rows: int = N_ROWS, **overrides) -> tupl
 
 
 def start_job(config_path: Path, env: dict | None = None, *flags: str) -> subprocess.Popen:
-    return subprocess.Popen(
+    """`specbatch run` in a session of its own (the driver and the Ray it starts), with a mark in
+    its environment that its processes inherit (`engine_cores_of`)."""
+    mark = uuid.uuid4().hex
+    job = subprocess.Popen(
         [SPECBATCH, "run", str(config_path), *flags],
-        env={**os.environ, **(env or {})},
+        env={**os.environ, JOB_MARK: mark, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        start_new_session=True,  # its own process group: the driver and the Ray it started
+        start_new_session=True,
     )
+    job.mark = mark
+    return job
 
 
 def wait_for_commits(location: OutputLocation, n: int, proc: subprocess.Popen, timeout: float = 300) -> None:
@@ -108,18 +114,17 @@ def engine_actor_pids(job: subprocess.Popen) -> list[int]:
 
 
 def kill_engine_cores(job: subprocess.Popen, wait_seconds: float = 180) -> float:
-    """SIGKILL the job's vLLM EngineCore processes, found by title among the processes of the
-    job's session (`start_job` gives the run a session of its own, which its Ray and engines
-    stay in: no other test's engine is touched), as a GPU fault, a CUDA OOM or the OOM killer
-    ends it; the engine actor's own process stays alive. Looks again until one is there, while
-    the job runs (twice a whole-suite run's look found none: the message then lists every vLLM
-    process with its session). Returns when it killed, for `wait_for_new_engine_core`."""
-    deadline = time.time() + wait_seconds
+    """SIGKILL the job's vLLM EngineCore processes (`engine_cores_of`), as a GPU fault, a CUDA OOM
+    or the OOM killer ends one; the engine actor's own process stays alive. Looks again until one
+    is there, while the job runs; when none is found, the message describes every vLLM process
+    seen meanwhile (its session, its parents, whether it carries the job's mark). Returns when it
+    killed, for `wait_for_new_engine_core`."""
+    deadline, seen = time.time() + wait_seconds, {}
     while not (cores := engine_cores_of(job)):
-        assert job.poll() is None, f"the job ended before its EngineCore was killed: {job.stdout.read()[-3000:]}"
-        assert time.time() < deadline, (
-            "no EngineCore in the job's session",
-            [(p.pid, p.info["name"], session_of(p.pid), p.create_time()) for p in titled_processes("VLLM::").values()],
+        seen.update({pid: describe_process(p, job) for pid, p in titled_processes("VLLM::").items() if pid not in seen})
+        assert job.poll() is None and time.time() < deadline, (
+            f"no EngineCore of job {job.pid} found while it ran; vLLM processes seen: {list(seen.values())}; "
+            f"the job's output: {job.stdout.read()[-2000:] if job.poll() is not None else '(running)'}"
         )
         time.sleep(0.2)
     killed_at = time.time()
@@ -129,23 +134,44 @@ def kill_engine_cores(job: subprocess.Popen, wait_seconds: float = 180) -> float
 
 
 def engine_cores_of(job: subprocess.Popen) -> list[psutil.Process]:
-    """The job's EngineCore processes: those of its session, else those among its descendants
-    (a fresh clone's whole-suite run once found none by session for a whole job)."""
-    cores = list(titled_processes("VLLM::EngineCore", session=job.pid).values())
-    if cores:
-        return cores
-    try:
-        below = psutil.Process(job.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
+    """The job's EngineCore processes: of its session (`start_job` gives the run a session of its
+    own, which its Ray and engines stay in: no other test's engine is touched), among its
+    descendants, or carrying its mark (JOB_MARK, which Ray's workers and vLLM's processes inherit).
+    Three ways, as two whole-suite runs found none by session, and one none by either of the
+    first two, for a whole job."""
     found = []
-    for p in below:
+    for pid, proc in titled_processes("VLLM::EngineCore").items():
         try:
-            if "VLLM::EngineCore" in p.name() + " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p)
+            if session_of(pid) == job.pid or job_mark(proc) == job.mark or job.pid in ancestors(proc):
+                found.append(proc)
         except psutil.Error:
             continue
     return found
+
+
+JOB_MARK = "SPECBATCH_TEST_JOB"
+
+
+def job_mark(proc: psutil.Process) -> str | None:
+    try:
+        return proc.environ().get(JOB_MARK)
+    except psutil.Error:
+        return None
+
+
+def ancestors(proc: psutil.Process) -> list[int]:
+    try:
+        return [parent.pid for parent in proc.parents()]
+    except psutil.Error:
+        return []
+
+
+def describe_process(proc: psutil.Process, job: subprocess.Popen) -> str:
+    try:
+        chain = " < ".join(f"{p.pid}:{p.name()}" for p in [proc, *proc.parents()][:6])
+        return f"{chain} (session {session_of(proc.pid)}, mark {'of this job' if job_mark(proc) == job.mark else None})"
+    except psutil.Error as exc:
+        return f"{proc.pid}: {type(exc).__name__}"
 
 
 def session_of(pid: int) -> int | None:
@@ -194,9 +220,7 @@ def wait_for_new_engine_core(killed_at: float, proc, timeout: float = 300) -> No
     missed a replacement whose job then ended, restarted engine and all; a pid reused from
     before the job is the likeliest cause."""
     deadline = time.time() + timeout
-    while not any(
-        "EngineCore" in p.name() and p.create_time() >= killed_at - 1 for p in vllm_processes(proc.pid).values()
-    ):
+    while not any(p.create_time() >= killed_at - 1 for p in engine_cores_of(proc)):
         assert proc.poll() is None, proc.stdout.read()[-4000:]
         assert time.time() < deadline, "no replacement engine started"
         time.sleep(0.1)
