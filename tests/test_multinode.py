@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 
@@ -25,7 +24,7 @@ from pipeline.commit.outputs import OutputLocation
 from pipeline.storage import Storage
 from tests.conftest import job_config, write_prompts
 from tests.ray_cluster import LocalCluster, Node
-from tests.test_resilience import assert_exactly_once
+from tests.test_resilience import assert_exactly_once, titled_processes
 
 SPECBATCH = str(Path(sys.executable).with_name("specbatch"))
 
@@ -119,13 +118,8 @@ def start(cluster: LocalCluster, config: Path, *flags: str) -> subprocess.Popen:
 
 def engine_core_on(cluster: LocalCluster, node: Node) -> bool:
     """Whether vLLM's EngineCore runs on the node (its engine actor is starting its engine)."""
-    for proc in cluster.node_processes(node):
-        try:
-            if " ".join(proc.cmdline()).startswith("VLLM::EngineCore"):
-                return True
-        except psutil.Error:
-            pass
-    return False
+    on_node = {proc.pid for proc in cluster.node_processes(node)}
+    return any(pid in on_node for pid in titled_processes("VLLM::EngineCore"))
 
 
 def commits_by_node(location: OutputLocation) -> dict[str, int]:
