@@ -9,6 +9,7 @@ from pydantic import Field
 
 from schemas.contracts import Contract, EngineStart, TrialVerdict
 from schemas.drafter import ProbeResult
+from schemas.report import SpeculationCosts
 
 
 class ProbeClaim(Contract):
@@ -39,6 +40,13 @@ class TrialPlan(Contract):
     unit_rows: int = Field(description="Rows of the units the arms measure (the head units', when the job has them).")
     max_units: Optional[int] = Field(
         None, description="Units an arm takes at most (half the head units); null: no cap."
+    )
+    costs: Optional[SpeculationCosts] = Field(
+        None,
+        description=(
+            "A calibration's step costs at the job's concurrency: with them the trial is a prediction from the probe's "
+            "acceptance, decided before any unit, and no arm is timed."
+        ),
     )
 
 

@@ -393,6 +393,10 @@ class JobTotals(Contract):
     num_drafts: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    accepted_per_position: list[int] = Field(
+        default_factory=list,
+        description="Over the units that speculated: drafts whose i-th token was accepted (the traffic's acceptance).",
+    )
     acceptance_rate: Optional[float] = None
     mean_acceptance_length: Optional[float] = None
     tokens_per_target_pass: Optional[float] = Field(
@@ -608,11 +612,13 @@ class SpeculationVerdict(Contract):
     )
     cost_unknown_because: Optional[str] = Field(None, description="Why cost_more_than_saved could not be told.")
     flags: list[str] = Field(description="What a reader of the job must know, one sentence each; empty when it paid.")
-    source: Optional[Literal["trial", "calibration", "none"]] = Field(
+    source: Optional[Literal["trial", "prediction", "calibration", "none"]] = Field(
         None,
         description=(
-            "What measured speculation against off: this job's trial, a calibration of the same models, accelerator "
-            "and engine settings, or none (the acceptance floors alone). Null in jobs written before it was recorded."
+            "What the verdict rests on: this job's trial (both settings on its own engine); a prediction (a "
+            "calibration's step costs of the same models, accelerator and engine settings, with this job's own "
+            "acceptance); calibration (a job written before predictions, which reused a calibration's speedup); none "
+            "(the acceptance floors alone). Null in jobs written before it was recorded."
         ),
     )
     source_detail: Optional[str] = Field(
@@ -622,7 +628,27 @@ class SpeculationVerdict(Contract):
         ),
     )
     calibration_uri: Optional[str] = Field(
-        None, description="The calibration the verdict rests on (source calibration)."
+        None, description="The calibration the verdict rests on (source calibration or prediction)."
+    )
+    verdict: Optional[Literal["paid", "cost_more", "no_difference"]] = Field(
+        None,
+        description=(
+            "paid: the speedup's whole spread lies above 1.0; cost_more: below it; no_difference: the spread straddles "
+            "1.0. Null: nothing measured or predicted the speedup (the floors alone), or a job written before it was "
+            "recorded."
+        ),
+    )
+    speedup: Optional[float] = Field(
+        None, description="Speculation's speed over off's: the median (pipeline/speculation/policy.py)."
+    )
+    speedup_low: Optional[float] = Field(None, description="The lowest the measurements allow.")
+    speedup_high: Optional[float] = Field(None, description="The highest the measurements allow.")
+    acceptance_from: Optional[str] = Field(
+        None, description="Whose acceptance a prediction used: this job's units that speculated, or its probe's rows."
+    )
+    text: Optional[str] = Field(
+        None,
+        description="The verdict in one sentence: what the console, status, report and data card print, word for word.",
     )
 
 
@@ -658,7 +684,18 @@ class TrialVerdict(Contract):
     speculation: Optional[TrialArm] = None
     off: Optional[TrialArm] = None
     speedup_vs_off: Optional[float] = Field(
-        None, description="speculation tok/s / off tok/s; below 1 it cost more than it saved."
+        None, description="speculation tok/s / off tok/s (or predicted); below 1 it cost more than it saved."
+    )
+    speedup_low: Optional[float] = Field(
+        None, description="The lowest speedup the arms' units (or the prediction) allow."
+    )
+    speedup_high: Optional[float] = Field(None, description="The highest.")
+    method: Literal["trial", "prediction"] = Field(
+        "trial",
+        description=(
+            "trial: both settings measured on the job's own engine; prediction: a calibration's step costs with the "
+            "probe's acceptance on the job's first rows, before any unit (pipeline/speculation/policy.py)."
+        ),
     )
     margin: float = Field(0.0, description="speculative.trial.margin when it was decided.")
     engine_start_seconds: Optional[float] = Field(

@@ -149,6 +149,13 @@ class DryRunPlan(Contract):
         None, description="Rows grouped by shared prompt prefix, and what it found."
     )
     checks: list[PlanCheck] = Field(default_factory=list)
+    speculation: Optional[str] = Field(
+        None,
+        description=(
+            "The speculation decision the run would make, in the speculation policy's words "
+            "(pipeline/speculation/policy.py); a finished job's recorded verdict."
+        ),
+    )
     cost: Optional[CostEstimate] = None
     cost_note: Optional[str] = Field(None, description="Why there is no cost estimate, or what it does not count.")
     warnings: list[str] = Field(default_factory=list)

@@ -42,6 +42,13 @@ class JobFigures(Contract):
     cpu_only: bool = Field(False, description="The replicas had no GPU (the job's resources.gpus_per_replica 0).")
     speculative: bool = Field(description="The job's config asked for speculation.")
     num_speculative_tokens: int = Field(description="Draft depth; 0 with speculation off.")
+    ran: Optional[str] = Field(
+        None,
+        description=(
+            "What ran, unit by unit: 'k=3', 'off', or 'k=3 for 600 rows, off for 1,800' when the trial, the policy or "
+            "the guard turned speculation off part way."
+        ),
+    )
     units: int
     speculative_units: int = Field(
         description="Units that ran with the drafter; fewer than `units` when the acceptance guard turned it off."
@@ -196,7 +203,17 @@ class CalibrationRow(Contract):
     prompts: int
     prompt_tokens: int
     generated_tokens: int
-    seconds: float = Field(description="Wall time of generating the sample (engine warm).")
+    completions: Optional[int] = Field(
+        None, description="Completions generated (prompts x n); null: as many as prompts."
+    )
+    seconds: float = Field(description="Wall time of generating the sample (engine warm): the median of the runs.")
+    seconds_runs: list[float] = Field(
+        default_factory=list, description="Each run's wall time (--repeats): the spread every speedup carries."
+    )
+    prefill_seconds_runs: list[float] = Field(
+        default_factory=list,
+        description="Each run's prefill alone (one token per prompt, prefix cache empty), timed before the run.",
+    )
     tokens_per_second: float = Field(description="Generated tokens per second of one replica.")
     tokens_per_second_per_gpu: float
     speedup_vs_off: Optional[float] = Field(
@@ -210,7 +227,18 @@ class CalibrationRow(Contract):
     accepted_per_position: list[float] = Field(description="Share of drafts whose position i (0-based) was accepted.")
     cost_per_million_generated_tokens: Optional[float]
     cost_per_million_total_tokens: Optional[float]
-    recommended: bool = Field(description="The fastest depth at this concurrency (ties: the shallower).")
+    speedup_low: Optional[float] = Field(
+        None, description="The lowest speedup over off the runs allow: this row's slowest run against off's fastest."
+    )
+    speedup_high: Optional[float] = Field(
+        None, description="The highest: this row's fastest run against off's slowest."
+    )
+    recommended: bool = Field(
+        description=(
+            "The depth the speculation policy chooses at this concurrency: the fastest whose speedup's whole spread is "
+            "above 1.0 (ties: the shallower), else off."
+        )
+    )
 
 
 class JobCheckRow(Contract):
@@ -267,7 +295,43 @@ class CalibrationReport(Contract):
         ),
     )
     config_snippet: str
+    recommendation: Optional[str] = Field(
+        None,
+        description="Why the recommended setting: the speculation policy's words (pipeline/speculation/policy.py).",
+    )
     warnings: list[str] = Field(default_factory=list)
+
+
+class SpeculationCosts(Contract):
+    """What the hardware and engine settings cost, read from a calibration: the time of one
+    sequence's decode step without speculation and with it at one depth (drafting k tokens and
+    verifying k + 1), at one concurrency, one figure per run. The traffic's acceptance is not in
+    it: a job combines these with its own (pipeline/speculation/policy.py)."""
+
+    calibration_uri: Optional[str] = None
+    measured_at: str
+    depth: int
+    concurrency: int = Field(
+        description="Sequences at once it was measured at: the calibration's nearest to the job's."
+    )
+    off_step_seconds: list[float] = Field(
+        description="Seconds per decode step of a sequence, speculation off, per run."
+    )
+    spec_step_seconds: list[float] = Field(description="The same with speculation at `depth` (draft and verify).")
+    calibration_acceptance: list[float] = Field(
+        description="The calibration sample's share of drafts accepted at each position: its traffic, not the job's."
+    )
+    calibration_tokens_per_step: Optional[float] = Field(
+        None, description="The calibration sample's generated tokens per decode step at `depth`, as generated."
+    )
+    off_prefill_seconds: list[float] = Field(
+        default_factory=list, description="Seconds of prefill per prompt token, off, per run (empty: not timed apart)."
+    )
+    spec_prefill_seconds: list[float] = Field(default_factory=list, description="The same with speculation.")
+    calibration_prompt_tokens: Optional[float] = Field(None, description="The sample's prompt tokens per completion.")
+    calibration_decode_tokens: Optional[float] = Field(
+        None, description="The sample's generated tokens per completion after its first."
+    )
 
 
 class CalibrationKey(Contract):

@@ -279,6 +279,40 @@ def calibration_report(rows: list, **fields) -> CalibrationReport:
     return CalibrationReport(**{**measured, "rows": rows, **fields})
 
 
+def speculation_surfaces(config_path: str, capsys) -> dict[str, str]:
+    """What each surface of the finished job of `config_path` says of its speculation: `_job.json`,
+    the console's summary, `specbatch status`, the report, the data set card and the dry run of
+    the same config (which runs nothing, and so repeats the job's verdict). Each as printed."""
+    import re
+
+    from pipeline.cli import main
+    from pipeline.commit.outputs import OutputLocation
+    from pipeline.config import load_config
+    from pipeline.job.console import summary
+    from pipeline.storage import Storage
+    from pipeline.tools.cost import job_figures, read_job
+    from pipeline.tools.data_card import write_data_card
+    from pipeline.tools.prices import load_prices
+    from pipeline.tools.status import job_status
+    from schemas.plan import DryRunPlan
+
+    config, storage = load_config(config_path), Storage()
+    manifest = OutputLocation(storage, config.output_uri).job_manifest()
+    card = write_data_card(config, "specbatch run job.yaml")  # as `specbatch run` writes it at the job's end
+    capsys.readouterr()
+    assert main(["run", config_path, "--dry-run", "--json"]) == 0
+    out = capsys.readouterr().out
+    plan = DryRunPlan.model_validate_json(out[re.search(r"(?m)^\{$", out).start() :])
+    return {
+        "_job.json": manifest.speculation.text,
+        "console": next(line.split("verdict", 1)[1].strip() for line in summary(manifest) if "  verdict  " in line),
+        "status": job_status(storage, config.output_uri).speculation_verdict,
+        "report": job_figures(read_job(storage, config.output_uri), load_prices()).speculation_verdict,
+        "data card": re.search(r"(?m)^\| speculation \| [^:]*: (.*) \|$", card).group(1),
+        "dry run": plan.speculation.removeprefix("nothing left to run; the job's verdict stays: "),
+    }
+
+
 def job_config(input_uri: str, output_uri: str, kit: dict, **overrides) -> dict:
     """A job config on the tiny models in eager fp32 (what the tests run). The drafter probe and
     the acceptance guard are off: the random kit accepts nothing, a probe costs an engine start

@@ -19,7 +19,7 @@ from pipeline.tools.calibration_choice import apply_depth, best_depths, calibrat
 from pipeline.tools.calibration_sample import sample_prompts
 from pipeline.tools.demo import sample_prompts as stdlib_lines
 from schemas.report import CalibrationReport
-from tests.conftest import job_config, write_prompts
+from tests.conftest import job_config, speculation_surfaces, write_prompts
 
 KIT = kit_paths()
 TINY_KIT = {"target": KIT["target"], "drafter": KIT["drafter_eagle31"]}
@@ -76,6 +76,7 @@ def measured(depth, tokens, seconds, drafts=0, per_pos=(), concurrency=8):
         "prompt_tokens": 800,
         "generated_tokens": tokens,
         "seconds": seconds,
+        "seconds_runs": [seconds * 0.98, seconds, seconds * 1.02],  # three runs: the spread every speedup carries
         "num_drafts": drafts,
         "draft_tokens": drafts * depth,
         "accepted_tokens": sum(per_pos),
@@ -213,7 +214,7 @@ def calibrated(tmp_path_factory, ray_local):
             "--concurrency",
             "1,4,16",
             "--repeats",
-            "1",
+            "2",
             "--job-check",
             "32",
             "--apply",
@@ -253,20 +254,33 @@ def test_calibration_measures_every_depth_at_every_concurrency(calibrated):
 
 
 @pytest.mark.engine
-def test_calibration_recommends_the_best_measured_rows_and_applies_them(calibrated):
+def test_calibration_recommends_what_the_policy_says_of_the_measured_rows_and_applies_it(calibrated):
+    """At each concurrency the fastest depth whose speedup paid over its whole spread, else off
+    (the verdict is the measurement's; the test holds the rule, not the verdict). The job check
+    runs the recommended settings through the job once each, shown beside vLLM alone."""
+    from pipeline.speculation.policy import recommended_row
+    from pipeline.speculation.speedup import row_speedup
+
     root, config_path, report = calibrated
     best = best_depths(report.rows)
     for concurrency, depth in best.items():
-        # among the single depths: a schedule's row is measured beside them, never recommended
         here = [r for r in report.rows if r.concurrency == concurrency and not r.schedule]
-        assert max(here, key=lambda r: r.tokens_per_second_per_gpu).depth == depth
+        assert recommended_row(here).depth == depth
+        for row in here:
+            if row.depth:
+                assert len(row.seconds_runs) == 2 and len(row.prefill_seconds_runs) == 2
+                speedup = row_speedup(row)
+                assert speedup.low <= row.speedup_vs_off <= speedup.high
+    top = max(report.concurrencies)
+    assert report.recommended_depth == best[top]
+    assert report.recommendation.startswith("speculation off" if best[top] == 0 else f"speculation k={best[top]}")
     assert report.schedule_candidate == schedule_from(best, 32)
     if report.schedule_candidate:  # measured in its own engine too
         scheduled = [r for r in report.rows if r.schedule]
         assert [r.concurrency for r in scheduled] == [1, 4, 16] and not any(r.recommended for r in scheduled)
-    # The job check ran off, the sweep's best depth and the schedule through the job; the fastest is recommended.
+    assert report.recommended_schedule == (report.schedule_candidate if schedule_pays(report.rows) else None)
     checked = {r.setting: r for r in report.job_check}
-    expected = {"off"} | ({f"depth {best[16]}"} if best[16] else set())
+    expected = {"off"} | ({f"depth {best[top]}"} if best[top] else set())
     expected |= {f"schedule {r.schedule}" for r in report.rows if r.schedule}
     assert set(checked) == expected
     for row in checked.values():
@@ -275,11 +289,12 @@ def test_calibration_recommends_the_best_measured_rows_and_applies_them(calibrat
             assert row.mean_acceptance_length is None
         elif not row.schedule:  # a schedule may draft nothing at the job check's concurrency (k=0 there)
             assert row.mean_acceptance_length > 1
-    (winner,) = [r for r in checked.values() if r.chosen]
-    assert winner.tokens_per_second == max(r.tokens_per_second for r in checked.values())
-    assert report.recommended_schedule == (report.schedule_candidate if winner.schedule else None)
-    singles = [r for r in checked.values() if not r.schedule]
-    assert report.recommended_depth == max(singles, key=lambda r: r.tokens_per_second).depth
+    (marked,) = [r for r in checked.values() if r.chosen]
+    assert marked.setting == (
+        f"schedule {marked.schedule}"
+        if report.recommended_schedule
+        else ("off" if best[top] == 0 else f"depth {best[top]}")
+    )
     out = root / "out" / "calibration"
     assert (out / "speculative.yaml").read_text() == report.config_snippet
     assert "| concurrency | depth |" in (out / "calibration.md").read_text()
@@ -299,44 +314,59 @@ def test_calibration_recommends_the_best_measured_rows_and_applies_them(calibrat
 
 
 @pytest.mark.engine
-def test_a_job_of_the_same_models_and_settings_takes_its_depth_and_verdict_from_the_stored_calibration(
+def test_a_job_of_the_same_models_and_settings_is_judged_by_the_stored_calibrations_costs_and_its_own_acceptance(
     calibrated, capsys
 ):
-    """calibrate stored its result (the tests' store: tests/conftest.py); a job with
-    speculative.depth_from: calibration, on another output location, finds it at plan time and
-    runs the depth it recommends, and its verdict names the calibration as its source."""
+    """calibrate stored its result (the tests' store: tests/conftest.py). A job of the same models
+    and settings at k=3, on another output location, finds it: its dry run prints the decision the
+    pilot page prints (the calibration sample's acceptance), its first engine predicts from the
+    probe's acceptance before any unit and keeps or turns off speculation by that prediction (no
+    timed trial), and at its end _job.json, the console, status, the report, the data card and
+    the dry run say its verdict in one sentence, resting on the calibration's costs and the job's
+    own acceptance. Which verdict is the machine's; the test holds the words and the rule."""
+    import re
+
+    from pipeline.cli import main
+    from pipeline.job.plan import plan_job
     from pipeline.job.runner import run_job
+    from pipeline.speculation.calibrations import job_calibration
+    from pipeline.speculation.policy import job_costs, planned_decision
+    from pipeline.speculation.speedup import Speedup, Traffic, predict
+    from pipeline.tools.pilot import decision
+    from schemas.plan import DryRunPlan
 
     root, config_path, report = calibrated
     stored = list(Path(os.environ["SPECBATCH_CALIBRATIONS"]).rglob("*.json"))
     assert any(json.loads(p.read_text())["report"]["measured_at"] == report.measured_at for p in stored)
-    config = load_config(str(config_path))
-    job = config.model_copy(
-        update={
-            "output_uri": str(root / "job-out"),
-            "speculative": config.speculative.model_copy(
-                update={
-                    "enabled": True,
-                    "depth_from": "calibration",
-                    "num_speculative_tokens": 1,
-                    "depth_schedule": None,
-                }
-            ),
-        }
-    )
-    manifest = run_job(job)
-    said = capsys.readouterr().err
-    # the input's two rows the job refuses (blank and null prompts) are 2 of 32: over max_error_fraction
-    assert manifest.status == "completed_with_errors" and manifest.totals.output_rows == 30, manifest.error
-    assert "recommended by the calibration of" in said or "measured off fastest" in said, said
-    ran = manifest.config["speculative"]
-    if report.recommended_depth == 0 and not report.recommended_schedule:
-        assert ran["enabled"] is False and manifest.speculation is None
-    else:
-        assert ran["num_speculative_tokens"] == (
-            max(k for *_, k in report.recommended_schedule) if report.recommended_schedule else report.recommended_depth
-        )
-        assert manifest.speculation.source == "calibration" and report.measured_at in manifest.speculation.source_detail
+    data = yaml.safe_load(config_path.read_text())
+    data["output_uri"] = str(root / "job-out")
+    data["speculative"].update(enabled=True, num_speculative_tokens=3, depth_schedule=None, probe={"rows": 8})
+    job_path = root / "job-k3.yaml"
+    job_path.write_text(yaml.safe_dump(data))
+    config = load_config(str(job_path))
+
+    assert main(["run", str(job_path), "--dry-run", "--json"]) == 0
+    out = capsys.readouterr().out
+    planned = DryRunPlan.model_validate_json(out[re.search(r"(?m)^\{$", out).start() :]).speculation
+    job = plan_job(config)
+    found = job_calibration(config, job.location, job.target, job.drafter)
+    assert planned == planned_decision(config, found) == decision(config, found.report, found.uri)
+    assert planned.startswith("speculation k=3 ") and "acceptance of the calibration's sample" in planned
+
+    manifest = run_job(config)
+    trial, verdict = manifest.trial, manifest.speculation
+    assert trial.method == "prediction" and trial.speculation is None and trial.off is None  # nothing timed
+    assert len(manifest.attempts[0].start.engine_starts) == (2 if trial.outcome == "turned-off" else 1)
+    predicted = Speedup(trial.speedup_vs_off, trial.speedup_low, trial.speedup_high, 2)
+    assert trial.outcome == ("turned-off" if predicted.verdict == "cost_more" else "kept"), trial.reason
+    assert "the acceptance of the probe's 8 rows of this job" in trial.reason
+    said = speculation_surfaces(str(job_path), capsys)
+    assert set(said.values()) == {verdict.text}, said
+    assert verdict.source == "prediction" and verdict.calibration_uri == found.uri
+    # a verdict unlike the pilot's says whose acceptance it used, beside the calibration sample's
+    costs = job_costs(config, found)
+    if verdict.verdict != predict(costs, Traffic.of_calibration(costs)).verdict:
+        assert "the calibration's own sample" in verdict.text
 
 
 @pytest.mark.engine

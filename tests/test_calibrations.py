@@ -78,10 +78,14 @@ def test_a_job_finds_the_stores_calibration_before_its_own_locations(tmp_path, m
     location = OutputLocation(Storage(), str(tmp_path / "out"))
     target, drafter = model_fingerprint(KIT["target"]), model_fingerprint(KIT["drafter_eagle31"])
     assert job_calibration(config, location, target, None).report is None
+    (tmp_path / "out" / "pilot" / "calibration").mkdir(parents=True)  # the pilot's: found when calibrate's is not
+    (tmp_path / "out" / "pilot" / "calibration" / "calibration.json").write_text(report(2).model_dump_json())
+    pilot = job_calibration(config, location, target, drafter)
+    assert pilot.report.recommended_depth == 2 and pilot.uri.endswith("out/pilot/calibration/calibration.json")
     (tmp_path / "out" / "calibration").mkdir(parents=True)
     (tmp_path / "out" / "calibration" / "calibration.json").write_text(report(1).model_dump_json())
     own = job_calibration(config, location, target, drafter)
-    assert own.report.recommended_depth == 1 and own.where.endswith("out/calibration")
+    assert own.report.recommended_depth == 1 and own.where.endswith("out/calibration/calibration.json")
     save_calibration(Storage(), store_uri(config), calibration_key(config, target, drafter), report(4), "daily.yaml")
     stored = job_calibration(config, location, target, drafter)
     assert stored.report.recommended_depth == 4 and str(tmp_path / "store") in stored.where

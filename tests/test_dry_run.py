@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import os
 import re
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 import s3fs
 import yaml
 
+from pipeline.config import load_config
 from pipeline.cli import main
 from pipeline.tools.estimates import NO_CALIBRATION, SAMPLE_ROWS
 from schemas.plan import DryRunPlan
@@ -130,7 +132,9 @@ def test_the_plan_counts_rows_units_the_chat_split_and_tokens(tmp_path, capsys, 
         "lease": "pass",
         "cluster": "pass",
     }
-    assert plan.cost is None and plan.cost_note == NO_CALIBRATION
+    assert plan.cost is None and plan.cost_note.endswith(NO_CALIBRATION)
+    assert "no calibration of this target and drafter in" in plan.cost_note
+    assert "the trial measures it against off on the job's first units" in plan.speculation
     assert not (tmp_path / "out").exists()
 
 
@@ -359,7 +363,44 @@ def test_without_a_calibration_the_plan_says_how_to_get_one(tmp_path, capsys, jo
     folder, _, _ = job_input
     config = write_config(tmp_path / "job.yaml", str(folder), str(tmp_path / "out"), trained_kit)
     assert main(["run", config, "--dry-run"]) == 0
-    assert "no calibration: run `specbatch calibrate CONFIG` for GPU-hours and cost" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert (
+        f"no calibration of this target and drafter in {os.environ['SPECBATCH_CALIBRATIONS']}: {NO_CALIBRATION}" in text
+    )
+    assert "  speculate speculation k=3: no calibration of this target and drafter in" in text
+
+
+def test_the_dry_run_finds_the_pilots_calibration_and_prints_the_decision_the_run_will_make(
+    tmp_path, capsys, job_input, trained_kit
+):
+    """The pilot writes OUTPUT_URI/pilot/calibration/; the dry run finds it (as the run does) and
+    prints the policy's prediction in its words: off and k=3 at the job's 32 sequences, three runs
+    each, the sample keeping 2 drafts a step: 3 x (10 s / 6,000 steps) / (12 s / 2,000 steps) = 0.83x."""
+    from pipeline.speculation.calibrations import JobCalibration
+    from pipeline.speculation.policy import planned_decision
+    from pipeline.tools.calibration_choice import calibration_rows
+
+    folder, _, _ = job_input
+    out = tmp_path / "out"
+    cells = [
+        dict(depth=k, concurrency=32, prompts=64, completions=64, prompt_tokens=640, generated_tokens=6064,
+             seconds=s, seconds_runs=[s * 0.99, s, s * 1.01], num_drafts=2000 if k else 0,
+             draft_tokens=6000 if k else 0, accepted_tokens=4000 if k else 0,
+             accepted_per_position=[2000, 2000, 0] if k else [])
+        for k, s in ((0, 10.0), (3, 12.0))
+    ]  # fmt: skip
+    report = calibration_report(calibration_rows(cells, 1.0, None))
+    (out / "pilot" / "calibration").mkdir(parents=True)
+    (out / "pilot" / "calibration" / "calibration.json").write_text(report.model_dump_json())
+    config = write_config(tmp_path / "job.yaml", str(folder), str(out), trained_kit, engine={"max_num_seqs": 32})
+    code, plan, err = dry_run_json(capsys, config)
+    assert code == 0, err
+    uri = str(out / "pilot" / "calibration" / "calibration.json")
+    expected = planned_decision(
+        load_config(config), JobCalibration(report, f"the calibration of {report.measured_at} in {uri}", uri)
+    )
+    assert plan.speculation == expected and plan.cost.calibration_uri == uri
+    assert expected.startswith("speculation k=3 cost more than it saved: 0.83x of off (0.82x-0.85x) at 32 sequences")
 
 
 def test_unsupported_batch_lines_are_counted_as_their_rows_errors(tmp_path, capsys, trained_kit):

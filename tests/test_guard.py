@@ -26,6 +26,7 @@ from tests.conftest import (
     calibration_report,
     job_config,
     job_metric,
+    speculation_surfaces,
     write_prompts,
 )
 
@@ -134,7 +135,7 @@ def test_guard_is_on_by_default_and_needs_a_floor():
 
 def test_the_verdict_flags_acceptance_below_the_floor_and_a_measured_loss():
     from pipeline.speculation.calibrations import JobCalibration
-    from pipeline.speculation.guard import speculation_verdict
+    from pipeline.speculation.policy import speculation_verdict
     from pipeline.tools.calibration_choice import calibration_rows
     from schemas import JobTotals
     from schemas.report import CalibrationReport
@@ -159,36 +160,39 @@ def test_the_verdict_flags_acceptance_below_the_floor_and_a_measured_loss():
     unmeasured = speculation_verdict(config, good, [])
     assert not unmeasured.below_floor and unmeasured.cost_more_than_saved is None and unmeasured.flags == []
 
-    def calibration(rate_at_k1: float) -> CalibrationReport:
-        rows = calibration_rows(
-            [
-                {
-                    "depth": k,
-                    "concurrency": 32,
-                    "prompts": 64,
-                    "prompt_tokens": 640,
-                    "generated_tokens": int(rate * 10),
-                    "seconds": 10.0,
-                    "num_drafts": 0,
-                    "draft_tokens": 0,
-                    "accepted_tokens": 0,
-                    "accepted_per_position": [],
-                }
-                for k, rate in ((0, 1000.0), (1, rate_at_k1), (3, 700.0))
-            ],
-            1,
-            None,
+    def calibration(k1_seconds: float) -> CalibrationReport:
+        """Off and depth 1 at 32 sequences, three runs each; depth 1 kept half its drafts."""
+        cells = [
+            {
+                "depth": k,
+                "concurrency": 32,
+                "prompts": 64,
+                "completions": 64,
+                "prompt_tokens": 640,
+                "generated_tokens": 64 + 6000,
+                "seconds": seconds,
+                "seconds_runs": [seconds * 0.99, seconds, seconds * 1.01],
+                "num_drafts": 4000 if k else 0,
+                "draft_tokens": 4000 if k else 0,
+                "accepted_tokens": 2000 if k else 0,
+                "accepted_per_position": [2000] if k else [],
+            }
+            for k, seconds in ((0, 10.0), (1, k1_seconds))
+        ]
+        return calibration_report(
+            calibration_rows(cells, 1, None), config_uri="c", measured_at="t", price_per_gpu_hour=None
         )
-        return calibration_report(rows, config_uri="c", measured_at="t", price_per_gpu_hour=None)
 
     where = "the calibration of t in STORE/abc.json"
-    slower = speculation_verdict(
-        config, good, [], JobCalibration(calibration(900.0), where)
-    )  # the schedule's k at 32 is 1
-    assert slower.cost_more_than_saved is True and "depth 1 at 32 sequences at once at 0.90x" in slower.flags[0]
-    assert slower.source == "calibration" and slower.source_detail.startswith(where)
-    faster = speculation_verdict(config, good, [], JobCalibration(calibration(1100.0), where))
-    assert faster.cost_more_than_saved is False and faster.source == "calibration" and "1.10x" in faster.source_detail
+    # the job's own acceptance at depth 1 (the schedule's k at 32): 150 of 300 drafts... per position
+    good = good.model_copy(update={"accepted_per_position": [50], "tokens_per_target_pass": 1.5})
+    # one step off: 10 s / 6000; at k=1 the job yields 1.5 tokens a step: 1.5 x (10 / 6000) / (s / 4000)
+    slower = speculation_verdict(config, good, [], JobCalibration(calibration(11.0), where, "STORE/abc.json"))
+    assert slower.cost_more_than_saved is True and slower.source == "prediction"
+    assert slower.speedup == pytest.approx(1.5 * 4000 / 6000 * 10 / 11, rel=1e-3)
+    assert slower.text.startswith("speculation 1-4:3,5-32:1 cost more than it saved: 0.91x of off")
+    faster = speculation_verdict(config, good, [], JobCalibration(calibration(8.0), where, "STORE/abc.json"))
+    assert faster.cost_more_than_saved is False and faster.verdict == "paid" and faster.calibration_uri
     assert unmeasured.source == "none" and "specbatch calibrate" in unmeasured.source_detail
     none_here = speculation_verdict(
         config, good, [], JobCalibration(None, "no calibration of this target and drafter in STORE")
@@ -246,6 +250,21 @@ def assert_exactly_once(location: OutputLocation, ids: list[str]) -> None:
     outputs, errors = location.read_table("outputs"), location.read_table("errors")
     landed = outputs.column("id").to_pylist() + (errors.column("id").to_pylist() if errors.num_rows else [])
     assert Counter(landed) == Counter(ids)
+
+
+@pytest.mark.engine
+def test_without_a_calibration_or_a_trial_every_surface_says_the_floors_verdict_in_the_same_words(
+    random_kit_job, capsys
+):
+    """The random drafter accepts nothing and the job has no calibration (its trial is skipped: 4
+    units): the floors decide, and _job.json, the console, status, the report, the data card and
+    the dry run say it in one sentence."""
+    root, manifest, _ = random_kit_job
+    said = speculation_surfaces(str(root / "job.yaml"), capsys)
+    verdict = OutputLocation(Storage(), str(root / "out")).job_manifest().speculation
+    assert set(said.values()) == {verdict.text}, said
+    assert verdict.source == "none" and verdict.cost_more_than_saved is True
+    assert verdict.text.startswith("speculation k=3 cost more than it saved: mean acceptance length 1.00")
 
 
 @pytest.mark.engine

@@ -15,15 +15,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pipeline.commit.outputs import OutputLocation
 from pipeline.config import parse_config
 from pipeline.job.runner import run_job
-from pipeline.speculation.guard import speculation_verdict
+from pipeline.speculation.policy import speculation_verdict, trial_decision as decide
 from pipeline.speculation.trial import (
     ArmClock,
     arm_wants_more,
-    decide,
     too_few_units,
     worth_a_trial,
     worth_measuring_off,
@@ -31,7 +31,7 @@ from pipeline.speculation.trial import (
 from pipeline.storage import Storage
 from tinykit import kit_paths
 from schemas import JobTotals, TrialArm
-from tests.conftest import job_config, write_prompts
+from tests.conftest import job_config, speculation_surfaces, write_prompts
 
 KIT = kit_paths()
 
@@ -170,7 +170,8 @@ def test_speculation_is_turned_off_when_off_measures_faster():
         config.resources.units_in_flight * config.resources.rows_per_unit, config.engine.max_num_seqs
     )
     assert verdict.reason == (
-        f"speculation k=3: 0.66x of off at {verdict.concurrency} sequences on this job's first 2 + 2 units: turned off"
+        f"speculation k=3 cost more than it saved: 0.66x of off (0.66x-0.66x) at {verdict.concurrency} sequences at "
+        "once, measured by this job's trial on its first 2 + 2 units: turned off"
     )
 
 
@@ -233,7 +234,7 @@ def busy_job(tmp_path_factory, ray_local, stripped_drafter):
     root = tmp_path_factory.mktemp("trial-busy")
     folder = Path(trial_input(root / "in", 8))
     config = parse_config(
-        job_config(
+        written := job_config(
             str(folder),
             str(root / "out"),
             {"target": KIT["target"], "drafter": stripped_drafter},
@@ -243,6 +244,7 @@ def busy_job(tmp_path_factory, ray_local, stripped_drafter):
             speculative={"trial": {"units": 2, "payback_starts": 0}},
         )
     )
+    (root / "job.yaml").write_text(yaml.safe_dump(written))
     first = run_job(config, progress=True)
     location = OutputLocation(Storage(), config.output_uri)
     stats_first = location.read_table("stats").to_pylist()
@@ -380,6 +382,19 @@ def test_status_and_the_report_show_the_trial(busy_job):
     assert job.trial_cost_per_million_off == pytest.approx(1e6 / (first.trial.off.tokens_per_second * 3600))
     _, rows = tables(report)["Speculation trial (each job on its own first units)"]
     assert rows and rows[0][-1] == first.trial.reason
+    assert job.ran == "k=3 for 128 rows, off for 448 rows"  # what ran, unit by unit: the trial's on arm only
+
+
+@pytest.mark.engine
+def test_every_surface_says_the_trials_verdict_in_the_same_words(busy_job, capsys):
+    """_job.json, the console, status, the report, the data card and the dry run: one sentence,
+    the policy's, whatever the arms measured (the words are asserted, not the verdict)."""
+    first, resumed, _, location = busy_job
+    said = speculation_surfaces(str(Path(location.uri).parent / "job.yaml"), capsys)
+    assert set(said.values()) == {resumed.speculation.text}, said
+    assert resumed.speculation.source == "trial" and "measured by this job's trial on its first 2 + 2 units" in (
+        resumed.speculation.text
+    )
 
 
 def test_a_resume_plans_the_units_its_job_began_with_whatever_the_trial_settings_now(tmp_path):

@@ -14,8 +14,8 @@ import pytest
 
 from pipeline.config import parse_config
 from pipeline.job.console import summary
-from pipeline.speculation.guard import speculation_verdict
-from pipeline.speculation.trial import decide
+from pipeline.speculation.policy import speculation_verdict
+from pipeline.speculation.policy import trial_decision as decide
 from pipeline.stages.stats import totals_from_stats
 from pipeline.tools.cost import JobData, job_figures
 from pipeline.tools.prices import Prices

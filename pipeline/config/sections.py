@@ -176,12 +176,16 @@ class ProbeConfig(Section):
 
 
 class TrialConfig(Section):
-    """Speculation against speculation off on the job's own first units, on its own engine at the
-    job's concurrency (pipeline/speculation/trial.py): the first engine with work measures
-    `units` units (and `min_seconds` of engine time) with the configured depth, restarts its
-    engine without the drafter, measures as much again, and the job keeps the faster setting
-    for the rest. A job with fewer than four times `units` units to run, or whose rest would
-    not pay back engine starts (`payback_starts`), skips it and says why."""
+    """Speculation against speculation off, decided on the job's own traffic before the bulk of
+    it runs (pipeline/speculation/policy.py). With a calibration of the job's models and settings,
+    the first engine predicts the speedup from its step costs and the probe's acceptance, and
+    turns speculation off when the prediction says it costs more than it saves: nothing is
+    timed. Without one, the trial (pipeline/speculation/trial.py): the first engine with work
+    measures `units` units (and `min_seconds` of engine time) with the configured depth,
+    restarts its engine without the drafter, measures as much again, and the job keeps
+    speculation only when it paid over the units' spread. A job with fewer than four times
+    `units` units to run, or whose rest would not pay back engine starts (`payback_starts`),
+    skips the trial and says why."""
 
     units: int = Field(
         4, ge=1, description="Units measured with each setting (one engine's; at least engine units in flight)."
@@ -199,8 +203,8 @@ class TrialConfig(Section):
         ge=0,
         le=1,
         description=(
-            "How much faster speculation off must measure before the job turns speculation off (0.05: 5%), and "
-            "speculation before it is turned back on: run-to-run spread of one setting on a shared machine."
+            "How much faster than off speculation's median must measure, beyond paying over its whole spread, "
+            "before the trial turns it back on (0.05: 5%)."
         ),
     )
     payback_starts: float = Field(
@@ -261,7 +265,8 @@ class SpeculativeConfig(Section):
     trial: Optional[TrialConfig] = Field(
         default_factory=TrialConfig,
         description=(
-            "Speculation against off on the job's own first units, keeping the faster; null or off turns it off."
+            "Speculation against off on the job's own traffic: predicted from a calibration and the probe, else "
+            "timed on its first units; null or off keeps the configured setting."
         ),
     )
 

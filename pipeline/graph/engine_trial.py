@@ -21,18 +21,19 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Optional
 
 from ray.exceptions import RayActorError
 
+from pipeline.cluster.job_board import VERDICT_WAIT_SECONDS
 from pipeline.config import JobConfig
+from pipeline.speculation.policy import early_decision, setting_text, trial_decision
 from pipeline.speculation.trial import (
     ArmClock,
     arm_wants_more,
-    decide,
-    setting_text,
     worth_a_trial,
     worth_measuring_off,
 )
 from pipeline.stages.metrics import ReplicaMetrics
 from schemas import HeadUnits, TrialVerdict, utc_timestamp
 from schemas.board import TrialPlan
+from schemas.report import SpeculationCosts
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -90,6 +91,8 @@ class EngineTrial:
     async def _next_arm(self, restart: Restart) -> Optional[str]:
         if self.measuring is None:
             self.measuring = await self.board.claim_trial.remote(self.actor_id)
+            if self.measuring and self.plan.costs is not None:
+                return await self._predict(restart)
             if self.measuring:
                 skip = await self._too_small()
                 if skip is not None:
@@ -113,9 +116,21 @@ class EngineTrial:
             self.arms.append(ArmClock("off"))
             self.entered = 1
             return "off"
-        verdict = decide(self.config, on, self.arms[1].figures(), rows, plan.engines, self.start_seconds)
+        verdict = trial_decision(self.config, on, self.arms[1].figures(), rows, plan.engines, self.start_seconds)
         if verdict.outcome == "kept":
             await self._switch(restart, True)
+        return await self._post(verdict)
+
+    async def _predict(self, restart: Restart) -> None:
+        """With a calibration's step costs: the policy's prediction from the probe's acceptance,
+        before this engine's first unit; speculation off for the job when it predicts a loss."""
+        probe = None
+        while probe is None:
+            probe = await self.board.wait_verdict.remote(VERDICT_WAIT_SECONDS)
+        verdict = early_decision(self.config, self.plan.costs, probe.result)
+        if verdict.outcome == "turned-off" and not probe.refusal:
+            await self._drained()
+            await self._switch(restart, False)
         return await self._post(verdict)
 
     async def _too_small(self) -> Optional[TrialVerdict]:
@@ -156,12 +171,16 @@ class EngineTrial:
         self.start_seconds = seconds or (time.time() - began)
 
 
-def trial_plan(config: JobConfig, rows: int, head: Optional[HeadUnits]) -> TrialPlan:
+def trial_plan(
+    config: JobConfig, rows: int, head: Optional[HeadUnits], costs: Optional[SpeculationCosts] = None
+) -> TrialPlan:
     """What the engines of a graph that runs the trial are told: the job's rows left, its
-    replicas, and the rows of the units its arms measure (the head units', when it has them)."""
+    replicas, and the rows of the units its arms measure (the head units', when it has them);
+    with a calibration's step costs, the trial is the policy's prediction instead."""
     return TrialPlan(
         rows=rows,
         engines=config.resources.max_replicas,
         unit_rows=head.rows_per_unit if head else config.resources.rows_per_unit,
         max_units=head.rows // head.rows_per_unit // 2 if head else None,
+        costs=costs,
     )

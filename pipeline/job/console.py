@@ -15,7 +15,7 @@ from collections import deque
 from itertools import islice
 from typing import Optional
 
-from pipeline.speculation.guard import verdict_text
+from pipeline.speculation.policy import verdict_text
 from schemas import JobManifest, StartCost
 
 # A steady pace needs commits this far apart: units that finish together say nothing of it.

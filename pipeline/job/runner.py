@@ -43,10 +43,9 @@ from pipeline.job.plan import (
     plan_job,
     results_fingerprint,
 )
-from pipeline.speculation.calibrations import JobCalibration, calibrated_setting, job_calibration
-from pipeline.speculation.guard import AcceptanceGuard, speculation_turned_off, speculation_verdict
+from pipeline.job.speculation import JobSpeculation
+from pipeline.speculation.guard import speculation_turned_off
 from pipeline.speculation.probe import job_probe_rows, refusal, rejudged
-from pipeline.speculation.trial import too_few_units
 from pipeline.stages.stats import billed_replicas, totals_from_stats
 from pipeline.storage import StorageUnavailable
 from schemas import Attempt, EngineDeath, JobManifest, Lease, ProbeResult, utc_timestamp
@@ -75,7 +74,7 @@ class JobAttempt:
         self.plan: JobPlan
         self.lease: OutputLease
         self.manifest: JobManifest
-        self.calibration: Optional[JobCalibration] = None
+        self.speculation: JobSpeculation  # the driver's one place to ask the speculation policy
         self.probe_rows: tuple[list, int] = ([], 0)  # for the first graph's first engine to measure
         self.started = 0.0  # when generation began: the attempt's wall time and what its cleanup may delete
 
@@ -118,10 +117,8 @@ class JobAttempt:
     def _calibrated(self) -> None:
         """The job's calibration (one GET when there is one: pipeline/speculation/calibrations.py)
         and, with speculative.depth_from: calibration, the setting it recommends."""
-        self.calibration = job_calibration(self.config, self.location, self.plan.target, self.plan.drafter)
-        if self.config.speculative.enabled and self.config.speculative.depth_from == "calibration":
-            self.config, said = calibrated_setting(self.config, self.calibration)
-            say(self.options.progress, said)
+        self.speculation = JobSpeculation(self.config, self.plan)
+        self.config = self.speculation.configured(self.config, lambda said: say(self.options.progress, said))
 
     def _check(self) -> None:
         if self.plan.todo:
@@ -266,7 +263,8 @@ class JobAttempt:
 
         todo = self.plan.todo
         disabled = speculation_turned_off(self.manifest.guard_events)  # by an earlier attempt's guard: kept off
-        progress = AttemptProgress(self, sum(u.rows for u in todo) + self.record.skipped_rows, self._guard(disabled))
+        guard = self.speculation.guard(self.config, self._drafter_id() is not None and not disabled, self.record.number)
+        progress = AttemptProgress(self, sum(u.rows for u in todo) + self.record.skipped_rows, guard)
         probe_rows = self.probe_rows
         self._skip_a_trial_too_small(self._drafter_id() is not None and not disabled)
         while todo:
@@ -284,37 +282,31 @@ class JobAttempt:
     def _drafter_id(self) -> Optional[str]:
         return model_id(self.plan.drafter) if self.plan.drafter and self.config.speculative.enabled else None
 
-    def _guard(self, disabled: bool) -> Optional[AcceptanceGuard]:
-        guard_config = self.config.speculative.guard
-        if guard_config and self._drafter_id() and not disabled:
-            return AcceptanceGuard(guard_config, self.record.number)
-        return None
-
     def _next_graph(
         self, disabled: bool, probe_rows: tuple[list, int], todo: list[WorkUnit], progress: AttemptProgress
     ) -> tuple[JobConfig, EngineActorArgs]:
-        """The next graph's config and what its engines are built with: without the drafter once
-        the guard or the trial turned speculation off; with the trial's plan while it is to run."""
+        """The next graph's config and what its engines are built with, as the speculation policy
+        says (pipeline/job/speculation.py): without the drafter once the guard, the trial or the
+        prediction turned speculation off; with the trial's plan while it is to run."""
         from pipeline.graph import engine_stage
-        from pipeline.graph.engine_trial import trial_plan
 
-        config, drafter, trial, manifest = self.config, self._drafter_id(), None, self.manifest
-        if disabled or (manifest.trial and manifest.trial.outcome == "turned-off"):
-            config, drafter, progress.guard, probe_rows = config.without_speculation(), None, None, ([], 0)
-        elif drafter and config.speculative.trial and manifest.trial is None:
-            trial = trial_plan(config, sum(u.rows for u in todo), self.plan.head)
+        rows = sum(u.rows for u in todo)
+        config, speculating, trial = self.speculation.graph(self.config, self.manifest, disabled, rows, self.plan.head)
+        drafter = self._drafter_id() if speculating else None
+        if not speculating:
+            progress.guard, probe_rows = None, ([], 0)
         board = start_board(*probe_rows)
         target = model_id(self.plan.target)
         return config, engine_stage.EngineActorArgs(
-            target, drafter, manifest.job_id, disabled, board, self.lease.fence, trial
+            target, drafter, self.manifest.job_id, disabled, board, self.lease.fence, trial
         )
 
     def _skip_a_trial_too_small(self, speculating: bool) -> None:
         """A job of too few units skips the speculation trial before any engine, and says why."""
-        config, manifest = self.config, self.manifest
-        if not (speculating and config.speculative.trial and manifest.trial is None):
+        manifest = self.manifest
+        if not speculating or manifest.trial is not None:
             return
-        manifest.trial = too_few_units(config, len(self.plan.todo), sum(u.rows for u in self.plan.todo), self.plan.head)
+        manifest.trial = self.speculation.trial_skipped(self.config, self.plan.todo, self.plan.head)
         if manifest.trial is not None:
             say(self.options.progress, manifest.trial.reason)
             self.save()
@@ -341,9 +333,7 @@ class JobAttempt:
         manifest.ended_at = record.ended_at
         wall = sum(a.wall_seconds for a in manifest.attempts)
         manifest.totals = totals_from_stats(stats, plan.inputs.rows, wall, billed_replicas(config, stats))
-        manifest.speculation = speculation_verdict(
-            config, manifest.totals, manifest.guard_events, self.calibration, manifest.trial
-        )
+        manifest.speculation = self.speculation.verdict(config, manifest)
         if manifest.status == "succeeded":
             record.status = manifest.status = finished_status(manifest.totals, config)
             location.clear_progress()  # a failed attempt keeps its engines' last state for a look afterwards

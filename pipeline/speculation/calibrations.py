@@ -167,24 +167,29 @@ def job_calibration(
     config: JobConfig, location: OutputLocation, target: ModelFingerprint, drafter: Optional[ModelFingerprint]
 ) -> JobCalibration:
     """The store's calibration for the job's models and settings, else the one `specbatch
-    calibrate` wrote to the job's own output location (OUTPUT_URI/calibration)."""
-    if drafter is None:
-        return JobCalibration(None, "the job runs no drafter")
-    lookup = find_calibration(location.storage, store_uri(config), calibration_key(config, target, drafter))
-    if lookup.found:
-        return JobCalibration(lookup.found.report, lookup.describe(), lookup.uri)
-    own = read_calibration(location)
-    if own is not None:
-        folder = location.storage.join(location.uri, "calibration")
-        return JobCalibration(
-            own, f"the calibration of {own.measured_at} in {folder}", location.storage.join(folder, "calibration.json")
-        )
-    return JobCalibration(None, lookup.describe())
+    calibrate` wrote to the job's own output location (OUTPUT_URI/calibration), else the one
+    `specbatch pilot` wrote there (OUTPUT_URI/pilot/calibration). The run, its dry run and its
+    pilot all find the same one here."""
+    lookup = None
+    if drafter is not None:
+        lookup = find_calibration(location.storage, store_uri(config), calibration_key(config, target, drafter))
+        if lookup.found:
+            return JobCalibration(lookup.found.report, lookup.describe(), lookup.uri)
+    for folder in OWN_CALIBRATIONS:
+        own = read_calibration(location, folder)
+        if own is not None:
+            uri = location.storage.join(location.uri, folder, "calibration.json")
+            return JobCalibration(own, f"the calibration of {own.measured_at} in {uri}", uri)
+    return JobCalibration(None, lookup.describe() if lookup else "the job runs no drafter")
 
 
-def read_calibration(location: OutputLocation) -> Optional[CalibrationReport]:
+# Where `specbatch calibrate` and `specbatch pilot` write a job's calibration, under its output location.
+OWN_CALIBRATIONS = ("calibration", "pilot/calibration")
+
+
+def read_calibration(location: OutputLocation, folder: str = "calibration") -> Optional[CalibrationReport]:
     """`specbatch calibrate`'s report for this job, when it wrote it to the job's output."""
-    uri = location.storage.join(location.uri, "calibration", "calibration.json")
+    uri = location.storage.join(location.uri, folder, "calibration.json")
     try:
         return CalibrationReport.model_validate_json(location.storage.read_bytes(uri))
     except FileNotFoundError:

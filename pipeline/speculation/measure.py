@@ -5,6 +5,7 @@ job's own engine and shares `figures`."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any, Optional, Sequence
 
@@ -81,7 +82,8 @@ def _measure_at(
     llm, prompts: Sequence[dict[str, Any]], concurrency: Optional[int], repeats: int, adapters: dict
 ) -> dict[str, Any]:
     """The sample at one concurrency, `repeats` times, each row on its own adapter (`adapters`:
-    LoRARequest by name); the fastest run is kept (the others were disturbed by something else)."""
+    LoRARequest by name). Every run's time is kept: a speedup carries the spread they allow
+    (pipeline/speculation/policy.py); `seconds` is their median."""
     from vllm.inputs import TokensPrompt
 
     from pipeline.stages.sampling import row_sampling_params
@@ -89,17 +91,36 @@ def _measure_at(
     sample = concurrency_sample(prompts, concurrency)
     params = [row_sampling_params(p) for p in sample]
     token_prompts = [TokensPrompt(prompt_token_ids=p["prompt_token_ids"]) for p in sample]
-    best = None
+    return timed_runs(llm, token_prompts, params, concurrency, repeats, [adapters.get(p.get("lora")) for p in sample])
+
+
+def timed_runs(
+    llm, token_prompts: list, params: list, concurrency: Optional[int], repeats: int, loras: Optional[list] = None
+) -> dict[str, Any]:
+    """The prompts generated `repeats` times at `concurrency`, each run timed twice: the prefill
+    alone (one token per prompt), then the whole generation, each from an empty prefix cache (a
+    repeat would otherwise find its prompts cached, as no job's first pass does). The policy
+    takes a decode step's time as the difference (pipeline/speculation/speedup.py)."""
+    runs, prefills, outputs = [], [], []
+    first_token = [_first_token_only(p) for p in params]
     for _ in range(repeats):
-        started = time.perf_counter()
-        outputs = generate_at_concurrency(
-            llm, token_prompts, params, concurrency, [adapters.get(p.get("lora")) for p in sample]
-        )
-        seconds = time.perf_counter() - started
-        if best is None or seconds < best[0]:
-            best = (seconds, outputs)
-    seconds, outputs = best
-    return {"concurrency": concurrency or len(outputs), **figures(outputs, seconds)}
+        for timed, sampling in ((prefills, first_token), (runs, params)):
+            llm.reset_prefix_cache()
+            started = time.perf_counter()
+            outputs = generate_at_concurrency(llm, token_prompts, sampling, concurrency, loras)
+            timed.append(time.perf_counter() - started)
+    return {
+        "concurrency": concurrency or len(outputs),
+        **figures(outputs, statistics.median(runs)),
+        "seconds_runs": runs,
+        "prefill_seconds_runs": prefills,
+    }
+
+
+def _first_token_only(params):
+    clone = params.clone()
+    clone.max_tokens, clone.min_tokens = 1, 0
+    return clone
 
 
 def figures(outputs: Sequence[Any], seconds: float) -> dict[str, Any]:

@@ -8,15 +8,17 @@ measures the job's first units twice, on its own engine at the job's concurrency
     `units` units with the configured depth (the engine as started; the probe ran on it),
        more until they spent `min_seconds` in the engine (at most a quarter of the job's rows)
     -> drain, restart the engine without the drafter -> as many units off, by the same rule
-    -> keep off, or restart with the drafter when it measured faster by more than `margin`
-       and the rest of the job pays back that start
+    -> keep off, or restart with the drafter when the speculation policy says it paid
+       (pipeline/speculation/policy.py `trial_decision`) and the rest of the job pays back that start
 
 Each arm's units run back to back with the engine otherwise idle, so an arm's rate is its
 tokens over the engine time its units spanned (the union of their intervals in the engine: one
 ramp-up and one drain each, and no gap between units, which the pipeline's dispatch would add
 to whichever arm had more of them). Every unit of the trial is committed like any other (greedy
 output is the same either way). The other engines keep the configured setting until the verdict is
-in, then follow it. This module decides; pipeline/graph/engine_trial.py runs the engine's part.
+in, then follow it. This module measures; the policy decides; pipeline/graph/engine_trial.py runs
+the engine's part. A job with a calibration runs no timed trial: the policy predicts from the
+calibration's step costs and the probe's acceptance instead (`early_decision`).
 """
 
 from __future__ import annotations
@@ -25,23 +27,13 @@ import dataclasses
 from typing import Optional
 
 from pipeline.config import JobConfig
-from pipeline.stages.engine import schedule_text
+from pipeline.speculation.policy import rest_seconds, setting_text, trial_concurrency
 from pipeline.stages.stats import EngineBusyTime
 from schemas import HeadUnits, TrialArm, TrialVerdict
 
 # A job with fewer units than this many times trial.units skips the trial: its two arms
 # would be half of it or more.
 MIN_UNITS_PER_TRIAL_UNIT = 4
-
-
-def setting_text(config: JobConfig) -> str:
-    spec = config.speculative
-    return schedule_text(spec.depth_schedule) if spec.depth_schedule else f"k={spec.num_speculative_tokens}"
-
-
-def trial_concurrency(config: JobConfig) -> int:
-    """Sequences at once in the trial's arms: the engine's units in flight, up to max_num_seqs."""
-    return min(config.resources.units_in_flight * config.resources.rows_per_unit, config.engine.max_num_seqs)
 
 
 def skipped(config: JobConfig, reason: str, **figures) -> TrialVerdict:
@@ -78,10 +70,12 @@ def too_few_units(
     need = MIN_UNITS_PER_TRIAL_UNIT * trial.units
     if todo_units >= need:
         return None
-    unit_rows = head.rows_per_unit if head else config.resources.rows_per_unit
+    # without head units (a job of fewer rows than they need), a job of more rows would have them
+    unit_rows = head.rows_per_unit if head else min(config.resources.rows_per_unit, trial_concurrency(config))
     return skipped(
         config,
-        f"{todo_rows:,} rows to run in {todo_units} units, fewer than the {need} units a trial of 2 x {trial.units} "
+        f"{todo_rows:,} rows to run in {todo_units} unit{'s' if todo_units != 1 else ''}, "
+        f"fewer than the {need} units a trial of 2 x {trial.units} "
         f"units needs to pay back its engine start: at least {need * unit_rows:,} rows, in units of {unit_rows:,} rows "
         "(speculative.trial.units)",
     )
@@ -131,13 +125,6 @@ def arm_wants_more(
     return clock.seconds() < trial.min_seconds and entered * unit_rows < job_rows / MIN_UNITS_PER_TRIAL_UNIT
 
 
-def rest_seconds(arm: TrialArm, rows_left: int, engines: int) -> float:
-    """Engine seconds per engine of the rows left, at this arm's rate and tokens per row."""
-    if arm.rows == 0 or arm.tokens_per_second <= 0:
-        return 0.0
-    return rows_left * (arm.generated_tokens / arm.rows) / arm.tokens_per_second / max(engines, 1)
-
-
 def worth_a_trial(
     config: JobConfig, probed_tokens_per_second: float, rows_left: int, engines: int, start_seconds: float
 ) -> Optional[TrialVerdict]:
@@ -168,44 +155,4 @@ def _too_short(config: JobConfig, rest: float, start_seconds: float, **figures) 
         f"{start_seconds:.0f} s ({payback:g} starts at least: speculative.trial.payback_starts)",
         engine_start_seconds=round(start_seconds, 3),
         **figures,
-    )
-
-
-def decide(
-    config: JobConfig, on: TrialArm, off: TrialArm, rows_left: int, engines: int, start_seconds: float
-) -> TrialVerdict:
-    """After both arms, with the engine off: speculation back on when it measured faster than off
-    by more than the margin and the rest of the job saves more than the engine start it costs."""
-    margin = config.speculative.trial.margin
-    restart = start_seconds if config.speculative.trial.payback_starts > 0 else 0.0
-    speedup = on.tokens_per_second / off.tokens_per_second if off.tokens_per_second > 0 else 0.0
-    saving = rest_seconds(off, rows_left, engines) - rest_seconds(on, rows_left, engines)
-    setting, concurrency = setting_text(config), trial_concurrency(config)
-    measured = (
-        f"speculation {setting}: {speedup:.2f}x of off at {concurrency} sequences on this job's first "
-        f"{on.units} + {off.units} units"
-    )
-    if speedup >= 1 + margin and saving > restart:
-        outcome, reason = "kept", f"{measured}: kept"
-    elif speedup >= 1 + margin:
-        outcome = "turned-off"
-        reason = (
-            f"{measured}: turned off: the rest of the job would save about {saving:.0f} s, less than the "
-            f"{start_seconds:.0f} s engine start that turning it back on costs"
-        )
-    else:
-        outcome = "turned-off"
-        reason = f"{measured}: turned off" + (
-            "" if speedup < 1 else f" (not {1 + margin:.2f}x or more: within the margin)"
-        )
-    return TrialVerdict(
-        outcome=outcome,
-        reason=reason,
-        setting=setting,
-        concurrency=concurrency,
-        speculation=on,
-        off=off,
-        speedup_vs_off=round(speedup, 3),
-        margin=margin,
-        engine_start_seconds=round(start_seconds, 3),
     )

@@ -12,6 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -137,6 +138,20 @@ def prefix_cache_hit_rate(cached: int, prompt: int) -> Optional[float]:
     return cached / prompt if prompt else None
 
 
+def _position_sums(stats: pa.Table) -> list[int]:
+    """accepted_per_position summed position by position, without a Python list per unit."""
+    if not stats.num_rows or "accepted_per_position" not in stats.column_names:
+        return []
+    lists = stats.column("accepted_per_position").combine_chunks()
+    counts = pc.list_flatten(lists).to_numpy(zero_copy_only=False)
+    if not len(counts):
+        return []
+    parents = pc.list_parent_indices(lists).to_numpy()
+    offsets = lists.offsets.to_numpy()
+    positions = np.arange(len(counts)) - offsets[parents]
+    return [int(n) for n in np.bincount(positions, weights=counts)]
+
+
 def _sums(stats: pa.Table, names: Iterable[str]) -> dict[str, int]:
     return {name: int(pc.sum(stats.column(name)).as_py() or 0) if stats.num_rows else 0 for name in names}
 
@@ -162,8 +177,11 @@ def totals_from_stats(stats: pa.Table, input_rows: int, wall_seconds: float, rep
     pass are those of the units that speculated (`speculated`). `replicas`: the engines billed
     for `wall_seconds`, for the busy share."""
     total = _sums(stats, SUMMED_COLUMNS)
-    drafting = _sums(speculated_units(stats), DRAFTING_COLUMNS)
-    acceptance = Acceptance(drafting["num_drafts"], drafting["draft_tokens"], drafting["accepted_tokens"])
+    speculating = speculated_units(stats)
+    drafting = _sums(speculating, DRAFTING_COLUMNS)
+    acceptance = Acceptance(
+        drafting["num_drafts"], drafting["draft_tokens"], drafting["accepted_tokens"], _position_sums(speculating)
+    )
     generated = total["generated_tokens"]
     timed = stats.num_rows and {"actor_id", "started_at", "engine_seconds"} <= set(stats.column_names)
     busy = (
@@ -184,6 +202,7 @@ def totals_from_stats(stats: pa.Table, input_rows: int, wall_seconds: float, rep
         prefix_cache_hit_rate=prefix_cache_hit_rate(total["cached_prompt_tokens"], total["prompt_tokens"]),
         generated_tokens=generated,
         **acceptance.summary(),
+        accepted_per_position=acceptance.accepted_per_position,
         tokens_per_target_pass=acceptance.tokens_per_target_pass(drafting["generated_tokens"], drafting["samples"]),
         wall_seconds=wall_seconds,
         tokens_per_second=generated / wall_seconds if wall_seconds else 0.0,

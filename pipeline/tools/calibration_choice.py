@@ -10,6 +10,8 @@ from typing import Any, Optional, Sequence
 import yaml
 
 from pipeline.config import parse_config
+from pipeline.speculation.policy import recommended_row
+from pipeline.speculation.speedup import Speedup
 from pipeline.stages.stats import Acceptance
 from pipeline.storage import Storage
 from pipeline.tools.cost import per_million
@@ -19,9 +21,11 @@ from schemas.report import CalibrationRow
 def calibration_rows(
     measured: Sequence[dict[str, Any]], gpus_per_replica: float, price: Optional[float]
 ) -> list[CalibrationRow]:
-    """Figures per depth and concurrency; at each concurrency the row with the highest tokens/s
-    per GPU (ties: the shallower depth), i.e. the lowest cost per million tokens, is recommended."""
+    """Figures per depth and concurrency, each with its speedup's spread over off; at each
+    concurrency the speculation policy's choice is recommended (pipeline/speculation/policy.py
+    `recommended_row`: the fastest depth that paid over its whole spread, else off)."""
     off_rate = {m["concurrency"]: m["generated_tokens"] / m["seconds"] for m in measured if m["depth"] == 0}
+    off_runs = {m["concurrency"]: m for m in measured if m["depth"] == 0}
     rows = []
     for m in sorted(measured, key=lambda m: (m["concurrency"], m.get("schedule") is not None, m["depth"])):
         rate = m["generated_tokens"] / m["seconds"]
@@ -30,6 +34,7 @@ def calibration_rows(
         )
         dollars = price * gpus_per_replica * m["seconds"] / 3600 if price is not None else None
         off = off_rate.get(m["concurrency"])
+        spread = _spread(m, off_runs.get(m["concurrency"])) if m["depth"] else None
         rows.append(
             CalibrationRow(
                 depth=m["depth"],
@@ -38,10 +43,15 @@ def calibration_rows(
                 prompts=m["prompts"],
                 prompt_tokens=m["prompt_tokens"],
                 generated_tokens=m["generated_tokens"],
+                completions=m.get("completions"),
                 seconds=m["seconds"],
+                seconds_runs=m.get("seconds_runs", [m["seconds"]]),
+                prefill_seconds_runs=m.get("prefill_seconds_runs", []),
                 tokens_per_second=rate,
                 tokens_per_second_per_gpu=rate / gpus_per_replica,
                 speedup_vs_off=rate / off if off else None,
+                speedup_low=spread.low if spread else None,
+                speedup_high=spread.high if spread else None,
                 **acceptance.summary(),
                 accepted_per_position=acceptance.rate_per_position,
                 cost_per_million_generated_tokens=per_million(dollars, m["generated_tokens"]),
@@ -50,9 +60,15 @@ def calibration_rows(
             )
         )
     for concurrency in {r.concurrency for r in rows}:
-        fixed = [r for r in rows if r.concurrency == concurrency and r.schedule is None]
-        max(fixed, key=lambda r: (r.tokens_per_second_per_gpu, -r.depth)).recommended = True
+        recommended_row([r for r in rows if r.concurrency == concurrency and r.schedule is None]).recommended = True
     return rows
+
+
+def _spread(measured: dict[str, Any], off: Optional[dict[str, Any]]) -> Optional[Speedup]:
+    if off is None:
+        return None
+    rates = lambda m: [m["generated_tokens"] / s for s in m.get("seconds_runs", [m["seconds"]])]  # noqa: E731
+    return Speedup.of_rates(rates(measured), rates(off))
 
 
 def best_depths(rows: Sequence[CalibrationRow]) -> dict[int, int]:

@@ -1,5 +1,7 @@
 """The calibration's job check: the settings it found best, each run through the job itself on a
-few units of its input, so that what the job adds around the engine counts too."""
+few units of its input, so that what the job adds around the engine counts too. It is run once
+per setting, so it is shown beside vLLM alone's repeated runs and decides nothing: the
+speculation policy recommends from those (pipeline/speculation/policy.py)."""
 
 from __future__ import annotations
 
@@ -99,5 +101,4 @@ def job_check(
         print(
             f"[calibrate] job check: {label}: {results[-1].tokens_per_second:,.0f} tok/s", file=sys.stderr, flush=True
         )
-    max(results, key=lambda r: (r.tokens_per_second, -r.depth)).chosen = True
     return results

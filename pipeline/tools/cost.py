@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence
 from pipeline.commit.outputs import ManifestInvalid, OutputLocation
 from pipeline.config import ACCEPTANCE_FLOOR
 from pipeline.speculation.calibrations import read_any_calibration
-from pipeline.speculation.guard import verdict_text
+from pipeline.speculation.policy import verdict_text
 from pipeline.stages.stats import Acceptance, prefix_cache_hit_rate, speculated
 from pipeline.stages.stats import busy_seconds as engine_busy_seconds
 from pipeline.storage import Storage
@@ -80,6 +80,20 @@ def inputs_sha256(manifest: JobManifest) -> str:
     return _sha256(sorted((posixpath.basename(f.uri.rstrip("/")), f.size, f.rows) for f in manifest.input_files))
 
 
+def ran_by_unit(stats: Sequence[dict[str, Any]]) -> Optional[str]:
+    """The setting each unit ran with, by rows: 'k=3', or 'k=3 for 600 rows, off for 1,800'."""
+    rows: dict[str, int] = {}
+    for r in stats:
+        if not r["speculative"]:
+            label = "off"
+        else:
+            label = f"schedule {r['depth_schedule']}" if r.get("depth_schedule") else f"k={r['num_speculative_tokens']}"
+        rows[label] = rows.get(label, 0) + r["rows"]
+    if len(rows) < 2:
+        return next(iter(rows), None)
+    return ", ".join(f"{label} for {n:,} rows" for label, n in rows.items())
+
+
 def job_figures(job: JobData, prices: Prices) -> JobFigures:
     m, stats = job.manifest, job.stats
     resources, spec = m.config.get("resources", {}), m.config.get("speculative", {})
@@ -99,7 +113,8 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
     cached_prompt_tokens = sum(r.get("cached_prompt_tokens") or 0 for r in stats)  # null in an older stats file
     generated_tokens = sum(r["generated_tokens"] for r in stats)
     busy = busy_seconds(stats) if stats else 0.0
-    start = m.attempts[-1].start if m.attempts else None
+    # the attempt that started engines: a rerun with nothing left to do starts none
+    start = next((a.start for a in reversed(m.attempts) if a.start and a.start.engine_starts), None)
     gpu_hours = replicas * units * m.totals.wall_seconds / 3600
     busy_gpu_hours = units * busy / 3600
     cost = gpu_hours * price if price is not None else None
@@ -127,6 +142,7 @@ def job_figures(job: JobData, prices: Prices) -> JobFigures:
         cpu_only=not float(resources.get("gpus_per_replica", 0)),
         speculative=speculative,
         num_speculative_tokens=int(spec.get("num_speculative_tokens", 0)) if speculative else 0,
+        ran=ran_by_unit(stats),
         units=len(stats),
         speculative_units=sum(1 for r in stats if r["speculative"]),
         input_rows=m.totals.input_rows,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Optional
 
 from pipeline.config import JobConfig
+from pipeline.speculation.policy import verdict_text
 from pipeline.storage import Storage
 from pipeline.tools.cost import job_figures, read_job
 from pipeline.tools.prices import load_prices
@@ -77,6 +78,8 @@ def data_card(config: JobConfig, job, figures, command: str) -> str:
         if figures.mean_acceptance_length is None
         else f"| mean acceptance length | {figures.mean_acceptance_length:.2f} |\n"
     )
+    if m.speculation is not None:  # the speculation policy's words, as the console, status and report say them
+        acceptance += f"| speculation | {figures.ran}: {verdict_text(m.speculation)} |\n"
     sampling = (
         ", ".join(f"{k} {v}" for k, v in config.sampling.model_dump(exclude_defaults=True).items()) or "the defaults"
     )

@@ -28,13 +28,12 @@ from typing import Optional
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.commit.outputs import OutputLocation
 from pipeline.inputs.units import UNIT_COLUMNS, WorkUnit
 from pipeline.config import JobConfig
 from pipeline.inputs import InputReport
 from pipeline.inputs.shape import RowShape
-from pipeline.speculation.calibrations import read_calibration
-from pipeline.speculation.guard import depth_at
+from pipeline.speculation.calibrations import JobCalibration
+from pipeline.speculation.policy import depth_at
 from pipeline.stages.engine import schedule_text
 from pipeline.storage import Storage
 from schemas.plan import CostEstimate, TokenEstimate
@@ -43,7 +42,7 @@ SAMPLE_ROWS = 256
 SAMPLE_ROW_GROUPS = 16
 MIN_SAMPLE_PER_KIND = 32  # a kind with few rows still gets a sample of its own
 SAMPLE_SEED = 0
-NO_CALIBRATION = "no calibration: run `specbatch calibrate CONFIG` for GPU-hours and cost"
+NO_CALIBRATION = "run `specbatch calibrate CONFIG` or `specbatch pilot CONFIG` for GPU-hours and cost"
 
 
 # ---------------------------------------------------------------- tokens
@@ -198,15 +197,15 @@ def _unit_layout(table: pa.Table) -> pa.Table:
 
 
 def estimate_cost(
-    config: JobConfig, location: OutputLocation, output_tokens: int, warnings: list[str]
+    config: JobConfig, found: JobCalibration, output_tokens: int, warnings: list[str]
 ) -> tuple[Optional[CostEstimate], Optional[str]]:
-    """(the estimate, None), or (None, why there is none)."""
+    """(the estimate, None), or (None, why there is none). `found`: the calibration the run
+    would use (pipeline/speculation/calibrations.job_calibration)."""
     from pipeline.tools.prices import load_prices
 
-    calibration = read_calibration(location)
+    calibration, uri = found.report, found.uri
     if calibration is None:
-        return None, NO_CALIBRATION
-    uri = location.storage.join(location.uri, "calibration", "calibration.json")
+        return None, f"{found.where}: {NO_CALIBRATION}"
     top = max(calibration.concurrencies)
     spec = config.speculative
     schedule = schedule_text(spec.depth_schedule) if spec.enabled and spec.depth_schedule else None

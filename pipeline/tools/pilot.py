@@ -22,8 +22,11 @@ import sys
 from html import escape
 from typing import Optional
 
-from pipeline.config import ConfigError, load_config
+from pipeline.config import ConfigError, JobConfig, load_config
 from pipeline.inputs import InputError
+from pipeline.speculation.calibrations import JobCalibration
+from pipeline.speculation.policy import planned_decision
+from pipeline.speculation.speedup import row_speedup
 from pipeline.storage import Storage
 from pipeline.tools.calibrate import CalibrationError, calibrate, store_calibration
 from pipeline.tools.calibration_files import write_results
@@ -41,23 +44,37 @@ def _num(value: Optional[float], fmt: str = ",.1f") -> str:
     return "–" if value is None else format(value, fmt)
 
 
+def _versus_off(row: CalibrationRow) -> str:
+    speedup = row_speedup(row)
+    if speedup is None:
+        return _num(row.speedup_vs_off, ".2f") + ("x" if row.speedup_vs_off is not None else "")
+    return f"{speedup.median:.2f}x ({speedup.spread})"
+
+
+def _why(row: CalibrationRow) -> str:
+    """The recommended row's mark, with the policy's reason; a schedule is never recommended here."""
+    if not row.recommended or row.schedule:
+        return ""
+    speedup = row_speedup(row)
+    return f"<- {speedup.words()}" if speedup else "<- no depth paid over its whole spread"
+
+
 def pilot_tables(report: CalibrationReport) -> dict[str, Table]:
     """The page's tables: each setting at the job's sequences at once (vLLM alone), and each
     setting of the job check through specbatch beside vLLM alone at the same setting."""
     top = max(report.concurrencies)
     at_top = [r for r in report.rows if r.concurrency == top]
     c = report.currency
-    chosen = next((r.setting for r in report.job_check if r.chosen), None)
     settings = (
-        ["setting", "tokens/s", "tokens/s per GPU", "vs off", f"{c} / 1M generated", "recommended"],
+        ["setting", "tokens/s", "tokens/s per GPU", "vs off (spread)", f"{c} / 1M generated", "recommended"],
         [
             [
                 _setting(r),
                 _num(r.tokens_per_second),
                 _num(r.tokens_per_second_per_gpu),
-                _num(r.speedup_vs_off, ".2f") + ("x" if r.speedup_vs_off is not None else ""),
+                _versus_off(r),
                 _num(r.cost_per_million_generated_tokens, ",.4f"),
-                "<-" if _setting(r) == chosen else "",
+                _why(r),
             ]
             for r in at_top
         ],
@@ -85,6 +102,12 @@ def pilot_tables(report: CalibrationReport) -> dict[str, Table]:
     }
 
 
+def decision(config: JobConfig, report: CalibrationReport, stored: Optional[str]) -> str:
+    """What a job of this config will decide, with this calibration: the dry run's and the run's words."""
+    where = f"the calibration of {report.measured_at} in {stored}" if stored else "this pilot's calibration"
+    return planned_decision(config, JobCalibration(report, where, stored))
+
+
 def intro(report: CalibrationReport, store_uri: Optional[str]) -> list[str]:
     price = (
         f"{report.price_per_gpu_hour} {report.currency} per GPU-hour (per node-hour on CPU-only replicas)"
@@ -92,6 +115,7 @@ def intro(report: CalibrationReport, store_uri: Optional[str]) -> list[str]:
         else "no price for this accelerator: costs are blank"
     )
     return [
+        f"Recommended: {report.recommendation}." if report.recommendation else "",
         f"Config `{report.config_uri}`, measured {report.measured_at} on {report.accelerator}; {price}.",
         f"{report.sample_measured} of the job's prompts (asked for {report.sample_requested}), engine max_num_seqs "
         f"{report.max_num_seqs}. vLLM alone: generated tokens over the wall time of the sample, engine warm. "
@@ -103,8 +127,9 @@ def intro(report: CalibrationReport, store_uri: Optional[str]) -> list[str]:
     ]
 
 
-def to_markdown(report: CalibrationReport, store_uri: Optional[str]) -> str:
+def to_markdown(report: CalibrationReport, store_uri: Optional[str], decided: str = "") -> str:
     lines = ["# specbatch pilot", "", *intro(report, store_uri)]
+    lines += ["", "## What a job of this config will decide", "", decided] if decided else []
     for title, (header, rows) in pilot_tables(report).items():
         lines += ["", f"## {title}", "", "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
         lines += ["| " + " | ".join(row) + " |" for row in rows] or ["(none)"]
@@ -113,14 +138,16 @@ def to_markdown(report: CalibrationReport, store_uri: Optional[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_html(report: CalibrationReport, store_uri: Optional[str]) -> str:
+def to_html(report: CalibrationReport, store_uri: Optional[str], decided: str = "") -> str:
     parts = [
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><link rel="icon" href="data:,">',
         "<title>specbatch pilot</title><style>body{font-family:sans-serif;margin:24px}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:right}td:first-child,th{text-align:left}"
         "</style></head><body><h1>specbatch pilot</h1>",
-        *(f"<p>{escape(line)}</p>" for line in intro(report, store_uri)),
+        *(f"<p>{escape(line)}</p>" for line in intro(report, store_uri) if line),
     ]
+    if decided:
+        parts.append(f"<h2>What a job of this config will decide</h2><p>{escape(decided)}</p>")
     for title, (header, rows) in pilot_tables(report).items():
         parts.append(
             f"<h2>{escape(title)}</h2><table><thead><tr>"
@@ -168,18 +195,21 @@ def main(argv: list[str] | None = None) -> int:
             out=storage.join(out_uri, "calibration"),
             apply=False,
             seed=args.seed,
-            repeats=1,
+            repeats=3,
         )
         report = calibrate(measure)
         write_results(storage, measure.out, report)
         stored = store_calibration(config, storage, report, args.config)
-        storage.write_bytes(storage.join(out_uri, "pilot.md"), to_markdown(report, stored).encode())
-        storage.write_bytes(storage.join(out_uri, "pilot.html"), to_html(report, stored).encode())
+        decided = decision(config, report, stored)
+        storage.write_bytes(storage.join(out_uri, "pilot.md"), to_markdown(report, stored, decided).encode())
+        storage.write_bytes(storage.join(out_uri, "pilot.html"), to_html(report, stored, decided).encode())
     except (CalibrationError, ConfigError, InputError, FileNotFoundError) as exc:
         print(f"specbatch pilot: {exc}", file=sys.stderr)
         return 2
     for title, (header, rows) in pilot_tables(report).items():
         print(f"{title}:\n{format_terminal_table(header, rows)}\n")
+    print(f"recommended: {report.recommendation}")
+    print(f"a job of this config will decide: {decided}")
     print(report.config_snippet, end="")
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)

@@ -56,6 +56,9 @@ from pipeline.job.preflight import check_before_engines
 from pipeline.speculation.drafter_check import check_drafter
 from pipeline.speculation.probe import refusal, rejudged
 from pipeline.tools.estimates import estimate_cost, estimate_tokens
+from pipeline.speculation.calibrations import JobCalibration, calibrated_setting, job_calibration
+from pipeline.speculation.policy import job_costs, planned_decision, verdict_text
+from pipeline.speculation.trial import too_few_units
 from pipeline.tools.plan_sections import files_and_units, first_prompts, grouping_section, inputs_section
 from pipeline.tools.plan_text import format_plan
 from schemas.plan import DryRunPlan, PlanCheck
@@ -167,9 +170,30 @@ def make_plan(config: JobConfig, plan: DryRunPlan, scratch: str, flags: RunOptio
             "for rows not sampled"
         )
     plan.grouping = grouping_section(config, job, plan.tokens.prompt_tokens)
+    calibration = job_calibration(config, location, job.target, job.drafter)
+    config = _speculation_section(plan, config, job, calibration)
     plan.cost, plan.cost_note = estimate_cost(
-        config, location, plan.tokens.output_tokens_upper_bound_left, plan.warnings
+        config, calibration, plan.tokens.output_tokens_upper_bound_left, plan.warnings
     )
+
+
+def _speculation_section(plan: DryRunPlan, config: JobConfig, job: JobPlan, calibration: JobCalibration) -> JobConfig:
+    """The speculation decision the run would make, in the policy's words (with the setting
+    speculative.depth_from: calibration gives it), and the config it would run."""
+    calibrated = ""
+    if config.speculative.enabled and config.speculative.depth_from == "calibration":
+        config, said = calibrated_setting(config, calibration)
+        calibrated = f"{said}; "
+    previous = job.previous
+    if not job.todo and previous is not None and previous.speculation is not None:
+        plan.speculation = f"nothing left to run; the job's verdict stays: {verdict_text(previous.speculation)}"
+        return config
+    spec = config.speculative
+    skipped = None
+    if spec.enabled and spec.trial and job_costs(config, calibration) is None and job.todo:
+        skipped = too_few_units(config, len(job.todo), sum(u.rows for u in job.todo), job.head)
+    plan.speculation = calibrated + planned_decision(config, calibration, skipped)
+    return config
 
 
 def _probe_check(plan: DryRunPlan, config: JobConfig, job: JobPlan) -> None:

@@ -95,6 +95,8 @@ def format_plan(plan: DryRunPlan) -> str:
             lines.append(
                 f"            {c.name:<14}{c.status:<8}{c.message.splitlines()[0] if c.status == 'fail' else c.message}"
             )
+    if plan.speculation:
+        lines.append(f"  speculate {plan.speculation}")
     c = plan.cost
     if c:
         price = (

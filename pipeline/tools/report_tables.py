@@ -22,7 +22,8 @@ def _num(value: Optional[float], digits: int = 3) -> str:
 
 
 def depth_label(job: JobFigures) -> str:
-    return f"k={job.num_speculative_tokens}" if job.speculative else "off"
+    """What ran, unit by unit (JobFigures.ran); the configured depth for a job without stats."""
+    return job.ran or (f"k={job.num_speculative_tokens}" if job.speculative else "off")
 
 
 def _replicas(job: JobFigures) -> str:

@@ -35,7 +35,7 @@ from typing import Any, Optional
 
 from pipeline.commit.fence import read_lease
 from pipeline.commit.outputs import LayoutMismatch, ManifestInvalid, OutputLocation
-from pipeline.speculation.guard import verdict_text
+from pipeline.speculation.policy import verdict_text
 from pipeline.storage import Storage
 from pipeline.tools.status_counts import ERROR_COLUMNS, error_kinds, read_stats, running_counts
 from pipeline.tools.status_lease import driver_state, first_attempt_starting, lease_notes, lease_state
