@@ -35,6 +35,11 @@ WORKLOADS = ("code", "question answering", "judge", "random words")
 WORDS = "apple river stone cloud seven orange table quickly under paper music green window far before little".split()
 
 
+def sample_size(at_least: int, concurrency: int) -> int:
+    """Prompts measured at a concurrency: enough for four waves, so a run is not its ramp and tail."""
+    return max(at_least, 4 * concurrency)
+
+
 def workload_prompts(n: int, seed: int) -> dict[str, list[str]]:
     """Prompts of each workload, from held-out stdlib files (the kit never trained on them)."""
     from tinykit import corpus
@@ -103,7 +108,8 @@ def measure(request: dict) -> dict:
     results = []
     for name, token_prompts in prompts.items():
         for concurrency in request["concurrencies"]:
-            measured = timed_runs(llm, token_prompts, [params] * len(token_prompts), concurrency, repeats=1)
+            sample = token_prompts[: sample_size(request["prompts_at_least"], concurrency)]
+            measured = timed_runs(llm, sample, [params] * len(sample), concurrency, repeats=1)
             results.append({**measured, "workload": name, "concurrency": concurrency})
     llm.llm_engine.engine_core.shutdown()
     return {"depth": request["depth"], "results": results}
@@ -111,7 +117,13 @@ def measure(request: dict) -> dict:
 
 def run_round(depth: int, prompts: dict, args: argparse.Namespace, workdir: Path) -> dict:
     request, result = workdir / "request.json", workdir / f"result-{depth}.json"
-    payload = {"depth": depth, "prompts": prompts, "concurrencies": args.concurrency, "max_tokens": args.max_tokens}
+    payload = {
+        "depth": depth,
+        "prompts": prompts,
+        "prompts_at_least": args.prompts,
+        "concurrencies": args.concurrency,
+        "max_tokens": args.max_tokens,
+    }
     request.write_text(json.dumps(payload))
     done = subprocess.run(
         [sys.executable, __file__, "--child", str(request), str(result)], cwd=ROOT, capture_output=True, text=True
@@ -131,14 +143,12 @@ def calibration_of(runs: dict, workload: str, depth: int, concurrencies: list[in
         for c in concurrencies:
             rounds = [r for r in runs[d] if r["workload"] == workload and r["concurrency"] == c]
             seconds = [r["seconds"] for r in rounds]
-            prefills = [r["prefill_seconds_runs"][0] for r in rounds]
             measured.append(
                 {
                     **rounds[0],
                     "depth": d,
                     "seconds": statistics.median(seconds),
                     "seconds_runs": seconds,
-                    "prefill_seconds_runs": prefills,
                 }
             )
     return CalibrationReport(
@@ -161,11 +171,15 @@ def calibration_of(runs: dict, workload: str, depth: int, concurrencies: list[in
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="fresh engines per setting, alternating (default 3)")
-    parser.add_argument("--prompts", type=int, default=64, help="prompts per workload (default 64)")
+    parser.add_argument(
+        "--prompts", type=int, default=64, help="prompts per workload, at least 4 x the concurrency (default 64)"
+    )
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[4, 32])
     parser.add_argument("--calibrate-on", default="question answering", choices=WORKLOADS)
+    parser.add_argument("--save", help="write every round's figures to this JSON file")
+    parser.add_argument("--load", help="print the table from a file --save wrote, measuring nothing")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -175,13 +189,18 @@ def main() -> None:
     from pipeline.speculation.speedup import Speedup, Traffic, costs_from, predict
     from pipeline.stages.stats import Acceptance
 
-    prompts = workload_prompts(args.prompts, seed=0)
-    runs: dict[int, list[dict]] = {0: [], args.depth: []}
-    with tempfile.TemporaryDirectory(prefix="speculation-model-") as workdir:
-        for n in range(args.rounds):
-            for depth in (0, args.depth) if n % 2 == 0 else (args.depth, 0):
-                print(f"[round {n + 1}/{args.rounds}] depth {depth} ...", file=sys.stderr, flush=True)
-                runs[depth] += run_round(depth, prompts, args, Path(workdir))["results"]
+    if args.load:
+        runs = {int(depth): rounds for depth, rounds in json.loads(Path(args.load).read_text()).items()}
+    else:
+        prompts = workload_prompts(max(sample_size(args.prompts, c) for c in args.concurrency), seed=0)
+        runs = {0: [], args.depth: []}
+        with tempfile.TemporaryDirectory(prefix="speculation-model-") as workdir:
+            for n in range(args.rounds):
+                for depth in (0, args.depth) if n % 2 == 0 else (args.depth, 0):
+                    print(f"[round {n + 1}/{args.rounds}] depth {depth} ...", file=sys.stderr, flush=True)
+                    runs[depth] += run_round(depth, prompts, args, Path(workdir))["results"]
+        if args.save:
+            Path(args.save).write_text(json.dumps(runs))
     calibration = calibration_of(runs, args.calibrate_on, args.depth, args.concurrency)
     print(
         f"depth {args.depth}, {args.prompts} prompts x {args.max_tokens} tokens per workload, {args.rounds} rounds; "
@@ -206,13 +225,7 @@ def main() -> None:
             )
             costs = costs_from(calibration, args.depth, c)
             generated, completions = spec[0]["generated_tokens"], spec[0]["completions"]
-            traffic = Traffic(
-                acceptance.rate_per_position,
-                workload,
-                (generated - completions) / acceptance.num_drafts,
-                spec[0]["prompt_tokens"] / completions,
-                (generated - completions) / completions,
-            )
+            traffic = Traffic(acceptance.rate_per_position, workload, (generated - completions) / acceptance.num_drafts)
             predicted = predict(costs, traffic)
             error = predicted.median / measured.median - 1
             inside = measured.low <= predicted.median <= measured.high

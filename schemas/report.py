@@ -210,10 +210,6 @@ class CalibrationRow(Contract):
     seconds_runs: list[float] = Field(
         default_factory=list, description="Each run's wall time (--repeats): the spread every speedup carries."
     )
-    prefill_seconds_runs: list[float] = Field(
-        default_factory=list,
-        description="Each run's prefill alone (one token per prompt, prefix cache empty), timed before the run.",
-    )
     tokens_per_second: float = Field(description="Generated tokens per second of one replica.")
     tokens_per_second_per_gpu: float
     speedup_vs_off: Optional[float] = Field(
@@ -323,14 +319,6 @@ class SpeculationCosts(Contract):
     )
     calibration_tokens_per_step: Optional[float] = Field(
         None, description="The calibration sample's generated tokens per decode step at `depth`, as generated."
-    )
-    off_prefill_seconds: list[float] = Field(
-        default_factory=list, description="Seconds of prefill per prompt token, off, per run (empty: not timed apart)."
-    )
-    spec_prefill_seconds: list[float] = Field(default_factory=list, description="The same with speculation.")
-    calibration_prompt_tokens: Optional[float] = Field(None, description="The sample's prompt tokens per completion.")
-    calibration_decode_tokens: Optional[float] = Field(
-        None, description="The sample's generated tokens per completion after its first."
     )
 
 

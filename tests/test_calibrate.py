@@ -268,7 +268,7 @@ def test_calibration_recommends_what_the_policy_says_of_the_measured_rows_and_ap
         assert recommended_row(here).depth == depth
         for row in here:
             if row.depth:
-                assert len(row.seconds_runs) == 2 and len(row.prefill_seconds_runs) == 2
+                assert len(row.seconds_runs) == 2
                 speedup = row_speedup(row)
                 assert speedup.low <= row.speedup_vs_off <= speedup.high
     top = max(report.concurrencies)
@@ -373,6 +373,7 @@ def test_a_job_of_the_same_models_and_settings_is_judged_by_the_stored_calibrati
 def test_the_pilot_page_shows_each_setting_and_specbatch_beside_vllm_alone_from_the_measured_figures(calibrated):
     """`specbatch pilot`'s page from a real calibration and job check (the command itself runs
     them as calibrate does: it is timed by hand on the demo's prompts, docs/speculation.md)."""
+    from pipeline.speculation.speedup import row_speedup
     from pipeline.tools.pilot import pilot_tables, to_html, to_markdown
 
     _, _, report = calibrated
@@ -393,8 +394,11 @@ def test_the_pilot_page_shows_each_setting_and_specbatch_beside_vllm_alone_from_
         )
         assert row[3] == f"{checked.tokens_per_second / alone[checked.setting].tokens_per_second:.2f}x"
         assert (row[5] == "<-") is checked.chosen
-    chosen = next(r.setting for r in report.job_check if r.chosen)
-    assert [row[0] for row in settings if row[5] == "<-"] == [chosen]
-    page = to_markdown(report, "STORE/x.json")
+    (recommended,) = [r for r in measured if r.recommended and not r.schedule]  # the policy's, with its words
+    marked = [row for row in settings if row[5].startswith("<-")]
+    assert [row[0] for row in marked] == ["off" if recommended.depth == 0 else f"depth {recommended.depth}"]
+    assert marked[0][5] in ("<- no depth paid over its whole spread", f"<- {row_speedup(recommended).words()}")
+    page = to_markdown(report, "STORE/x.json", "the decision")
     assert report.config_snippet.rstrip("\n") in page and "stored in `STORE/x.json`" in page
+    assert f"Recommended: {report.recommendation}." in page and "the decision" in page
     assert to_html(report, None).count("<table>") == 2

@@ -1,7 +1,10 @@
 """One engine actor's part in the speculation trial (pipeline/speculation/trial.py).
 
 Every unit passes `enter` before it goes into the engine and `leave` after. The first engine
-with work claims the trial at the job board; unless the probe's rate already says the job is
+with work claims the trial at the job board. With a calibration's step costs in its plan, it
+times nothing: it waits for the probe's verdict, asks the speculation policy for its prediction
+(pipeline/speculation/policy.py `early_decision`), restarts without the drafter when that
+predicts a loss, and posts it. Without them, unless the probe's rate already says the job is
 too small for it, it measures: its first units with the engine as started (speculation on;
 `units` of them and `min_seconds` of engine time), then, when the off arm is worth an engine
 start, it waits for those units to leave, restarts its engine without the drafter and measures

@@ -97,30 +97,20 @@ def _measure_at(
 def timed_runs(
     llm, token_prompts: list, params: list, concurrency: Optional[int], repeats: int, loras: Optional[list] = None
 ) -> dict[str, Any]:
-    """The prompts generated `repeats` times at `concurrency`, each run timed twice: the prefill
-    alone (one token per prompt), then the whole generation, each from an empty prefix cache (a
-    repeat would otherwise find its prompts cached, as no job's first pass does). The policy
-    takes a decode step's time as the difference (pipeline/speculation/speedup.py)."""
-    runs, prefills, outputs = [], [], []
-    first_token = [_first_token_only(p) for p in params]
+    """The prompts generated `repeats` times at `concurrency`, every run timed and kept, each from
+    an empty prefix cache: a repeat would otherwise find its prompts cached, as no job's first
+    pass does."""
+    runs, outputs = [], []
     for _ in range(repeats):
-        for timed, sampling in ((prefills, first_token), (runs, params)):
-            llm.reset_prefix_cache()
-            started = time.perf_counter()
-            outputs = generate_at_concurrency(llm, token_prompts, sampling, concurrency, loras)
-            timed.append(time.perf_counter() - started)
+        llm.reset_prefix_cache()
+        started = time.perf_counter()
+        outputs = generate_at_concurrency(llm, token_prompts, params, concurrency, loras)
+        runs.append(time.perf_counter() - started)
     return {
         "concurrency": concurrency or len(outputs),
         **figures(outputs, statistics.median(runs)),
         "seconds_runs": runs,
-        "prefill_seconds_runs": prefills,
     }
-
-
-def _first_token_only(params):
-    clone = params.clone()
-    clone.max_tokens, clone.min_tokens = 1, 0
-    return clone
 
 
 def figures(outputs: Sequence[Any], seconds: float) -> dict[str, Any]:

@@ -35,6 +35,41 @@ if TYPE_CHECKING:
     from pipeline.speculation.calibrations import JobCalibration
 
 
+# ---------------------------------------------------------------- the decisions
+
+
+def setting_text(config: JobConfig) -> str:
+    spec = config.speculative
+    return schedule_text(spec.depth_schedule) if spec.depth_schedule else f"k={spec.num_speculative_tokens}"
+
+
+def trial_concurrency(config: JobConfig) -> int:
+    """Sequences at once in one engine in the job's steady state: its units in flight, up to max_num_seqs."""
+    return min(config.resources.units_in_flight * config.resources.rows_per_unit, config.engine.max_num_seqs)
+
+
+def job_costs(config: JobConfig, calibration: Optional[JobCalibration]) -> Optional[SpeculationCosts]:
+    """The step costs the job's speculation is judged by: its calibration's, at its concurrency
+    and at the depth it drafts there."""
+    if calibration is None or calibration.report is None or not config.speculative.enabled:
+        return None
+    concurrency = trial_concurrency(config)
+    return costs_from(calibration.report, depth_at(config, concurrency), concurrency, calibration.uri)
+
+
+def depth_at(config: JobConfig, concurrency: int) -> int:
+    """The depth the job drafts at with `concurrency` sequences running."""
+    spec = config.speculative
+    for lo, hi, k in spec.depth_schedule or []:
+        if lo <= concurrency <= hi:
+            return k
+    return spec.num_speculative_tokens
+
+
+# ---------------------------------------------------------------- before the job: a calibration's recommendation, the
+# decision a run will make
+
+
 def recommended_row(rows: Sequence[CalibrationRow]) -> CalibrationRow:
     """At one concurrency (fixed depths only): the fastest depth whose speedup paid over its
     whole spread (ties: the shallower), else off; when off was not measured, the fastest."""
@@ -67,35 +102,45 @@ def prediction_text(setting: str, speedup: Speedup, concurrency: int, costs: Spe
     )
 
 
-# ---------------------------------------------------------------- the decisions
-
-
-def setting_text(config: JobConfig) -> str:
+def planned_decision(
+    config: JobConfig, calibration: Optional[JobCalibration], trial_skipped: Optional[TrialVerdict] = None
+) -> str:
+    """The decision a run of this config will make, before any engine (the dry run, the pilot):
+    with a calibration, its prediction on the calibration sample's acceptance, which the run
+    makes again on the acceptance of its probe's rows; without one, the trial, or why none."""
     spec = config.speculative
-    return schedule_text(spec.depth_schedule) if spec.depth_schedule else f"k={spec.num_speculative_tokens}"
+    if not spec.enabled or not spec.drafter:
+        return "speculation off: no drafter runs (speculative.enabled: false, or no speculative.drafter)"
+    setting, concurrency = setting_text(config), trial_concurrency(config)
+    costs = job_costs(config, calibration)
+    if costs is not None:
+        traffic = Traffic.of_calibration(costs)
+        speedup = predict(costs, traffic)
+        if speedup is not None:
+            if not spec.trial:
+                then = (
+                    "speculative.trial is off: the run keeps its setting; its verdict is predicted from its own units"
+                )
+            elif speedup.verdict == "cost_more":
+                then = "the run turns it off at its first engine unless its probe's acceptance predicts otherwise"
+            else:
+                then = (
+                    "the run predicts again from its probe's acceptance before its first unit, and turns it off if "
+                    "that predicts a loss"
+                )
+            return f"{prediction_text(setting, speedup, concurrency, costs, traffic)}: {then}"
+    where = calibration.where if calibration is not None else "no calibration was looked for"
+    if trial_skipped is not None:
+        return f"{trial_skipped.reason}; {where}: nothing will measure speculation against off"
+    if spec.trial:
+        return (
+            f"speculation {setting}: {where}: the trial measures it against off on the job's first units, at "
+            f"{concurrency} sequences at once, and keeps it only if it paid"
+        )
+    return f"speculation {setting}: {where}, and the trial is off: nothing will measure speculation against off"
 
 
-def trial_concurrency(config: JobConfig) -> int:
-    """Sequences at once in one engine in the job's steady state: its units in flight, up to max_num_seqs."""
-    return min(config.resources.units_in_flight * config.resources.rows_per_unit, config.engine.max_num_seqs)
-
-
-def job_costs(config: JobConfig, calibration: Optional[JobCalibration]) -> Optional[SpeculationCosts]:
-    """The step costs the job's speculation is judged by: its calibration's, at its concurrency
-    and at the depth it drafts there."""
-    if calibration is None or calibration.report is None or not config.speculative.enabled:
-        return None
-    concurrency = trial_concurrency(config)
-    return costs_from(calibration.report, depth_at(config, concurrency), concurrency, calibration.uri)
-
-
-def depth_at(config: JobConfig, concurrency: int) -> int:
-    """The depth the job drafts at with `concurrency` sequences running."""
-    spec = config.speculative
-    for lo, hi, k in spec.depth_schedule or []:
-        if lo <= concurrency <= hi:
-            return k
-    return spec.num_speculative_tokens
+# ---------------------------------------------------------------- the job's first engine, its trial
 
 
 def early_decision(config: JobConfig, costs: SpeculationCosts, probe: Optional[ProbeResult]) -> TrialVerdict:
@@ -191,39 +236,6 @@ def trial_text(setting: str, speedup: Speedup, concurrency: int, on: TrialArm, o
         f"speculation {setting} {speedup.words()} at {concurrency} sequences at once, measured by this job's trial on "
         f"its first {on.units} + {off.units} units"
     )
-
-
-def planned_decision(
-    config: JobConfig, calibration: Optional[JobCalibration], trial_skipped: Optional[TrialVerdict] = None
-) -> str:
-    """The decision a run of this config will make, before any engine (the dry run, the pilot):
-    with a calibration, its prediction on the calibration sample's acceptance, which the run
-    makes again on the acceptance of its probe's rows; without one, the trial, or why none."""
-    spec = config.speculative
-    if not spec.enabled or not spec.drafter:
-        return "speculation off: no drafter runs (speculative.enabled: false, or no speculative.drafter)"
-    setting, concurrency = setting_text(config), trial_concurrency(config)
-    costs = job_costs(config, calibration)
-    if costs is not None:
-        traffic = Traffic.of_calibration(costs)
-        speedup = predict(costs, traffic)
-        if speedup is not None:
-            then = (
-                "the run turns it off at its first engine unless its probe's acceptance predicts otherwise"
-                if speedup.verdict == "cost_more"
-                else "the run predicts again from its probe's acceptance before its first unit, and turns it off if "
-                "that predicts a loss"
-            )
-            return f"{prediction_text(setting, speedup, concurrency, costs, traffic)}: {then}"
-    where = calibration.where if calibration is not None else "no calibration was looked for"
-    if trial_skipped is not None:
-        return f"{trial_skipped.reason}; {where}: nothing will measure speculation against off"
-    if spec.trial:
-        return (
-            f"speculation {setting}: {where}: the trial measures it against off on the job's first units, at "
-            f"{concurrency} sequences at once, and keeps it only if it paid"
-        )
-    return f"speculation {setting}: {where}, and the trial is off: nothing will measure speculation against off"
 
 
 # ---------------------------------------------------------------- the job's verdict

@@ -80,19 +80,11 @@ def decode_steps(row: CalibrationRow) -> int:
 
 
 def step_seconds(row: CalibrationRow) -> list[float]:
-    """Seconds per sequence decode step, one figure per run: the run's time less its prefill's
-    (when the calibration timed the prefill alone), over its decode steps."""
-    steps, runs = decode_steps(row), row.seconds_runs or [row.seconds]
-    prefills = row.prefill_seconds_runs if len(row.prefill_seconds_runs) == len(runs) else [0.0] * len(runs)
-    return [max(s - p, 0.05 * s) / steps for s, p in zip(runs, prefills)] if steps > 0 else []
-
-
-def prefill_seconds(row: CalibrationRow) -> list[float]:
-    """Seconds of prefill per prompt token, one figure per run; empty when not timed apart."""
-    runs = row.seconds_runs or [row.seconds]
-    if len(row.prefill_seconds_runs) != len(runs) or not row.prompt_tokens:
-        return []
-    return [p / row.prompt_tokens for p in row.prefill_seconds_runs]
+    """Seconds per sequence decode step, one figure per run: the run's whole time over its
+    steps, its prefill included (benchmarks/speculation_model.py measured these to transfer
+    across workloads within 3%; a decode step's cost taken apart from the prefill did not)."""
+    steps = decode_steps(row)
+    return [s / steps for s in (row.seconds_runs or [row.seconds])] if steps > 0 else []
 
 
 def costs_from(
@@ -108,7 +100,6 @@ def costs_from(
     off, spec = fixed[(at, 0)], fixed[(at, depth)]
     if not step_seconds(off) or not step_seconds(spec):
         return None
-    completions = spec.completions or spec.prompts
     return SpeculationCosts(
         calibration_uri=uri,
         measured_at=report.measured_at,
@@ -116,12 +107,8 @@ def costs_from(
         concurrency=at,
         off_step_seconds=step_seconds(off),
         spec_step_seconds=step_seconds(spec),
-        off_prefill_seconds=prefill_seconds(off),
-        spec_prefill_seconds=prefill_seconds(spec),
         calibration_acceptance=spec.accepted_per_position,
-        calibration_tokens_per_step=_yield(spec.generated_tokens, completions, spec.num_drafts),
-        calibration_prompt_tokens=spec.prompt_tokens / completions,
-        calibration_decode_tokens=(spec.generated_tokens - completions) / completions,
+        calibration_tokens_per_step=_yield(spec.generated_tokens, spec.completions or spec.prompts, spec.num_drafts),
     )
 
 
@@ -140,21 +127,11 @@ def tokens_per_step(acceptance: Sequence[float], depth: int) -> Optional[float]:
 
 
 def predict(costs: SpeculationCosts, traffic: Traffic) -> Optional[Speedup]:
-    """The speedup over off of this traffic on the calibrated hardware: a completion's time off,
-    its prefill and D decode steps, over its time speculating, the same prefill and D / E_k
-    steps; every run of one setting against every run of the other. Without the prefill timed
-    apart, the decode steps' ratio alone (the prefill then counts in each step)."""
+    """The speedup over off of this traffic on the calibrated hardware: E_k x T_off / T_k, every
+    run of one setting against every run of the other."""
     tokens = traffic.length(costs.depth)
-    if tokens is None:
-        return None
-    if not (costs.off_prefill_seconds and costs.spec_prefill_seconds):
-        steps = Speedup.of_rates([1 / t for t in costs.spec_step_seconds], [1 / t for t in costs.off_step_seconds])
-        return steps.times(tokens) if steps is not None else None
-    prompt = traffic.prompt_tokens if traffic.prompt_tokens is not None else costs.calibration_prompt_tokens
-    decode = traffic.decode_tokens if traffic.decode_tokens is not None else costs.calibration_decode_tokens
-    off = [p * prompt + decode * t for p, t in zip(costs.off_prefill_seconds, costs.off_step_seconds)]
-    spec = [p * prompt + decode / tokens * t for p, t in zip(costs.spec_prefill_seconds, costs.spec_step_seconds)]
-    return Speedup.of_rates([1 / t for t in spec], [1 / t for t in off])
+    steps = Speedup.of_rates([1 / t for t in costs.spec_step_seconds], [1 / t for t in costs.off_step_seconds])
+    return steps.times(tokens) if tokens is not None and steps is not None else None
 
 
 def row_speedup(row: CalibrationRow) -> Optional[Speedup]:
@@ -178,29 +155,22 @@ class Traffic:
     acceptance: list[float]
     source: str
     tokens_per_step: Optional[float] = None  # as generated, at the depth it drafted (len(acceptance))
-    prompt_tokens: Optional[float] = None  # prefilled per completion (not from the prefix cache)
-    decode_tokens: Optional[float] = None  # generated per completion after its first
 
     @classmethod
     def of_totals(cls, totals: JobTotals) -> Optional[Traffic]:
         if not totals.num_drafts or not totals.accepted_per_position:
             return None
         rates = [n / totals.num_drafts for n in totals.accepted_per_position]
-        samples = totals.samples or None  # a job written before samples were counted: the calibration's lengths
-        prompt = (totals.prompt_tokens - totals.cached_prompt_tokens) / samples if samples else None
-        decode = (totals.generated_tokens - totals.samples) / samples if samples else None
-        return cls(rates, f"this job's {totals.num_drafts:,} drafts", totals.tokens_per_target_pass, prompt, decode)
+        return cls(rates, f"this job's {totals.num_drafts:,} drafts", totals.tokens_per_target_pass)
 
     @classmethod
     def of_probe(cls, probe: Optional[ProbeResult]) -> Optional[Traffic]:
-        if probe is None or not probe.num_drafts or not probe.rows:
+        if probe is None or not probe.num_drafts:
             return None
         return cls(
             list(probe.accepted_per_position),
             f"the probe's {probe.rows} rows of this job",
             probe.tokens_per_target_pass,
-            probe.prompt_tokens / probe.rows,
-            (probe.generated_tokens - probe.rows) / probe.rows,
         )
 
     @classmethod

@@ -46,7 +46,6 @@ def calibration_rows(
                 completions=m.get("completions"),
                 seconds=m["seconds"],
                 seconds_runs=m.get("seconds_runs", [m["seconds"]]),
-                prefill_seconds_runs=m.get("prefill_seconds_runs", []),
                 tokens_per_second=rate,
                 tokens_per_second_per_gpu=rate / gpus_per_replica,
                 speedup_vs_off=rate / off if off else None,

@@ -5,14 +5,23 @@ from __future__ import annotations
 
 from typing import Optional
 
+from pipeline.speculation.speedup import row_speedup
 from pipeline.storage import Storage
 from pipeline.tools.calibration_choice import schedule_yaml
 from pipeline.tools.report import to_csv
-from schemas.report import CalibrationReport
+from schemas.report import CalibrationReport, CalibrationRow
 
 
 def _num(value: Optional[float], fmt: str) -> str:
     return "–" if value is None else format(value, fmt)
+
+
+def versus_off(row: CalibrationRow) -> str:
+    """A row's speed over off's at its concurrency, with the spread its runs allow."""
+    speedup = row_speedup(row)
+    if speedup is None:
+        return _num(row.speedup_vs_off, ".2f") + ("x" if row.speedup_vs_off is not None else "")
+    return f"{speedup.median:.2f}x ({speedup.spread})"
 
 
 def table(report: CalibrationReport) -> tuple[list[str], list[list[str]]]:
@@ -22,7 +31,7 @@ def table(report: CalibrationReport) -> tuple[list[str], list[list[str]]]:
         "depth",
         "tokens/s",
         "tokens/s per GPU",
-        "vs off",
+        "vs off (spread)",
         "acceptance rate",
         "mean acceptance length",
         "accepted per position",
@@ -36,7 +45,7 @@ def table(report: CalibrationReport) -> tuple[list[str], list[list[str]]]:
             (f"schedule {r.schedule}" if r.schedule else "off" if r.depth == 0 else str(r.depth)),
             f"{r.tokens_per_second:,.1f}",
             f"{r.tokens_per_second_per_gpu:,.1f}",
-            _num(r.speedup_vs_off, ".2f") + ("x" if r.speedup_vs_off is not None else ""),
+            versus_off(r),
             _num(r.acceptance_rate, ".3f"),
             _num(r.mean_acceptance_length, ".2f"),
             " ".join(f"{p:.2f}" for p in r.accepted_per_position) or "–",

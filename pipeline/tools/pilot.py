@@ -29,7 +29,7 @@ from pipeline.speculation.policy import planned_decision
 from pipeline.speculation.speedup import row_speedup
 from pipeline.storage import Storage
 from pipeline.tools.calibrate import CalibrationError, calibrate, store_calibration
-from pipeline.tools.calibration_files import write_results
+from pipeline.tools.calibration_files import versus_off, write_results
 from pipeline.tools.report_tables import format_terminal_table
 from schemas.report import CalibrationReport, CalibrationRow
 
@@ -42,13 +42,6 @@ def _setting(row: CalibrationRow) -> str:
 
 def _num(value: Optional[float], fmt: str = ",.1f") -> str:
     return "–" if value is None else format(value, fmt)
-
-
-def _versus_off(row: CalibrationRow) -> str:
-    speedup = row_speedup(row)
-    if speedup is None:
-        return _num(row.speedup_vs_off, ".2f") + ("x" if row.speedup_vs_off is not None else "")
-    return f"{speedup.median:.2f}x ({speedup.spread})"
 
 
 def _why(row: CalibrationRow) -> str:
@@ -72,7 +65,7 @@ def pilot_tables(report: CalibrationReport) -> dict[str, Table]:
                 _setting(r),
                 _num(r.tokens_per_second),
                 _num(r.tokens_per_second_per_gpu),
-                _versus_off(r),
+                versus_off(r),
                 _num(r.cost_per_million_generated_tokens, ",.4f"),
                 _why(r),
             ]
