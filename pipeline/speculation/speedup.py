@@ -81,8 +81,9 @@ def decode_steps(row: CalibrationRow) -> int:
 
 def step_seconds(row: CalibrationRow) -> list[float]:
     """Seconds per sequence decode step, one figure per run: the run's whole time over its
-    steps, its prefill included (benchmarks/speculation_model.py measured these to transfer
-    across workloads within 3%; a decode step's cost taken apart from the prefill did not)."""
+    steps, its prefill included: it transferred across the workloads of
+    benchmarks/speculation_model.py, where a decode step's cost taken apart from the prefill did
+    not (docs/speculation.md)."""
     steps = decode_steps(row)
     return [s / steps for s in (row.seconds_runs or [row.seconds])] if steps > 0 else []
 
