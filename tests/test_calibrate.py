@@ -397,7 +397,8 @@ def test_the_pilot_page_shows_each_setting_and_specbatch_beside_vllm_alone_from_
     (recommended,) = [r for r in measured if r.recommended and not r.schedule]  # the policy's, with its words
     marked = [row for row in settings if row[5].startswith("<-")]
     assert [row[0] for row in marked] == ["off" if recommended.depth == 0 else f"depth {recommended.depth}"]
-    assert marked[0][5] in ("<- no depth paid over its whole spread", f"<- {row_speedup(recommended).words()}")
+    reason = row_speedup(recommended).words() if recommended.depth else "no depth paid over its whole spread"
+    assert marked[0][5] == f"<- {reason}"
     page = to_markdown(report, "STORE/x.json", "the decision")
     assert report.config_snippet.rstrip("\n") in page and "stored in `STORE/x.json`" in page
     assert f"Recommended: {report.recommendation}." in page and "the decision" in page
