@@ -176,16 +176,11 @@ class ProbeConfig(Section):
 
 
 class TrialConfig(Section):
-    """Speculation against speculation off, decided on the job's own traffic before the bulk of
-    it runs (pipeline/speculation/policy.py). With a calibration of the job's models and settings,
-    the first engine predicts the speedup from its step costs and the probe's acceptance, and
-    turns speculation off when the prediction says it costs more than it saves: nothing is
-    timed. Without one, the trial (pipeline/speculation/trial.py): the first engine with work
-    measures `units` units (and `min_seconds` of engine time) with the configured depth,
-    restarts its engine without the drafter, measures as much again, and the job keeps
-    speculation only when it paid over the units' spread. A job with fewer than four times
-    `units` units to run, or whose rest would not pay back engine starts (`payback_starts`),
-    skips the trial and says why."""
+    """Speculation against off on the job's own traffic (pipeline/speculation/policy.py): with a
+    calibration, predicted from its step costs and the probe's acceptance; without, the trial
+    times `units` units (and `min_seconds`) each way on the first engine, keeping speculation only
+    when it paid over the units' spread. Too few units (under 4 x `units`) or too short a rest
+    (`payback_starts`) skip the trial, saying why."""
 
     units: int = Field(
         4, ge=1, description="Units measured with each setting (one engine's; at least engine units in flight)."

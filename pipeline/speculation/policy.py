@@ -2,22 +2,14 @@
 here alone; the pilot page, the dry run, the console, `specbatch status`, the report, `_job.json`
 and the data card print the words this module writes.
 
-Its evidence, each measured apart:
-- what the hardware and engine settings cost (`SpeculationCosts`, read from a calibration that
-  `specbatch calibrate` or `pilot` made, on any prompts): the time of a sequence's decode step
-  with speculation off, and at depth k (k drafter passes and a (k + 1)-token verify), at a
-  concurrency, every run kept;
-- what the job's traffic accepts: the share a_i of drafts whose i-th token the target kept, from
-  the probe's rows before the first unit, from the committed units after;
-- the trial: both settings timed on the job's own engine (pipeline/speculation/trial.py), for a
-  job without a calibration.
-
-Combined (pipeline/speculation/speedup.py): speculation runs at E_k x T_off / T_k the speed of
-off, E_k being the tokens a decode step at depth k yields on the job's traffic. Every speedup
-carries its spread, the lowest and the highest that any pair of runs allows; it "paid" only when
-the whole spread lies above 1.0, it "cost more than it saved" only when the whole spread lies
-below, and otherwise it made no difference a measurement can show. One run on a side has no
-spread, so it decides nothing.
+Its evidence, each measured apart: what the hardware and engine settings cost (a calibration's
+step costs, `specbatch calibrate` or `pilot`, on any prompts); what the job's traffic accepts
+(the share of drafts kept by position, from the probe's rows before the first unit and from the
+committed units after); for a job without a calibration, the trial (both settings timed on the
+job's own engine, pipeline/speculation/trial.py). Combined (pipeline/speculation/speedup.py),
+speculation runs at E_k x T_off / T_k the speed of off. Every speedup carries its spread; it
+"paid" only when the whole spread lies above 1.0, it "cost more than it saved" only when it lies
+below, and otherwise it made no difference a measurement can show.
 """
 
 from __future__ import annotations
