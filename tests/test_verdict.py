@@ -194,3 +194,37 @@ def test_the_report_counts_the_same_units_as_the_verdict():
     figures = job_figures(JobData(uri="/tmp/out", manifest=manifest, stats=MIXED), Prices(cpu={"cpu": 1.0}))
     assert figures.tokens_per_target_pass == pytest.approx(4.0) and figures.mean_acceptance_length == 4.0
     assert figures.speculative_units == 2 and figures.speculation_flags == [within.reason]
+
+
+def test_the_report_says_what_ran_unit_by_unit_and_the_start_of_the_attempt_that_started_engines():
+    """A job whose trial turned speculation off after two units reads 'k=3 for 128 rows, off for
+    384 rows', not 'k=3'; a rerun with nothing left to do starts no engine, and the report's
+    start-up figures stay those of the attempt that did (they read '(none)' before)."""
+    from schemas import Attempt, EngineStart, StartCost
+
+    config = config_with(trial={"units": 2})
+    totals = totals_from_stats(stats_of(MIXED), input_rows=512, wall_seconds=10.0)
+    started = StartCost(
+        to_first_commit_seconds=30.0,
+        engine_starts=[EngineStart(actor_id="a", node_id="n", process_started_at=1, init_started_at=2,
+                                   vllm_imported_at=3, engine_ready_at=20)],
+    )  # fmt: skip
+    attempts = [
+        Attempt(number=1, started_at="t", status="succeeded", skipped_rows=0, start=started),
+        Attempt(number=2, started_at="t", status="succeeded", skipped_rows=512),  # nothing left: no engine
+    ]
+    manifest = JobManifest(
+        job_id="j",
+        status="succeeded",
+        started_at="t",
+        config=config.model_dump(mode="json"),
+        versions={"specbatch": "t", "vllm": None, "ray": "t", "torch": None, "python": "3"},
+        model={"path": "/m/t", "config_sha256": "a" * 64, "architectures": []},
+        accelerator="cpu",
+        input_files=[],
+        totals=totals,
+        attempts=attempts,
+    )
+    figures = job_figures(JobData(uri="/tmp/out", manifest=manifest, stats=MIXED), Prices(cpu={"cpu": 1.0}))
+    assert figures.ran == "k=3 for 128 rows, off for 384 rows"
+    assert figures.engine_starts == 1 and figures.to_first_commit_seconds == 30.0
