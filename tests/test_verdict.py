@@ -174,11 +174,9 @@ def test_units_after_the_guard_turned_speculation_off_do_not_count_and_the_guard
     assert verdict.cost_more_than_saved is None and "no speculation trial" in verdict.cost_unknown_because
 
 
-def test_the_report_counts_the_same_units_as_the_verdict():
-    config = config_with(trial={"units": 2})
-    totals = totals_from_stats(stats_of(MIXED), input_rows=512, wall_seconds=10.0)
-    within = decide(config, arm("k=3", 1037.0), arm("off", 1000.0), 100_000, 1, 20.0)
-    manifest = JobManifest(
+def manifest_of(config, totals, **fields) -> JobManifest:
+    """A finished job's manifest of these totals, as the report reads it."""
+    return JobManifest(
         job_id="j",
         status="succeeded",
         started_at="t",
@@ -188,8 +186,16 @@ def test_the_report_counts_the_same_units_as_the_verdict():
         accelerator="cpu",
         input_files=[],
         totals=totals,
-        trial=within,
-        speculation=speculation_verdict(config, totals, [], None, within),
+        **fields,
+    )
+
+
+def test_the_report_counts_the_same_units_as_the_verdict():
+    config = config_with(trial={"units": 2})
+    totals = totals_from_stats(stats_of(MIXED), input_rows=512, wall_seconds=10.0)
+    within = decide(config, arm("k=3", 1037.0), arm("off", 1000.0), 100_000, 1, 20.0)
+    manifest = manifest_of(
+        config, totals, trial=within, speculation=speculation_verdict(config, totals, [], None, within)
     )
     figures = job_figures(JobData(uri="/tmp/out", manifest=manifest, stats=MIXED), Prices(cpu={"cpu": 1.0}))
     assert figures.tokens_per_target_pass == pytest.approx(4.0) and figures.mean_acceptance_length == 4.0
@@ -213,18 +219,7 @@ def test_the_report_says_what_ran_unit_by_unit_and_the_start_of_the_attempt_that
         Attempt(number=1, started_at="t", status="succeeded", skipped_rows=0, start=started),
         Attempt(number=2, started_at="t", status="succeeded", skipped_rows=512),  # nothing left: no engine
     ]
-    manifest = JobManifest(
-        job_id="j",
-        status="succeeded",
-        started_at="t",
-        config=config.model_dump(mode="json"),
-        versions={"specbatch": "t", "vllm": None, "ray": "t", "torch": None, "python": "3"},
-        model={"path": "/m/t", "config_sha256": "a" * 64, "architectures": []},
-        accelerator="cpu",
-        input_files=[],
-        totals=totals,
-        attempts=attempts,
-    )
+    manifest = manifest_of(config, totals, attempts=attempts)
     figures = job_figures(JobData(uri="/tmp/out", manifest=manifest, stats=MIXED), Prices(cpu={"cpu": 1.0}))
     assert figures.ran == "k=3 for 128 rows, off for 384 rows"
     assert figures.engine_starts == 1 and figures.to_first_commit_seconds == 30.0

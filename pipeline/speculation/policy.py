@@ -157,11 +157,13 @@ def early_decision(config: JobConfig, costs: SpeculationCosts, probe: Optional[P
         reason=f"{said}: {'turned off for this job' if lose else 'kept'}",
         setting=setting,
         concurrency=concurrency,
-        speedup_vs_off=round(speedup.median, 3),
-        speedup_low=round(speedup.low, 3),
-        speedup_high=round(speedup.high, 3),
+        **_trial_figures(speedup),
         method="prediction",
     )
+
+
+def _trial_figures(speedup: Speedup) -> dict[str, float]:
+    return dict(zip(("speedup_vs_off", "speedup_low", "speedup_high"), speedup.rounded()))
 
 
 def trial_speedup(on: TrialArm, off: TrialArm) -> Optional[Speedup]:
@@ -215,9 +217,7 @@ def trial_decision(
         concurrency=concurrency,
         speculation=on,
         off=off,
-        speedup_vs_off=round(speedup.median, 3) if speedup else 0.0,
-        speedup_low=round(speedup.low, 3) if speedup else None,
-        speedup_high=round(speedup.high, 3) if speedup else None,
+        **(_trial_figures(speedup) if speedup else {"speedup_vs_off": 0.0}),
         margin=margin,
         engine_start_seconds=round(start_seconds, 3),
     )
@@ -259,7 +259,7 @@ def speculation_verdict(
         flags.append("speculation was on but nothing was drafted (a depth schedule with k=0 at the job's concurrency?)")
     verdict, cost, unknown, text = _said(setting_text(config), basis, flags[0] if below else None)
     flags += _trial_flags(trial, basis, verdict, text)
-    speedup = basis.speedup
+    median, low, high = basis.speedup.rounded() if basis.speedup else (None, None, None)
     return SpeculationVerdict(
         floor=floor,
         mean_acceptance_length=mal,
@@ -273,9 +273,9 @@ def speculation_verdict(
         source_detail=basis.text,
         calibration_uri=basis.uri,
         verdict=verdict,
-        speedup=round(speedup.median, 3) if speedup else None,
-        speedup_low=round(speedup.low, 3) if speedup else None,
-        speedup_high=round(speedup.high, 3) if speedup else None,
+        speedup=median,
+        speedup_low=low,
+        speedup_high=high,
         acceptance_from=basis.acceptance_from,
         text=text,
     )

@@ -40,6 +40,10 @@ class Speedup:
         low, high = min(on) / max(off), max(on) / min(off)
         return cls(middle, min(low, middle), max(high, middle), min(len(on), len(off)))
 
+    def rounded(self) -> tuple[float, float, float]:
+        """(median, low, high) as records keep them."""
+        return round(self.median, 3), round(self.low, 3), round(self.high, 3)
+
     def times(self, factor: float) -> Speedup:
         return Speedup(self.median * factor, self.low * factor, self.high * factor, self.runs)
 
