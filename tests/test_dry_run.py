@@ -95,6 +95,13 @@ def real_prompt_tokens(tokenizer_path: str, prompts: list[str], chats: list[list
     }
 
 
+@pytest.fixture(autouse=True)
+def empty_calibration_store(tmp_path, monkeypatch):
+    """Each dry run here reads a store of its own: the session's holds what test_calibrate
+    stored for the same kit and settings, which the dry run would find (as the run does)."""
+    monkeypatch.setenv("SPECBATCH_CALIBRATIONS", str(tmp_path / "calibrations"))
+
+
 @pytest.fixture(scope="module")
 def job_input(tmp_path_factory):
     folder = tmp_path_factory.mktemp("dry-run-input")
