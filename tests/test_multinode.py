@@ -164,8 +164,11 @@ def node_lost_run(tmp_path_factory, cluster, random_kit, s3_endpoint):
     wait_until(
         lambda: {a.node_id, b.node_id} <= set(commits_by_node(location)), proc, what="both nodes committed a unit"
     )
-    before = commits_by_node(location)
     cluster.kill_node(next(name for name, n in cluster.nodes.items() if n is b))
+    # read once b's processes are gone (a marker b sent just before has landed by then): a read
+    # before the kill missed two units b committed in the instant between (a landing run's failure)
+    time.sleep(1.0)
+    before = commits_by_node(location)
     assert sum(before.values()) < units  # b had units in flight (two per engine), and work was left
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-4000:]
